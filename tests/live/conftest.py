@@ -1,0 +1,102 @@
+"""Real llama.cpp servers (xllamacpp, Gemma 3 270M), started once per test session.
+
+A live test that cannot reach its server fails: these fixtures raise, they never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from typevet_async.local import ServerOptions, ServerProcess, cache_dir
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def _start(options: ServerOptions, name: str) -> Iterator[str]:
+    logs = cache_dir() / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(attrs_evolve(options, log_file=logs / f"{name}.log"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def attrs_evolve(options: ServerOptions, **changes: Any) -> ServerOptions:
+    import attrs
+
+    return attrs.evolve(options, **changes)
+
+
+@pytest.fixture(scope="session")
+def gemma3_url() -> Iterator[str]:
+    """Gemma 3 family through llama.cpp's built-in ``gemma`` template."""
+    yield from _start(ServerOptions(chat_template="gemma", n_ctx=8192, n_parallel=4), "gemma3")
+
+
+@pytest.fixture(scope="session")
+def gemma4_url() -> Iterator[str]:
+    """Gemma 4 family markers through a jinja template with ``<|turn>`` / ``<turn|>``."""
+    template = (FIXTURES / "gemma4.jinja").read_text()
+    options = ServerOptions(chat_template=template, jinja=True, n_ctx=4096, n_parallel=2)
+    yield from _start(options, "gemma4")
+
+
+@pytest.fixture(scope="session")
+def chatml_url() -> Iterator[str]:
+    """A ChatML template: judgments must refuse it."""
+    template = (FIXTURES / "chatml.jinja").read_text()
+    options = ServerOptions(chat_template=template, jinja=True, n_ctx=2048, n_parallel=1)
+    yield from _start(options, "chatml")
+
+
+def post_json(url: str, path: str, body: dict[str, Any]) -> Any:
+    """An independent read, outside the SDK: plain urllib and json."""
+    request = urllib.request.Request(
+        f"{url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def whole_vocabulary_logprobs(url: str, prompt: str, *, cache_prompt: bool) -> dict[int, float]:
+    """Every token's logprob at the answer position, read without the SDK."""
+    payload = post_json(
+        url,
+        "/completion",
+        {"prompt": prompt, "n_predict": 0, "n_probs": 262_144, "cache_prompt": cache_prompt},
+    )
+    top = payload["completion_probabilities"][0]["top_logprobs"]
+    return {int(item["id"]): float(item["logprob"]) for item in top}
+
+
+class InFlightCounter:
+    """Counts concurrent HTTP requests to one path through aiohttp's trace hooks."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.current = 0
+        self.peak = 0
+        self.started = 0
+        self.config = aiohttp.TraceConfig()
+        self.config.on_request_start.append(self._start)
+        self.config.on_request_end.append(self._end)
+        self.config.on_request_exception.append(self._end)
+
+    async def _start(self, _: Any, __: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        if params.url.path == self.path:
+            self.current += 1
+            self.started += 1
+            self.peak = max(self.peak, self.current)
+
+    async def _end(self, _: Any, __: Any, params: Any) -> None:
+        if params.url.path == self.path:
+            self.current -= 1

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import typevet_async as tv
+from typevet_async.core.answers import build_answer, entropy_confidence
+
+
+def test_noul_answer_is_p_true() -> None:
+    answer = build_answer(tv.Noul(instructions="x"), [0.2, 0.8])
+    assert isinstance(answer, tv.NoulAnswer)
+    assert answer.noul == 0.8
+    assert dict(answer.probabilities) == {"false": 0.2, "true": 0.8}
+
+
+def test_choice_ties_go_to_the_first_option() -> None:
+    choice = tv.Choice({"a": None, "b": None, "c": None}, instructions="x")
+    answer = build_answer(choice, [0.25, 0.375, 0.375])
+    assert isinstance(answer, tv.ChoiceAnswer)
+    assert answer.choice == "b"
+    assert list(answer.probabilities) == ["a", "b", "c"]
+
+
+def test_score_is_the_expected_level() -> None:
+    score = tv.Score(["low", "mid", "high"], instructions="x")
+    answer = build_answer(score, [0.2, 0.3, 0.5])
+    assert isinstance(answer, tv.ScoreAnswer)
+    assert answer.score == pytest.approx(0.3 + 1.0)
+    assert dict(answer.probabilities) == {0: 0.2, 1: 0.3, 2: 0.5}
+    assert answer.legend == ("low", "mid", "high")
+
+
+def test_confidence_is_one_minus_normalised_entropy() -> None:
+    assert entropy_confidence([1.0, 0.0, 0.0]) == 1.0
+    assert entropy_confidence([0.5, 0.5]) == pytest.approx(0.0)
+    p = [0.7, 0.2, 0.1]
+    expected = 1 + sum(x * math.log(x) for x in p) / math.log(3)
+    assert entropy_confidence(p) == pytest.approx(expected)
+
+
+def test_answers_are_read_only() -> None:
+    answer = build_answer(tv.Noul(instructions="x"), [0.2, 0.8])
+    with pytest.raises(TypeError):
+        answer.probabilities["true"] = 1.0  # type: ignore[index]
+
+
+def sample_judgment() -> tv.Judgment:
+    answers = {
+        "refund": build_answer(tv.Noul(instructions="x"), [0.3, 0.7]),
+        "route": build_answer(tv.Choice({"a": None, "b": None}, instructions="x"), [0.6, 0.4]),
+        "urgency": build_answer(tv.Score(["l", "m", "h"], instructions="x"), [0.1, 0.2, 0.7]),
+    }
+    diagnostics = {
+        qid: tv.Diagnostics("prompt", ("0", "1"), (1, 2), (-1.0, -2.0), 0.5, 4096, 1)
+        for qid in answers
+    }
+    return tv.Judgment(answers, tv.Usage(30, 10, 3), diagnostics)
+
+
+def test_judgment_is_a_mapping_in_request_order() -> None:
+    judgment = sample_judgment()
+    assert list(judgment) == ["refund", "route", "urgency"]
+    assert len(judgment) == 3
+    assert judgment["route"].choice == "a"  # type: ignore[union-attr]
+
+
+def test_json_round_trip_in_the_system_one_shape() -> None:
+    judgment = sample_judgment()
+    data = tv.converter.unstructure(judgment)
+    assert data["answers"]["refund"] == {
+        "type": "noul",
+        "noul": 0.7,
+        "probabilities": {"false": 0.3, "true": 0.7},
+        "confidence": judgment["refund"].confidence,
+    }
+    assert data["answers"]["route"]["type"] == "choice"
+    assert data["answers"]["route"]["choice"] == "a"
+    assert data["answers"]["urgency"]["legend"] == ["l", "m", "h"]
+    assert data["usage"] == {"prompt_tokens": 30, "cached_tokens": 10, "reads": 3}
+    raw = tv.judgment_to_json(judgment)
+    assert b'"probabilities":{"0":0.1,"1":0.2,"2":0.7}' in raw
+    assert tv.judgment_from_json(raw) == judgment
+    assert list(tv.judgment_from_json(raw)) == ["refund", "route", "urgency"]

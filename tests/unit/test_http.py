@@ -1,0 +1,175 @@
+"""The HTTP shell against a fault-injecting stub server (named as such): a real llama.cpp
+server cannot be made to drop a connection mid-request, or to redirect, on cue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import pytest_asyncio
+
+import typevet_async as tv
+from typevet_async.backends.http import HttpClient
+
+pytestmark = pytest.mark.asyncio
+
+Handler = Callable[[int, int], bytes | None]  # (connection number, request number) -> reply
+
+
+def reply(status: int, body: bytes, extra: str = "") -> bytes:
+    head = (
+        f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{extra}"
+        "Connection: keep-alive\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class FaultInjectingStubServer:
+    """A raw asyncio HTTP/1.1 server whose replies a test scripts per connection and request."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[tuple[int, int]] = []
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        connection = self.connections
+        number = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                number += 1
+                self.requests.append((connection, number))
+                data = self.handler(connection, number)
+                if data is None:  # drop the connection without answering
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest_asyncio.fixture
+async def stub() -> AsyncIterator[FaultInjectingStubServer]:
+    server = FaultInjectingStubServer(lambda c, n: reply(200, b'{"ok": true}'))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_a_pooled_connection_closed_by_the_server_is_retried_once(
+    stub: FaultInjectingStubServer,
+) -> None:
+    # The second request on the first connection meets a closed connection, as a pooled
+    # connection does when llama.cpp closed it while idle.
+    stub.handler = lambda c, n: None if (c, n) == (1, 2) else reply(200, b'{"n": %d}' % n)
+    client = HttpClient(stub.url)
+    await client.open()
+    try:
+        assert await client.post_json("/x", {}) == {"n": 1}
+        assert await client.post_json("/x", {}) == {"n": 1}  # answered on a fresh connection
+    finally:
+        await client.aclose()
+    assert stub.requests == [(1, 1), (1, 2), (2, 1)]
+
+
+async def test_a_second_drop_is_a_transport_error(stub: FaultInjectingStubServer) -> None:
+    stub.handler = lambda c, n: None
+    client = HttpClient(stub.url)
+    await client.open()
+    try:
+        with pytest.raises(tv.TransportError):
+            await client.post_json("/x", {})
+    finally:
+        await client.aclose()
+    assert len(stub.requests) == 2
+
+
+async def client_for(stub: FaultInjectingStubServer, **settings: object) -> HttpClient:
+    client = HttpClient(stub.url, **settings)  # type: ignore[arg-type]
+    await client.open()
+    return client
+
+
+async def test_http_errors_are_typed_with_status_and_body(stub: FaultInjectingStubServer) -> None:
+    stub.handler = lambda c, n: reply(503, b'{"error": "loading model"}')
+    client = await client_for(stub)
+    try:
+        with pytest.raises(tv.ServerError, match="HTTP 503") as caught:
+            await client.post_json("/x", {})
+    finally:
+        await client.aclose()
+    assert caught.value.status == 503
+    assert "loading model" in caught.value.body
+
+
+async def test_redirects_are_not_followed(stub: FaultInjectingStubServer) -> None:
+    stub.handler = lambda c, n: reply(302, b"", "Location: http://example.invalid/\r\n")
+    client = await client_for(stub)
+    try:
+        with pytest.raises(tv.ServerError) as caught:
+            await client.get_json("/x")
+    finally:
+        await client.aclose()
+    assert caught.value.status == 302
+    assert len(stub.requests) == 1
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"logprob": NaN}', b'{"logprob": Infinity}', b""])
+async def test_invalid_json_is_a_protocol_error(
+    stub: FaultInjectingStubServer, body: bytes
+) -> None:
+    stub.handler = lambda c, n: reply(200, body)
+    client = await client_for(stub)
+    try:
+        with pytest.raises(tv.ProtocolError, match="not valid JSON"):
+            await client.post_json("/x", {})
+    finally:
+        await client.aclose()
+
+
+async def test_oversized_body_is_refused(stub: FaultInjectingStubServer) -> None:
+    stub.handler = lambda c, n: reply(200, b"[" + b"0," * 5000 + b"0]")
+    client = await client_for(stub, max_response_bytes=1000)
+    try:
+        with pytest.raises(tv.ProtocolError, match="exceeds the 1000-byte cap"):
+            await client.post_json("/x", {})
+    finally:
+        await client.aclose()
+
+
+async def test_api_key_is_sent_but_never_shown(stub: FaultInjectingStubServer) -> None:
+    client = HttpClient(stub.url, api_key="sk-secret-123")
+    assert "sk-secret-123" not in repr(client)
+    session = tv.Session.llama_cpp(stub.url, api_key="sk-secret-123")
+    assert "sk-secret-123" not in repr(session)
+
+
+async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> None:
+    client = await client_for(stub)
+    await client.aclose()
+    with pytest.raises(tv.SessionStateError):
+        await client.open()
+    with pytest.raises(tv.SessionStateError):
+        await client.get_json("/x")

@@ -1,0 +1,77 @@
+"""typevet_async: typed questions to language-model servers, typed answers with probabilities.
+
+import typevet_async as tv
+
+async with tv.Session.local() as session:
+    judgment = await session.judge(ticket, {"refund": tv.Noul(instructions="Refund?")})
+    judgment["refund"].noul
+"""
+
+from typevet_async.convert import converter, judgment_from_json, judgment_to_json
+from typevet_async.core.answers import (
+    Answer,
+    ChoiceAnswer,
+    Diagnostics,
+    Judgment,
+    NoulAnswer,
+    ScoreAnswer,
+    Usage,
+)
+from typevet_async.core.framing import TemplateFamily
+from typevet_async.core.questions import Choice, Noul, Question, Score
+from typevet_async.core.scoring import Probe
+from typevet_async.errors import (
+    BackendError,
+    ConfigurationError,
+    ControlTokenError,
+    InvalidInputError,
+    InvalidLogprobsError,
+    JudgmentTimeoutError,
+    ProtocolError,
+    QuestionError,
+    ReadTimeoutError,
+    ServerError,
+    SessionStateError,
+    TooManyOptionsError,
+    TransportError,
+    TypevetError,
+    UnsupportedTemplateError,
+)
+from typevet_async.session import Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Answer",
+    "BackendError",
+    "Choice",
+    "ChoiceAnswer",
+    "ConfigurationError",
+    "ControlTokenError",
+    "Diagnostics",
+    "InvalidInputError",
+    "InvalidLogprobsError",
+    "Judgment",
+    "JudgmentTimeoutError",
+    "Noul",
+    "NoulAnswer",
+    "Probe",
+    "ProtocolError",
+    "Question",
+    "QuestionError",
+    "ReadTimeoutError",
+    "Score",
+    "ScoreAnswer",
+    "ServerError",
+    "Session",
+    "SessionStateError",
+    "TemplateFamily",
+    "TooManyOptionsError",
+    "TransportError",
+    "TypevetError",
+    "UnsupportedTemplateError",
+    "Usage",
+    "converter",
+    "judgment_from_json",
+    "judgment_to_json",
+]

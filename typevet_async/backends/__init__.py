@@ -1,0 +1,1 @@
+"""I/O shells: one module per backend, and the HTTP client they share."""

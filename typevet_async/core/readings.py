@@ -1,0 +1,100 @@
+"""Validating the logprobs a read returned, and turning the candidates' logprobs into probabilities.
+
+Fail closed: a candidate missing from a read that could not have held more, a repeated token
+id, a non-finite or positive logprob are typed errors. A missing value is never estimated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from typevet_async.errors import InvalidLogprobsError, ProtocolError
+
+__all__ = [
+    "LOGPROB_SLACK",
+    "CandidateRead",
+    "TopLogprobs",
+    "find_candidates",
+    "off_menu_mass",
+    "softmax",
+]
+
+#: Servers compute log-softmax in float32; the top token of a near-certain distribution can
+#: come back a rounding error above zero. Anything larger than this is refused.
+LOGPROB_SLACK = 1e-6
+
+
+@attrs.frozen
+class TopLogprobs:
+    """One read's (token id, logprob) pairs in the order returned, and how many were asked for."""
+
+    entries: tuple[tuple[int, float], ...]
+    requested: int
+
+
+@attrs.frozen
+class CandidateRead:
+    """The candidates' full-vocabulary logprobs, in candidate order, and what the read cost."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_k: int
+    reads: int = 1
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def _checked_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
+    expected = min(top.requested, vocab_size)
+    if len(top.entries) != expected:
+        raise ProtocolError(
+            f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
+        )
+    logprobs: dict[int, float] = {}
+    for token_id, logprob in top.entries:
+        if token_id in logprobs:
+            raise InvalidLogprobsError(f"token id {token_id} appears twice in one read")
+        if not math.isfinite(logprob):
+            raise InvalidLogprobsError(f"token id {token_id} has a non-finite logprob {logprob!r}")
+        if logprob > LOGPROB_SLACK:
+            raise InvalidLogprobsError(f"token id {token_id} has a positive logprob {logprob!r}")
+        logprobs[token_id] = logprob
+    return logprobs
+
+
+def find_candidates(
+    top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
+) -> tuple[float, ...] | None:
+    """The candidates' logprobs in candidate order; None when a larger read may find the rest.
+
+    :raises InvalidLogprobsError: the read is malformed, or it already covered the whole
+        vocabulary and a candidate is still missing.
+    """
+    logprobs = _checked_entries(top, vocab_size)
+    missing = [token_id for token_id in candidate_ids if token_id not in logprobs]
+    if not missing:
+        return tuple(logprobs[token_id] for token_id in candidate_ids)
+    if top.requested >= vocab_size:
+        raise InvalidLogprobsError(
+            f"candidate token ids {missing} are missing from a whole-vocabulary read"
+        )
+    return None
+
+
+def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
+    """Softmax at temperature 1 over the candidates' logprobs (stable: shift by the maximum)."""
+    top = max(logprobs)
+    weights = [math.exp(value - top) for value in logprobs]
+    total = math.fsum(weights)
+    return tuple(weight / total for weight in weights)
+
+
+def off_menu_mass(logprobs: Sequence[float]) -> float:
+    """1 minus the candidates' summed full-vocabulary probability, clamped to [0, 1].
+
+    The clamp only absorbs float32 rounding (a whole-vocabulary read sums to 1 +- 1e-3).
+    """
+    return min(1.0, max(0.0, 1.0 - math.fsum(math.exp(value) for value in logprobs)))

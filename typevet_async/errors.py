@@ -1,0 +1,132 @@
+"""Every error the SDK raises.
+
+The tree::
+
+    TypevetError
+    ├── InvalidInputError (also ValueError)          bad caller input, raised before any request
+    │   ├── QuestionError                             a question, or the mapping of questions
+    │   │   └── TooManyOptionsError                   more options than single-token controls
+    │   └── ConfigurationError                        session settings or TYPEVET_* variables
+    ├── UnsupportedTemplateError                      served template is not a native Gemma family
+    ├── BackendError                                  talking to the server failed
+    │   ├── TransportError (also ConnectionError)     refused, reset, disconnected
+    │   ├── ServerError                               an HTTP error status (carries status, body)
+    │   ├── ReadTimeoutError (also TimeoutError)      one HTTP request took longer than allowed
+    │   └── ProtocolError                             the response is not what the protocol says
+    │       ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
+    │       └── ControlTokenError                     a control is not exactly one token
+    ├── JudgmentTimeoutError (also TimeoutError)      the whole judgment's deadline passed
+    └── SessionStateError (also RuntimeError)         used before opening or after closing
+
+Errors raised while reading one question carry its id in ``question_id``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "ConfigurationError",
+    "ControlTokenError",
+    "InvalidInputError",
+    "InvalidLogprobsError",
+    "JudgmentTimeoutError",
+    "ProtocolError",
+    "QuestionError",
+    "ReadTimeoutError",
+    "ServerError",
+    "SessionStateError",
+    "TooManyOptionsError",
+    "TransportError",
+    "TypevetError",
+    "UnsupportedTemplateError",
+]
+
+
+class TypevetError(Exception):
+    """Base of every error the SDK raises."""
+
+    #: The id of the question being read when the error happened, if any.
+    question_id: str | None = None
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if self.question_id is not None:
+            return f"question {self.question_id!r}: {message}"
+        return message
+
+
+class InvalidInputError(TypevetError, ValueError):
+    """The caller's input is not valid; nothing was sent."""
+
+
+class QuestionError(InvalidInputError):
+    """A question (or the mapping of questions) is not valid."""
+
+
+class TooManyOptionsError(QuestionError):
+    """A question has more options than there are single-token controls."""
+
+    def __init__(self, message: str, *, count: int, limit: int) -> None:
+        super().__init__(message)
+        self.count = count
+        self.limit = limit
+
+
+class ConfigurationError(InvalidInputError):
+    """A session setting or TYPEVET_* environment variable is not valid."""
+
+
+class UnsupportedTemplateError(TypevetError):
+    """The served chat template is not a native Gemma 4 or Gemma 3 template."""
+
+    def __init__(self, message: str, *, family: str, rendered: str) -> None:
+        super().__init__(message)
+        self.family = family
+        self.rendered = rendered
+
+
+class BackendError(TypevetError):
+    """Talking to the model server failed."""
+
+
+class TransportError(BackendError, ConnectionError):
+    """The connection was refused, reset or dropped."""
+
+
+class ServerError(BackendError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, status: int, body: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class ReadTimeoutError(BackendError, TimeoutError):
+    """One HTTP request took longer than the session's read timeout."""
+
+
+class ProtocolError(BackendError):
+    """The server's response does not have the shape the protocol promises."""
+
+    def __init__(self, message: str, *, payload: Any = None) -> None:
+        super().__init__(message)
+        self.payload = payload
+
+
+class InvalidLogprobsError(ProtocolError):
+    """The candidates' logprobs failed validation: the SDK never guesses a missing value."""
+
+
+class ControlTokenError(ProtocolError):
+    """A control does not tokenize to exactly one token on the served tokenizer."""
+
+
+class JudgmentTimeoutError(TypevetError, TimeoutError):
+    """The whole judgment did not finish before its deadline."""
+
+
+class SessionStateError(TypevetError, RuntimeError):
+    """The session is not open (never opened, or already closed)."""

