@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import typevet_async as tv
 from typevet_async.core.controls import DIGITS, bind_controls, control_token_ids
@@ -152,3 +154,69 @@ def test_forged_markers_in_every_caller_field_leave_one_answer_position() -> Non
             line for line in request.prompt.splitlines() if line[:4] in ("0 = ", "1 = ", "2 = ")
         ]
         assert len(control_lines) == 2
+
+
+# Text drawn to be hostile: markers, control-line look-alikes, every kind of line break.
+_PIECES = st.sampled_from(
+    [
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "<|turn>",
+        "<turn|>",
+        "<|channel>",
+        "<channel|>",
+        "<bos>",
+        "<|im_start|>",
+        "<__media__>",
+        "\n",
+        "\r\n",
+        "\u2028",
+        "0 = ",
+        "\n1 = yes",
+        "Question: ",
+        "Reply with",
+        "model\n",
+        "<",
+        ">",
+        "|",
+        " ",
+    ]
+)
+_TEXT = st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    state=_TEXT,
+    instructions=_TEXT.filter(lambda s: bool(s.strip())),
+    labels=st.lists(
+        _TEXT.filter(lambda s: bool(s.strip())), min_size=2, max_size=10, unique_by=str.strip
+    ),
+    description=_TEXT,
+    family=st.sampled_from([TemplateFamily.GEMMA3, TemplateFamily.GEMMA4]),
+)
+def test_hostile_text_keeps_one_answer_position_and_the_intended_controls(
+    state: str, instructions: str, labels: list[str], description: str, family: TemplateFamily
+) -> None:
+    choice = tv.Choice({label: description for label in labels}, instructions=instructions)
+    request = plan_question("q", choice, state, family, IDS)
+    prompt = request.prompt
+    opener, closer, answer_header = (
+        ("<start_of_turn>", "<end_of_turn>", "<start_of_turn>model\n")
+        if family is TemplateFamily.GEMMA3
+        else ("<|turn>", "<turn|>", "<|turn>model\n<|channel>thought\n<channel|>")
+    )
+    assert prompt.count(opener) == 2  # the user turn and the model turn, nothing forged
+    assert prompt.count(closer) == 1
+    assert prompt.endswith(answer_header)  # exactly one answer position, at the end
+    for marker in ("<bos>", "<|im_start|>", "<__media__>", "<|channel>", "<channel|>"):
+        assert prompt.count(marker) == (
+            1 if family is TemplateFamily.GEMMA4 and "channel" in marker else 0
+        )
+    assert request.controls == tuple(DIGITS[: len(labels)])
+    # After the question line, exactly one line per control and then the answer rule.
+    field_lines = prompt.rsplit("\nQuestion: ", 1)[1].split("\n")[1:]
+    assert [line.split(" = ", 1)[0] for line in field_lines[: len(labels)]] == list(
+        request.controls
+    )
+    assert field_lines[len(labels)].startswith("Reply with the one digit")
