@@ -18,25 +18,32 @@ from typevet_async.core.answers import (
     Usage,
 )
 from typevet_async.core.framing import TemplateFamily
+from typevet_async.core.generation import Generation
 from typevet_async.core.questions import Choice, Noul, Question, Score
 from typevet_async.core.scoring import Probe
 from typevet_async.errors import (
     BackendError,
     ConfigurationError,
     ControlTokenError,
+    DeadlineExceededError,
+    GenerationError,
     InvalidInputError,
     InvalidLogprobsError,
     JudgmentTimeoutError,
+    OutputValidationError,
     ProtocolError,
     QuestionError,
     ReadTimeoutError,
+    SchemaError,
     ServerError,
     SessionStateError,
     TooManyOptionsError,
     TransportError,
+    TruncatedOutputError,
     TypevetError,
     UnsupportedTemplateError,
 )
+from typevet_async.images import Image
 from typevet_async.session import Session
 
 __version__ = "0.1.0"
@@ -48,18 +55,24 @@ __all__ = [
     "ChoiceAnswer",
     "ConfigurationError",
     "ControlTokenError",
+    "DeadlineExceededError",
     "Diagnostics",
+    "Generation",
+    "GenerationError",
+    "Image",
     "InvalidInputError",
     "InvalidLogprobsError",
     "Judgment",
     "JudgmentTimeoutError",
     "Noul",
     "NoulAnswer",
+    "OutputValidationError",
     "Probe",
     "ProtocolError",
     "Question",
     "QuestionError",
     "ReadTimeoutError",
+    "SchemaError",
     "Score",
     "ScoreAnswer",
     "ServerError",
@@ -68,6 +81,7 @@ __all__ = [
     "TemplateFamily",
     "TooManyOptionsError",
     "TransportError",
+    "TruncatedOutputError",
     "TypevetError",
     "UnsupportedTemplateError",
     "Usage",

@@ -6,16 +6,21 @@ The tree::
     ├── InvalidInputError (also ValueError)          bad caller input, raised before any request
     │   ├── QuestionError                             a question, or the mapping of questions
     │   │   └── TooManyOptionsError                   more options than single-token controls
+    │   ├── SchemaError                               a JSON Schema that is malformed or remote
     │   └── ConfigurationError                        session settings or TYPEVET_* variables
     ├── UnsupportedTemplateError                      served template is not a native Gemma family
     ├── BackendError                                  talking to the server failed
     │   ├── TransportError (also ConnectionError)     refused, reset, disconnected
     │   ├── ServerError                               an HTTP error status (carries status, body)
     │   ├── ReadTimeoutError (also TimeoutError)      one HTTP request took longer than allowed
-    │   └── ProtocolError                             the response is not what the protocol says
-    │       ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
-    │       └── ControlTokenError                     a control is not exactly one token
-    ├── JudgmentTimeoutError (also TimeoutError)      the whole judgment's deadline passed
+    │   ├── ProtocolError                             the response is not what the protocol says
+    │   │   ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
+    │   │   └── ControlTokenError                     a control is not exactly one token
+    │   └── GenerationError                           generated output is empty or not JSON
+    │       ├── TruncatedOutputError                  output cut off by the token limit
+    │       └── OutputValidationError                 output does not pass the schema
+    ├── DeadlineExceededError (also TimeoutError)     a whole call's deadline passed
+    │   └── JudgmentTimeoutError                      ... of a judgment
     └── SessionStateError (also RuntimeError)         used before opening or after closing
 
 Errors raised while reading one question carry its id in ``question_id``.
@@ -29,16 +34,21 @@ __all__ = [
     "BackendError",
     "ConfigurationError",
     "ControlTokenError",
+    "DeadlineExceededError",
+    "GenerationError",
     "InvalidInputError",
     "InvalidLogprobsError",
     "JudgmentTimeoutError",
+    "OutputValidationError",
     "ProtocolError",
     "QuestionError",
     "ReadTimeoutError",
+    "SchemaError",
     "ServerError",
     "SessionStateError",
     "TooManyOptionsError",
     "TransportError",
+    "TruncatedOutputError",
     "TypevetError",
     "UnsupportedTemplateError",
 ]
@@ -72,6 +82,14 @@ class TooManyOptionsError(QuestionError):
         super().__init__(message)
         self.count = count
         self.limit = limit
+
+
+class SchemaError(InvalidInputError):
+    """A JSON Schema is malformed, too deep, or refers to a remote document; nothing was sent."""
+
+    def __init__(self, message: str, *, path: str = "$") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class ConfigurationError(InvalidInputError):
@@ -124,7 +142,33 @@ class ControlTokenError(ProtocolError):
     """A control does not tokenize to exactly one token on the served tokenizer."""
 
 
-class JudgmentTimeoutError(TypevetError, TimeoutError):
+class GenerationError(BackendError):
+    """Schema-bound generation returned nothing usable; ``raw`` is the text the server sent."""
+
+    def __init__(self, message: str, *, raw: str = "", payload: Any = None) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.payload = payload
+
+
+class TruncatedOutputError(GenerationError):
+    """The output was cut off by the token limit before it was complete."""
+
+
+class OutputValidationError(GenerationError):
+    """The output parsed as JSON but does not pass the schema; ``path`` names where."""
+
+    def __init__(self, message: str, *, raw: str, value: Any, path: str) -> None:
+        super().__init__(message, raw=raw, payload=value)
+        self.value = value
+        self.path = path
+
+
+class DeadlineExceededError(TypevetError, TimeoutError):
+    """A whole call (judgment, generations) did not finish before its deadline."""
+
+
+class JudgmentTimeoutError(DeadlineExceededError):
     """The whole judgment did not finish before its deadline."""
 
 

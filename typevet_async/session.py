@@ -16,15 +16,21 @@ from typing import Any, Protocol
 import aiohttp
 import anyio
 import orjson
+from jsonschema import Draft202012Validator
 
 from typevet_async.backends.http import HttpClient
 from typevet_async.backends.llama_cpp import DEFAULT_TOP_K, AsyncLlamaCpp
+from typevet_async.backends.vllm import AsyncVllm, LogprobsMode
 from typevet_async.core.answers import Answer, Diagnostics, Judgment, Usage
+from typevet_async.core.generation import ChatOutput, Generation, build_generation, check_output
 from typevet_async.core.questions import Choice, Noul, Question, Score
 from typevet_async.core.readings import CandidateRead
+from typevet_async.core.schemas import MAX_JSON_DEPTH, check_schema, json_depth
 from typevet_async.core.scoring import Probe, ScoringRequest, interpret_read, plan_question
 from typevet_async.errors import (
     ConfigurationError,
+    DeadlineExceededError,
+    GenerationError,
     InvalidInputError,
     JudgmentTimeoutError,
     QuestionError,
@@ -32,16 +38,25 @@ from typevet_async.errors import (
     TypevetError,
     UnsupportedTemplateError,
 )
+from typevet_async.fanout import gather_in_order
+from typevet_async.images import Image
 from typevet_async.local import LocalServer, ServerOptions
 
-__all__ = ["ScoringBackend", "Session"]
+__all__ = ["Backend", "Session"]
 
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_READ_TIMEOUT = 120.0
+DEFAULT_MAX_TOKENS = 512
 
 
-class ScoringBackend(Protocol):
-    """What a session needs from a backend: one probe, then scoring reads."""
+class Backend(Protocol):
+    """What a session needs from a backend: one probe, scoring reads, generations."""
+
+    #: True when the SDK frames the raw prefix itself; False when the server applies its
+    #: own chat template to plain user content.
+    frames_prompt: bool
+    #: Whether generation may take images.
+    accepts_images: bool
 
     async def probe(self) -> Probe:
         """Classify the served template, find the controls' token ids and the vocabulary size.
@@ -54,6 +69,15 @@ class ScoringBackend(Protocol):
         """The candidates' full-vocabulary logprobs at the answer position of ``request``.
 
         :raises BackendError: the read failed, or its logprobs failed validation.
+        """
+        ...
+
+    async def generate(
+        self, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int
+    ) -> ChatOutput:
+        """One schema-bound chat completion, as the server returned it.
+
+        :raises BackendError: the request failed.
         """
         ...
 
@@ -85,6 +109,17 @@ def _checked_questions(questions: Any) -> list[tuple[str, Question]]:
     return checked
 
 
+def _interpret_output(output: ChatOutput, validator: Draft202012Validator) -> Generation:
+    check_output(output)
+    try:
+        value = orjson.loads(output.content)  # refuses NaN and Infinity, which JSON does not have
+    except orjson.JSONDecodeError as error:
+        raise GenerationError(f"output is not valid JSON: {error}", raw=output.content) from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise GenerationError(f"output nests deeper than {MAX_JSON_DEPTH}", raw=output.content)
+    return build_generation(output, value, validator)
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
@@ -100,7 +135,7 @@ class Session:
 
     def __init__(
         self,
-        backend: ScoringBackend,
+        backend: Backend,
         http: HttpClient | None = None,
         *,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
@@ -161,6 +196,46 @@ class Session:
         return cls(backend, http, max_concurrency=concurrency, model=model, server=_server)
 
     @classmethod
+    def vllm(
+        cls,
+        base_url: str,
+        *,
+        model: str,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        api_key: str | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+    ) -> Session:
+        """A session on a vLLM server, pinned to ``model`` (every request names it).
+
+        :param logprobs_mode: the server's ``--logprobs-mode``. With ``raw_logprobs`` (the
+            default, and what we recommend) or ``processed_logprobs`` the off-menu mass is
+            exact; with a ``*_logits`` mode it is reported as unknown (None).
+        """
+        if not isinstance(model, str) or not model:
+            raise ConfigurationError("a vLLM session needs the served model id: model=...")
+        if logprobs_mode not in (
+            "raw_logprobs",
+            "processed_logprobs",
+            "raw_logits",
+            "processed_logits",
+        ):
+            raise ConfigurationError(f"unknown logprobs_mode {logprobs_mode!r}")
+        if read_timeout <= 0:
+            raise ConfigurationError(f"read_timeout must be positive, got {read_timeout!r}")
+        concurrency = _positive_int("max_concurrency", max_concurrency)
+        http = HttpClient(
+            base_url,
+            api_key=api_key,
+            read_timeout=read_timeout,
+            max_connections=concurrency + 4,
+            trace_configs=trace_configs,
+        )
+        backend = AsyncVllm(http, model, logprobs_mode=logprobs_mode)
+        return cls(backend, http, max_concurrency=concurrency, model=model)
+
+    @classmethod
     def local(
         cls,
         *,
@@ -182,8 +257,9 @@ class Session:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
         """A session configured by ``TYPEVET_*`` variables.
 
-        ``TYPEVET_BACKEND`` (``llama_cpp``, the default), ``TYPEVET_BASE_URL`` (unset: the
-        embedded server), ``TYPEVET_MODEL``, ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
+        ``TYPEVET_BACKEND`` (``llama_cpp``, the default, or ``vllm``), ``TYPEVET_BASE_URL``
+        (unset with llama_cpp: the embedded server), ``TYPEVET_MODEL`` (required for vllm),
+        ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
         """
         env = os.environ if environ is None else environ
         backend = env.get("TYPEVET_BACKEND", "llama_cpp").strip() or "llama_cpp"
@@ -198,9 +274,11 @@ class Session:
         api_key = env.get("TYPEVET_API_KEY") or None
         base_url = env.get("TYPEVET_BASE_URL") or None
         if backend == "vllm":
-            raise ConfigurationError(
-                "TYPEVET_BACKEND=vllm is not available in this version; use llama_cpp"
-            )
+            if base_url is None or model is None:
+                raise ConfigurationError(
+                    "TYPEVET_BACKEND=vllm needs TYPEVET_BASE_URL and TYPEVET_MODEL"
+                )
+            return cls.vllm(base_url, model=model, max_concurrency=concurrency, api_key=api_key)
         if backend != "llama_cpp":
             raise ConfigurationError(
                 f"TYPEVET_BACKEND must be 'llama_cpp' or 'vllm', got {backend!r}"
@@ -270,17 +348,20 @@ class Session:
         questions: Mapping[str, Question],
         *,
         timeout: float | None = None,
+        model: str | None = None,
     ) -> Judgment:
         """Ask every question about ``state``; answers come back in request order.
 
         :param state: a string, or any JSON value (rendered as compact JSON).
         :param timeout: seconds for the whole judgment, probe included.
-        :raises InvalidInputError: bad questions or state; nothing was sent.
+        :param model: if given, must be the session's pinned model.
+        :raises InvalidInputError: bad questions, state or model; nothing was sent.
         :raises UnsupportedTemplateError: the server's template is not native Gemma 4 or 3.
         :raises JudgmentTimeoutError: ``timeout`` passed; every read was cancelled.
         :raises BackendError: the first failing question's error, in question order.
         """
         self._require_open()
+        self._check_model(model)
         checked = _checked_questions(questions)
         state_text = render_state(state)
         try:
@@ -295,50 +376,155 @@ class Session:
 
     async def _judge(self, state_text: str, checked: list[tuple[str, Question]]) -> Judgment:
         probe = await self.probe()
-        if not probe.family.is_native:
+        family = probe.family if self.backend.frames_prompt else None
+        if family is not None and not family.is_native:
             raise UnsupportedTemplateError(
-                f"the served chat template is {probe.family.value}, not a native Gemma 4 or "
+                f"the served chat template is {family.value}, not a native Gemma 4 or "
                 f"Gemma 3 template; judgments need the model's own turn markers",
-                family=probe.family.value,
+                family=family.value,
                 rendered=probe.rendered_template,
             )
         requests = [
-            plan_question(question_id, question, state_text, probe.family, probe.control_ids)
+            plan_question(
+                question_id,
+                question,
+                state_text,
+                family,
+                probe.control_ids,
+                probe.max_candidates,
+            )
             for question_id, question in checked
         ]
-        outcomes: list[tuple[Answer, Diagnostics, Usage] | Exception | None] = [None] * len(
-            requests
-        )
 
-        async def score(index: int, request: ScoringRequest, scope: anyio.CancelScope) -> None:
-            try:
-                async with self._slots:
-                    read = await self.backend.read(request, probe.vocab_size)
-                answer, diagnostics = interpret_read(request, read)
-                usage = Usage(read.prompt_tokens, read.cached_tokens, read.reads)
-                outcomes[index] = (answer, diagnostics, usage)
-            except Exception as error:  # cancellation is not an Exception: it propagates
-                if isinstance(error, TypevetError):
-                    error.question_id = request.question_id
-                outcomes[index] = error
-                scope.cancel()
+        async def score(request: ScoringRequest) -> tuple[Answer, Diagnostics, Usage]:
+            async with self._slots:
+                read = await self.backend.read(request, probe.vocab_size)
+            answer, diagnostics = interpret_read(request, read)
+            return answer, diagnostics, Usage(read.prompt_tokens, read.cached_tokens, read.reads)
 
-        async with anyio.create_task_group() as group:
-            for index, request in enumerate(requests):
-                group.start_soon(score, index, request, group.cancel_scope)
-
-        for outcome in outcomes:  # the first error in question order, not in time order
-            if isinstance(outcome, Exception):
-                raise outcome
+        outcomes = await gather_in_order(requests, score, label=lambda r: r.question_id)
         answers: dict[str, Answer] = {}
         diagnostics: dict[str, Diagnostics] = {}
         usage = Usage()
         for request, outcome in zip(requests, outcomes, strict=True):
-            if not isinstance(outcome, tuple):
-                raise RuntimeError(f"no outcome for question {request.question_id!r}")
+            assert not isinstance(outcome, Exception)  # gather_in_order raised it
             answers[request.question_id], diagnostics[request.question_id], read_usage = outcome
             usage += read_usage
         return Judgment(answers, usage, diagnostics)
+
+    # -- schema-bound generation ---------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        schema: Any,
+        images: Sequence[Image] = (),
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        timeout: float | None = None,
+        model: str | None = None,
+    ) -> Generation:
+        """Generate one JSON value that passes ``schema`` (JSON Schema Draft 2020-12).
+
+        The schema is checked before any request; the output is always parsed and validated
+        on the client, since server grammars do not enforce every keyword.
+
+        :raises SchemaError: the schema is malformed or needs a remote document.
+        :raises TruncatedOutputError: the token limit cut the output off.
+        :raises OutputValidationError: the output does not pass the schema (``.path``,
+            ``.value``, ``.raw``).
+        :raises GenerationError: empty output, or output that is not JSON.
+        :raises DeadlineExceededError: ``timeout`` passed.
+        """
+        results = await self.generate_many(
+            [prompt],
+            schema=schema,
+            images=images,
+            max_tokens=max_tokens,
+            timeout=timeout,
+            model=model,
+        )
+        result = results[0]
+        assert isinstance(result, Generation)
+        return result
+
+    async def generate_many(
+        self,
+        prompts: Sequence[str],
+        *,
+        schema: Any,
+        images: Sequence[Image] = (),
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_concurrency: int | None = None,
+        return_exceptions: bool = False,
+        timeout: float | None = None,
+        model: str | None = None,
+    ) -> list[Generation | TypevetError]:
+        """One generation per prompt, in request order, under the session's concurrency cap.
+
+        :param max_concurrency: a lower cap for this call (the session's cap still holds).
+        :param return_exceptions: put each failure in its place instead of raising the first
+            (in request order) and cancelling the rest.
+        """
+        self._require_open()
+        self._check_model(model)
+        validator = check_schema(schema)
+        items = self._checked_prompts(prompts, images, max_tokens)
+        call_slots = anyio.Semaphore(
+            _positive_int("max_concurrency", max_concurrency) if max_concurrency else len(items)
+        )
+
+        async def one(item: tuple[int, str]) -> Generation:
+            async with call_slots, self._slots:
+                output = await self.backend.generate(item[1], schema, images, max_tokens)
+            return _interpret_output(output, validator)
+
+        try:
+            with anyio.fail_after(timeout):
+                await self.probe()
+                outcomes = await gather_in_order(
+                    items, one, fail_fast=not return_exceptions, label=lambda i: f"prompt {i[0]}"
+                )
+        except TypevetError:
+            raise
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"the generations did not finish within {timeout} s; their requests were cancelled"
+            ) from None
+        results: list[Generation | TypevetError] = []
+        for outcome in outcomes:
+            if isinstance(outcome, Exception) and not isinstance(outcome, TypevetError):
+                raise outcome
+            results.append(outcome)
+        return results
+
+    def _checked_prompts(
+        self, prompts: Sequence[str], images: Sequence[Image], max_tokens: int
+    ) -> list[tuple[int, str]]:
+        if isinstance(prompts, str):
+            raise InvalidInputError("prompts must be a sequence of strings, not one string")
+        items = list(enumerate(prompts))
+        if not items:
+            raise InvalidInputError("prompts is empty")
+        for index, prompt in items:
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise InvalidInputError(f"prompt {index} must be a non-empty string")
+        if images and not self.backend.accepts_images:
+            raise InvalidInputError(
+                f"{type(self.backend).__name__} generation does not take images; nothing was sent"
+            )
+        for image in images:
+            if not isinstance(image, Image):
+                raise InvalidInputError(f"images must be tv.Image, got {type(image).__name__}")
+        _positive_int("max_tokens", max_tokens)
+        return items
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model:
+            raise ConfigurationError(
+                f"this session is pinned to model {self.model!r}; a call for {model!r} was "
+                "refused before any request"
+            )
 
     def _require_open(self) -> None:
         if self._state != "open":

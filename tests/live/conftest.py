@@ -6,6 +6,7 @@ A live test that cannot reach its server fails: these fixtures raise, they never
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +101,63 @@ class InFlightCounter:
     async def _end(self, _: Any, __: Any, params: Any) -> None:
         if params.url.path == self.path:
             self.current -= 1
+
+
+@pytest.fixture(scope="session")
+def vllm_url() -> Iterator[str]:
+    """vLLM (CPU) serving the same model, dequantised, with --logprobs-mode raw_logprobs.
+
+    ``TYPEVET_TEST_VLLM_URL`` reuses a server started by hand (development only: it must be
+    started as tests/live/servers.py starts it).
+    """
+    from .servers import VllmServerProcess
+
+    reuse = os.environ.get("TYPEVET_TEST_VLLM_URL")
+    if reuse:
+        yield reuse
+        return
+
+    server = VllmServerProcess("vllm")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def vllm_candidate_read(
+    url: str, content: str, token_ids: tuple[int, ...], *, top_logprobs: int = 0
+) -> dict[str, Any]:
+    """An independent vLLM read outside the SDK: plain urllib and json."""
+    from .servers import VLLM_MODEL_ID
+
+    body: dict[str, Any] = {
+        "model": VLLM_MODEL_ID,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 1,
+        "logprobs": True,
+        "return_tokens_as_token_ids": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    if top_logprobs:
+        body["top_logprobs"] = top_logprobs
+    else:
+        body["logprob_token_ids"] = list(token_ids)
+    payload = post_json(url, "/v1/chat/completions", body)
+    position = payload["choices"][0]["logprobs"]["content"][0]
+    return {
+        int(entry["token"].split(":", 1)[1]): float(entry["logprob"])
+        for entry in position["top_logprobs"]
+    }
+
+
+def _needs_vllm(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    uses_fixture = "vllm_url" in getattr(item, "fixturenames", ())
+    return uses_fixture or (callspec is not None and callspec.params.get("backend") == "vllm")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the vLLM tests last: its server starts once, and the timing-sensitive llama.cpp
+    tests then run before it shares the two cores with them."""
+    items.sort(key=_needs_vllm)

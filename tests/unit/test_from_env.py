@@ -5,6 +5,7 @@ import pytest
 import typevet_async as tv
 from typevet_async.backends.http import HttpClient
 from typevet_async.backends.llama_cpp import AsyncLlamaCpp
+from typevet_async.backends.vllm import AsyncVllm
 
 
 def test_llama_cpp_from_env() -> None:
@@ -23,6 +24,15 @@ def test_llama_cpp_from_env() -> None:
     assert session._server is None
 
 
+def test_vllm_from_env() -> None:
+    session = tv.Session.from_env(
+        {"TYPEVET_BACKEND": "vllm", "TYPEVET_BASE_URL": "http://h:8000", "TYPEVET_MODEL": "m"}
+    )
+    assert isinstance(session.backend, AsyncVllm)
+    assert session.backend.model == "m"
+    assert session.model == "m"
+
+
 def test_no_base_url_means_the_embedded_server() -> None:
     session = tv.Session.from_env({})
     assert session._server is not None
@@ -32,7 +42,8 @@ def test_no_base_url_means_the_embedded_server() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"TYPEVET_BACKEND": "vllm"}, "not available in this version"),
+        ({"TYPEVET_BACKEND": "vllm"}, "needs TYPEVET_BASE_URL and TYPEVET_MODEL"),
+        ({"TYPEVET_BACKEND": "vllm", "TYPEVET_BASE_URL": "http://h"}, "TYPEVET_MODEL"),
         ({"TYPEVET_BACKEND": "tgi"}, "must be 'llama_cpp' or 'vllm'"),
         ({"TYPEVET_MAX_CONCURRENCY": "many"}, "positive integer"),
         ({"TYPEVET_MAX_CONCURRENCY": "0"}, "positive integer"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -18,6 +18,7 @@ import pytest
 
 import typevet_async as tv
 from typevet_async.core.controls import DIGITS
+from typevet_async.core.generation import ChatOutput
 from typevet_async.core.readings import CandidateRead
 from typevet_async.core.scoring import ScoringRequest
 
@@ -30,8 +31,13 @@ Behaviour = Callable[[ScoringRequest], Awaitable[None]]
 class InMemoryStubBackend:
     """A scoring backend with scripted delays and failures per question id."""
 
+    frames_prompt = True
+    accepts_images = False
+
     def __init__(self, family: tv.TemplateFamily = tv.TemplateFamily.GEMMA3) -> None:
         self.family = family
+        self.outputs: dict[str, ChatOutput] = {}
+        self.generated: list[str] = []
         self.behaviours: dict[str, Behaviour] = {}
         self.probes = 0
         self.reads: list[str] = []
@@ -61,6 +67,22 @@ class InMemoryStubBackend:
             self.in_flight -= 1
         logprobs = tuple(-1.0 - index for index in range(len(request.token_ids)))
         return CandidateRead(request.token_ids, logprobs, 4096, 1, 10, 0)
+
+    async def generate(
+        self, prompt: str, schema: Any, images: Sequence[tv.Image], max_tokens: int
+    ) -> ChatOutput:
+        self.generated.append(prompt)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            behaviour = self.behaviours.get(prompt)
+            if behaviour is not None:
+                await behaviour(ScoringRequest(prompt, tv.Noul(instructions="x"), "", (), ()))
+            else:
+                await anyio.sleep(0.01)
+        finally:
+            self.in_flight -= 1
+        return self.outputs.get(prompt, ChatOutput('{"n": 1}', "stop", 5, 3))
 
 
 def sleeping(seconds: float) -> Behaviour:
@@ -222,3 +244,98 @@ async def test_pinned_model_is_checked_at_probe() -> None:
     async with tv.Session(InMemoryStubBackend(), model="other") as session:
         with pytest.raises(tv.ConfigurationError, match="pinned to model 'other'"):
             await session.judge("s", {"q": noul()})
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "maximum": 5}},
+    "required": ["n"],
+}
+
+
+async def test_generate_many_keeps_request_order_and_honours_both_caps() -> None:
+    backend = InMemoryStubBackend()
+    backend.behaviours = {f"p{n}": sleeping(0.05 - n * 0.002) for n in range(20)}
+    backend.outputs = {f"p{n}": ChatOutput(f'{{"n": {n % 5}}}', "stop") for n in range(20)}
+    async with tv.Session(backend, max_concurrency=6) as session:
+        results = await session.generate_many(
+            [f"p{n}" for n in range(20)], schema=SCHEMA, max_concurrency=3
+        )
+    assert [r.value for r in results] == [{"n": n % 5} for n in range(20)]  # type: ignore[union-attr]
+    assert backend.peak == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "finish", "error", "message"),
+    [
+        ('{"n": 9}', "stop", tv.OutputValidationError, r"at \$\.n: 9 is greater than"),
+        ('{"n": 1', "length", tv.TruncatedOutputError, "cut off by the token limit"),
+        ("", "stop", tv.GenerationError, "empty content"),
+        ('{"n": NaN}', "stop", tv.GenerationError, "not valid JSON"),
+        ('{"n": Infinity}', "stop", tv.GenerationError, "not valid JSON"),
+    ],
+)
+async def test_bad_outputs_raise_typed_errors_with_the_payload(
+    content: str, finish: str, error: type[tv.GenerationError], message: str
+) -> None:
+    backend = InMemoryStubBackend()
+    backend.outputs = {"p": ChatOutput(content, finish)}
+    async with tv.Session(backend) as session:
+        with pytest.raises(error, match=message) as caught:
+            await session.generate("p", schema=SCHEMA)
+    assert caught.value.raw == content
+    if isinstance(caught.value, tv.OutputValidationError):
+        assert caught.value.path == "$.n"
+        assert caught.value.value == {"n": 9}
+
+
+async def test_return_exceptions_puts_each_failure_in_its_place() -> None:
+    backend = InMemoryStubBackend()
+    backend.outputs = {"bad": ChatOutput('{"n": 9}', "stop")}
+    async with tv.Session(backend) as session:
+        results = await session.generate_many(
+            ["ok1", "bad", "ok2"], schema=SCHEMA, return_exceptions=True
+        )
+    assert isinstance(results[0], tv.Generation)
+    assert isinstance(results[1], tv.OutputValidationError)
+    assert results[1].question_id == "prompt 1"
+    assert isinstance(results[2], tv.Generation)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (dict(prompts=["p"], schema={"type": "nope"}), tv.SchemaError, "meta-schema"),
+        (dict(prompts=["p"], schema={"$ref": "http://x/s.json"}), tv.SchemaError, "never fetched"),
+        (dict(prompts="p", schema=SCHEMA), tv.InvalidInputError, "not one string"),
+        (dict(prompts=[""], schema=SCHEMA), tv.InvalidInputError, "prompt 0"),
+        (dict(prompts=["p"], schema=SCHEMA, model="other"), tv.ConfigurationError, "pinned"),
+        (dict(prompts=["p"], schema=SCHEMA, max_tokens=0), tv.ConfigurationError, "max_tokens"),
+    ],
+)
+async def test_bad_generation_input_sends_nothing(
+    call: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    backend = InMemoryStubBackend()
+    async with tv.Session(backend, model="stub-model") as session:
+        with pytest.raises(error, match=message):
+            await session.generate_many(**call)
+    assert backend.generated == []
+    assert backend.probes == 0
+
+
+async def test_images_are_refused_where_the_backend_takes_none() -> None:
+    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16, "image/png")
+    backend = InMemoryStubBackend()
+    async with tv.Session(backend) as session:
+        with pytest.raises(tv.InvalidInputError, match="does not take images"):
+            await session.generate("p", schema=SCHEMA, images=[png])
+    assert backend.generated == []
+
+
+async def test_generation_deadline() -> None:
+    backend = InMemoryStubBackend()
+    backend.behaviours = {"slow": sleeping(30.0)}
+    async with tv.Session(backend) as session:
+        with pytest.raises(tv.DeadlineExceededError):
+            await session.generate("slow", schema=SCHEMA, timeout=0.1)

@@ -9,16 +9,24 @@ up to the whole vocabulary. A missing candidate is never estimated.
 
 from __future__ import annotations
 
-from typing import Any
-
-import anyio
+from collections.abc import Sequence
+from typing import Any, cast
 
 from typevet_async.backends.http import HttpClient
+from typevet_async.backends.openai_chat import (
+    NO_THINKING,
+    json_schema_response_format,
+    parse_chat_output,
+    user_message,
+)
 from typevet_async.core.controls import DIGITS, control_token_ids
 from typevet_async.core.framing import PROBE_MESSAGE, classify_template
+from typevet_async.core.generation import ChatOutput
 from typevet_async.core.readings import CandidateRead, TopLogprobs, find_candidates
 from typevet_async.core.scoring import Probe, ScoringRequest
-from typevet_async.errors import ProtocolError
+from typevet_async.errors import InvalidInputError, ProtocolError
+from typevet_async.fanout import gather_in_order
+from typevet_async.images import Image
 
 __all__ = [
     "DEFAULT_TOP_K",
@@ -84,6 +92,17 @@ def next_top_k(top_k: int, vocab_size: int) -> int:
     return min(max(top_k * ESCALATION_FACTOR, DEFAULT_TOP_K), vocab_size)
 
 
+def generation_body(prompt: str, schema: Any, max_tokens: int) -> dict[str, Any]:
+    """Schema-bound chat completion: llama.cpp compiles the schema into a grammar."""
+    return {
+        "messages": [user_message(prompt)],
+        "response_format": json_schema_response_format(schema),
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
 def tokenize_body(text: str) -> dict[str, Any]:
     return {"content": text, "add_special": False}
 
@@ -110,7 +129,12 @@ def probe_template_body() -> dict[str, Any]:
 
 
 class AsyncLlamaCpp:
-    """Scoring client for llama.cpp's ``POST /completion``."""
+    """Scoring (``POST /completion``) and generation client for llama.cpp's server."""
+
+    #: The SDK frames the raw prefix in the served family's turn markers.
+    frames_prompt = True
+    #: Generation on llama.cpp refuses images (before any request).
+    accepts_images = False
 
     def __init__(
         self, http: HttpClient, *, top_k: int = DEFAULT_TOP_K, cache_prompt: bool = True
@@ -126,16 +150,11 @@ class AsyncLlamaCpp:
         """Classify the served template, tokenize every control, read the vocabulary size."""
         template = await self.http.post_json("/apply-template", probe_template_body())
         rendered = str(_field(template, "prompt"))
-        tokenized: dict[str, list[int]] = {}
-
-        async def tokenize(control: str) -> None:
-            tokenized[control] = await self.tokenize(control)
-
-        async with anyio.create_task_group() as group:
-            for control in DIGITS:
-                group.start_soon(tokenize, control)
+        tokens = await gather_in_order(DIGITS, self.tokenize)
         vocab_size, model_ids = parse_models(await self.http.get_json("/v1/models"))
-        ordered = {control: tokenized[control] for control in DIGITS}
+        ordered = {
+            control: cast(list[int], ids) for control, ids in zip(DIGITS, tokens, strict=True)
+        }
         return Probe(
             classify_template(rendered),
             rendered,
@@ -166,3 +185,11 @@ class AsyncLlamaCpp:
                     request.token_ids, logprobs, top_k, reads, prompt_tokens, cached_tokens
                 )
             top_k = next_top_k(top_k, vocab_size)
+
+    async def generate(
+        self, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int
+    ) -> ChatOutput:
+        if images:
+            raise InvalidInputError("llama.cpp generation does not take images; nothing was sent")
+        body = generation_body(prompt, schema, max_tokens)
+        return parse_chat_output(await self.http.post_json("/v1/chat/completions", body))

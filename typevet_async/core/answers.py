@@ -101,8 +101,9 @@ class Diagnostics:
     token_ids: tuple[int, ...]
     #: The candidates' full-vocabulary logprobs as read, in option order.
     logprobs: tuple[float, ...]
-    #: 1 - the candidates' summed full-vocabulary probability.
-    off_menu_mass: float
+    #: 1 - the candidates' summed full-vocabulary probability; None when the server returned
+    #: logits instead of logprobs (vLLM in a ``*_logits`` mode), where it cannot be known.
+    off_menu_mass: float | None
     #: The top-K of the read the logprobs came from.
     top_k: int
     #: HTTP reads it took (1, plus one per escalation to a larger top-K).

