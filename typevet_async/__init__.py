@@ -19,10 +19,12 @@ from typevet_async.core.answers import (
 )
 from typevet_async.core.framing import TemplateFamily
 from typevet_async.core.generation import Generation
+from typevet_async.core.layouts import JEV_SYSTEM_PROMPT, Layout
 from typevet_async.core.questions import Choice, Noul, Question, Score
 from typevet_async.core.scoring import Probe
 from typevet_async.errors import (
     BackendError,
+    CandidateMissingError,
     ConfigurationError,
     ControlTokenError,
     DeadlineExceededError,
@@ -30,6 +32,7 @@ from typevet_async.errors import (
     InvalidInputError,
     InvalidLogprobsError,
     JudgmentTimeoutError,
+    OffMenuError,
     OutputValidationError,
     ProtocolError,
     QuestionError,
@@ -49,8 +52,10 @@ from typevet_async.session import Session
 __version__ = "0.1.0"
 
 __all__ = [
+    "JEV_SYSTEM_PROMPT",
     "Answer",
     "BackendError",
+    "CandidateMissingError",
     "Choice",
     "ChoiceAnswer",
     "ConfigurationError",
@@ -64,8 +69,10 @@ __all__ = [
     "InvalidLogprobsError",
     "Judgment",
     "JudgmentTimeoutError",
+    "Layout",
     "Noul",
     "NoulAnswer",
+    "OffMenuError",
     "OutputValidationError",
     "Probe",
     "ProtocolError",

@@ -15,10 +15,12 @@ The tree::
     │   ├── ReadTimeoutError (also TimeoutError)      one HTTP request took longer than allowed
     │   ├── ProtocolError                             the response is not what the protocol says
     │   │   ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
+    │   │   │   └── CandidateMissingError             on_missing="error": a candidate outside top-N
     │   │   └── ControlTokenError                     a control is not exactly one token
     │   └── GenerationError                           generated output is empty or not JSON
     │       ├── TruncatedOutputError                  output cut off by the token limit
     │       └── OutputValidationError                 output does not pass the schema
+    ├── OffMenuError                                  off-menu mass above the threshold (if asked)
     ├── DeadlineExceededError (also TimeoutError)     a whole call's deadline passed
     │   └── JudgmentTimeoutError                      ... of a judgment
     └── SessionStateError (also RuntimeError)         used before opening or after closing
@@ -32,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "BackendError",
+    "CandidateMissingError",
     "ConfigurationError",
     "ControlTokenError",
     "DeadlineExceededError",
@@ -39,6 +42,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidLogprobsError",
     "JudgmentTimeoutError",
+    "OffMenuError",
     "OutputValidationError",
     "ProtocolError",
     "QuestionError",
@@ -136,6 +140,23 @@ class ProtocolError(BackendError):
 
 class InvalidLogprobsError(ProtocolError):
     """The candidates' logprobs failed validation: the SDK never guesses a missing value."""
+
+
+class CandidateMissingError(InvalidLogprobsError):
+    """``on_missing="error"``: a candidate is outside the top-N the read returned."""
+
+    def __init__(self, message: str, *, missing: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class OffMenuError(TypevetError):
+    """The off-menu mass exceeded the threshold, and the caller asked for an error."""
+
+    def __init__(self, message: str, *, off_menu_mass: float, threshold: float) -> None:
+        super().__init__(message)
+        self.off_menu_mass = off_menu_mass
+        self.threshold = threshold
 
 
 class ControlTokenError(ProtocolError):

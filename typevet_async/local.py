@@ -72,6 +72,10 @@ class ServerOptions:
     n_ctx: int = 8192
     n_parallel: int = 4
     port: int = 0
+    #: A full-size sliding-window cache: Gemma 3 and 4 use sliding-window attention, and
+    #: without it llama.cpp cannot reuse a cached prompt prefix (measured: 0 of 516 shared
+    #: tokens reused without, 509 with; a judgment of 8 questions 17.5 s -> 10.3 s).
+    swa_full: bool = True
     #: Where the server's own log goes (default: discarded).
     log_file: Path | None = None
 
@@ -90,6 +94,8 @@ class ServerOptions:
             str(self.n_parallel),
             "--child",
         ]
+        if self.swa_full:
+            args.append("--swa-full")
         if self.jinja:
             args += ["--jinja-template", self.chat_template]
         else:
@@ -200,6 +206,7 @@ def _serve(args: argparse.Namespace) -> None:
     params.n_ctx = args.n_ctx
     params.n_parallel = args.parallel
     params.port = args.port
+    params.swa_full = args.swa_full
     if args.jinja_template is not None:
         params.use_jinja = True
         params.chat_template = args.jinja_template
@@ -226,6 +233,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--template", default="gemma", help="built-in llama.cpp template name")
     parser.add_argument("--jinja-template", default=None, help="jinja template text")
+    parser.add_argument(
+        "--swa-full",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="full-size sliding-window cache, so prompt prefixes are reused (default: on)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.model is None:

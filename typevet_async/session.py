@@ -9,20 +9,28 @@ the judgment; its sibling reads are cancelled with the task group, so no task ou
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import anyio
+import attrs
 import orjson
 from jsonschema import Draft202012Validator
 
 from typevet_async.backends.http import HttpClient
-from typevet_async.backends.llama_cpp import DEFAULT_TOP_K, AsyncLlamaCpp
+from typevet_async.backends.llama_cpp import (
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_N,
+    MAX_TOP_N,
+    AsyncLlamaCpp,
+    OnMissing,
+)
 from typevet_async.backends.vllm import AsyncVllm, LogprobsMode
 from typevet_async.core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async.core.generation import ChatOutput, Generation, build_generation, check_output
+from typevet_async.core.layouts import Layout
 from typevet_async.core.questions import Choice, Noul, Question, Score
 from typevet_async.core.readings import CandidateRead
 from typevet_async.core.schemas import MAX_JSON_DEPTH, check_schema, json_depth
@@ -39,7 +47,7 @@ from typevet_async.errors import (
     UnsupportedTemplateError,
 )
 from typevet_async.fanout import gather_in_order
-from typevet_async.images import Image
+from typevet_async.images import DEFAULT_MAX_IMAGE_BYTES, Image
 from typevet_async.local import LocalServer, ServerOptions
 
 __all__ = ["Backend", "Session"]
@@ -47,6 +55,10 @@ __all__ = ["Backend", "Session"]
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_READ_TIMEOUT = 120.0
 DEFAULT_MAX_TOKENS = 512
+DEFAULT_MAX_IMAGES = 8
+
+PrefixReuse = Literal["auto", "first", "sequential", "off"]
+_Scored = tuple[Answer, Diagnostics, Usage]
 
 
 class Backend(Protocol):
@@ -120,6 +132,44 @@ def _interpret_output(output: ChatOutput, validator: Draft202012Validator) -> Ge
     return build_generation(output, value, validator)
 
 
+class Unset:
+    """The default of a per-call override: fall back to the session's setting."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = Unset()
+
+
+@attrs.frozen
+class _Guard:
+    threshold: float | None
+    raise_error: bool
+
+
+def _question_id(request: ScoringRequest) -> str:
+    return request.question_id
+
+
+def _from_cache(usage: Usage) -> bool:
+    """Most of the read's prompt came from the server's cache (so it reuses prefixes)."""
+    return usage.cached_tokens * 2 >= usage.prompt_tokens > 0
+
+
+def compact_json(value: Any) -> str:
+    """Compact JSON as the Jev gateway sends it: no spaces, UTF-8 kept as is."""
+    return orjson.dumps(value).decode()
+
+
+def _threshold(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ConfigurationError(f"off_menu_threshold must be in [0, 1] or None, got {value!r}")
+    return float(value)
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
@@ -141,10 +191,44 @@ class Session:
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         model: str | None = None,
         server: LocalServer | None = None,
+        layout: Layout | str = Layout.TYPEVET,
+        off_menu_threshold: float | None = None,
+        raise_off_menu: bool = False,
+        max_images: int = DEFAULT_MAX_IMAGES,
+        max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+        prefix_reuse: PrefixReuse = "auto",
     ) -> None:
+        """Prefer the factories; the settings below are shared by all of them.
+
+        :param layout: ``"typevet"`` (the default framing), or the Jev gateway's ``"fused"``
+            or ``"split"``.
+        :param off_menu_threshold: flag answers whose off-menu mass exceeds it (and with
+            ``raise_off_menu`` raise `OffMenuError`); a judgment may override both.
+        :param max_images: most images one judgment may take; ``max_image_bytes`` per image.
+        :param prefix_reuse: on llama.cpp, how a judgment's questions share the cached state:
+            ``"auto"`` (default) reads the first two alone and goes on one at a time if the
+            second came from the server's prompt cache, else reads the rest at once;
+            ``"sequential"``, ``"first"`` (first alone, rest at once) and ``"off"`` (all at
+            once) force a strategy. The README has the figures.
+        """
         self.backend = backend
         self.max_concurrency = _positive_int("max_concurrency", max_concurrency)
         self.model = model
+        try:
+            self.layout = Layout(layout)
+        except ValueError:
+            raise ConfigurationError(
+                f"layout must be 'typevet', 'fused' or 'split', got {layout!r}"
+            ) from None
+        self.off_menu_threshold = _threshold(off_menu_threshold)
+        self.raise_off_menu = bool(raise_off_menu)
+        self.max_images = _positive_int("max_images", max_images)
+        self.max_image_bytes = _positive_int("max_image_bytes", max_image_bytes)
+        if prefix_reuse not in ("auto", "first", "sequential", "off"):
+            raise ConfigurationError(
+                f"prefix_reuse must be 'auto', 'first', 'sequential' or 'off', got {prefix_reuse!r}"
+            )
+        self.prefix_reuse: PrefixReuse = prefix_reuse
         self._http = http
         self._server = server
         self._state = "unopened"
@@ -170,7 +254,10 @@ class Session:
         top_k: int = DEFAULT_TOP_K,
         reproducible: bool = False,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        on_missing: OnMissing = "exact",
+        top_n: int = DEFAULT_TOP_N,
         _server: LocalServer | None = None,
+        **settings: Any,
     ) -> Session:
         """A session on a llama.cpp server.
 
@@ -179,7 +266,17 @@ class Session:
         :param reproducible: bit-identical answers under the same server: no prompt cache
             and one read at a time (``max_concurrency`` is then 1). See the README for cost.
         :param model: if given, the server must serve a model of that id or alias.
+        :param on_missing: ``"exact"`` (escalate until every candidate is read), ``"clamp"``
+            (Jev: read the top ``top_n`` once; a missing candidate gets the lowest logprob
+            returned and the answer is flagged ``truncated``) or ``"error"``.
+        :param settings: layout, off-menu guard, image caps, prefix reuse: see `Session`.
         """
+        if on_missing not in ("exact", "clamp", "error"):
+            raise ConfigurationError(
+                f"on_missing must be 'exact', 'clamp' or 'error', got {on_missing!r}"
+            )
+        if not isinstance(top_n, int) or not 1 <= top_n <= MAX_TOP_N:
+            raise ConfigurationError(f"top_n must be 1..{MAX_TOP_N}, got {top_n!r}")
         if not isinstance(top_k, int) or top_k < 1:
             raise ConfigurationError(f"top_k must be a positive integer, got {top_k!r}")
         if read_timeout <= 0:
@@ -192,8 +289,16 @@ class Session:
             max_connections=max(concurrency, 1) + 4,
             trace_configs=trace_configs,
         )
-        backend = AsyncLlamaCpp(http, top_k=top_k, cache_prompt=not reproducible)
-        return cls(backend, http, max_concurrency=concurrency, model=model, server=_server)
+        backend = AsyncLlamaCpp(
+            http,
+            top_k=top_k,
+            cache_prompt=not reproducible,
+            on_missing=on_missing,
+            top_n=top_n,
+        )
+        return cls(
+            backend, http, max_concurrency=concurrency, model=model, server=_server, **settings
+        )
 
     @classmethod
     def vllm(
@@ -206,6 +311,7 @@ class Session:
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         logprobs_mode: LogprobsMode = "raw_logprobs",
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        **settings: Any,
     ) -> Session:
         """A session on a vLLM server, pinned to ``model`` (every request names it).
 
@@ -233,7 +339,7 @@ class Session:
             trace_configs=trace_configs,
         )
         backend = AsyncVllm(http, model, logprobs_mode=logprobs_mode)
-        return cls(backend, http, max_concurrency=concurrency, model=model)
+        return cls(backend, http, max_concurrency=concurrency, model=model, **settings)
 
     @classmethod
     def local(
@@ -347,12 +453,17 @@ class Session:
         state: Any,
         questions: Mapping[str, Question],
         *,
+        images: Sequence[Image] = (),
         timeout: float | None = None,
         model: str | None = None,
+        off_menu_threshold: float | Unset | None = UNSET,
+        raise_off_menu: bool | None = None,
     ) -> Judgment:
         """Ask every question about ``state``; answers come back in request order.
 
         :param state: a string, or any JSON value (rendered as compact JSON).
+        :param images: images the questions are about (the server must declare vision).
+        :param off_menu_threshold: overrides the session's for this judgment (None: off).
         :param timeout: seconds for the whole judgment, probe included.
         :param model: if given, must be the session's pinned model.
         :raises InvalidInputError: bad questions, state or model; nothing was sent.
@@ -364,9 +475,16 @@ class Session:
         self._check_model(model)
         checked = _checked_questions(questions)
         state_text = render_state(state)
+        images = self._checked_images(images)
+        guard = _Guard(
+            self.off_menu_threshold
+            if isinstance(off_menu_threshold, Unset)
+            else _threshold(off_menu_threshold),
+            self.raise_off_menu if raise_off_menu is None else bool(raise_off_menu),
+        )
         try:
             with anyio.fail_after(timeout):
-                return await self._judge(state_text, checked)
+                return await self._judge(state_text, checked, images, guard)
         except TypevetError:
             raise
         except TimeoutError:
@@ -374,9 +492,16 @@ class Session:
                 f"the judgment did not finish within {timeout} s; its reads were cancelled"
             ) from None
 
-    async def _judge(self, state_text: str, checked: list[tuple[str, Question]]) -> Judgment:
+    async def _judge(
+        self,
+        state_text: str,
+        checked: list[tuple[str, Question]],
+        images: tuple[Image, ...],
+        guard: _Guard,
+    ) -> Judgment:
         probe = await self.probe()
-        family = probe.family if self.backend.frames_prompt else None
+        frames = self.backend.frames_prompt
+        family = probe.family if frames else None
         if family is not None and not family.is_native:
             raise UnsupportedTemplateError(
                 f"the served chat template is {family.value}, not a native Gemma 4 or "
@@ -384,25 +509,39 @@ class Session:
                 family=family.value,
                 rendered=probe.rendered_template,
             )
+        if images and not probe.vision:
+            raise InvalidInputError(
+                "the server does not declare vision (/props modalities); images were refused "
+                "before any scoring read"
+            )
         requests = [
             plan_question(
                 question_id,
                 question,
                 state_text,
-                family,
-                probe.control_ids,
-                probe.max_candidates,
+                family=family,
+                control_ids=probe.control_ids,
+                layout=self.layout,
+                encode=compact_json,
+                images=images,
+                media_marker=probe.media_marker if frames else None,
+                max_candidates=probe.max_candidates,
             )
             for question_id, question in checked
         ]
 
-        async def score(request: ScoringRequest) -> tuple[Answer, Diagnostics, Usage]:
+        async def score(request: ScoringRequest) -> _Scored:
             async with self._slots:
                 read = await self.backend.read(request, probe.vocab_size)
-            answer, diagnostics = interpret_read(request, read)
+            answer, diagnostics = interpret_read(
+                request,
+                read,
+                off_menu_threshold=guard.threshold,
+                raise_off_menu=guard.raise_error,
+            )
             return answer, diagnostics, Usage(read.prompt_tokens, read.cached_tokens, read.reads)
 
-        outcomes = await gather_in_order(requests, score, label=lambda r: r.question_id)
+        outcomes = await self._read_all(requests, score, frames)
         answers: dict[str, Answer] = {}
         diagnostics: dict[str, Diagnostics] = {}
         usage = Usage()
@@ -411,6 +550,51 @@ class Session:
             answers[request.question_id], diagnostics[request.question_id], read_usage = outcome
             usage += read_usage
         return Judgment(answers, usage, diagnostics)
+
+    async def _read_all(
+        self,
+        requests: list[ScoringRequest],
+        score: Callable[[ScoringRequest], Awaitable[_Scored]],
+        frames: bool,
+    ) -> list[_Scored | Exception]:
+        """Read a judgment's questions under the prefix-reuse strategy (llama.cpp only)."""
+        strategy = self.prefix_reuse if frames and len(requests) > 1 else "off"
+        if strategy == "off":
+            return await gather_in_order(requests, score, label=_question_id)
+        alone = 2 if strategy in ("auto", "sequential") else 1
+        outcomes: list[_Scored | Exception] = []
+        for request in requests[:alone]:
+            outcomes += await gather_in_order([request], score, label=_question_id)
+        rest = requests[alone:]
+        if strategy == "auto":
+            second = outcomes[-1]
+            assert not isinstance(second, Exception)
+            strategy = "sequential" if _from_cache(second[2]) else "first"
+        if strategy == "sequential":
+            # Each read finds the state in the slot the previous one left it in.
+            for request in rest:
+                outcomes += await gather_in_order([request], score, label=_question_id)
+        elif rest:
+            outcomes += await gather_in_order(rest, score, label=_question_id)
+        return outcomes
+
+    def _checked_images(self, images: Sequence[Image]) -> tuple[Image, ...]:
+        if isinstance(images, Image):
+            images = (images,)
+        checked = tuple(images)
+        if len(checked) > self.max_images:
+            raise InvalidInputError(
+                f"{len(checked)} images, but this session takes at most {self.max_images}"
+            )
+        for image in checked:
+            if not isinstance(image, Image):
+                raise InvalidInputError(f"images must be tv.Image, got {type(image).__name__}")
+            if len(image.data) > self.max_image_bytes:
+                raise InvalidInputError(
+                    f"an image of {len(image.data)} bytes exceeds this session's "
+                    f"{self.max_image_bytes}-byte cap"
+                )
+        return checked
 
     # -- schema-bound generation ---------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 import typevet_async as tv
 from typevet_async.core.readings import softmax
 
-from .conftest import InFlightCounter, whole_vocabulary_logprobs
+from .conftest import InFlightCounter, assert_same_read, whole_vocabulary_logprobs
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -74,9 +74,9 @@ async def test_logprobs_equal_an_independent_whole_vocabulary_read(gemma3_url: s
         assert diagnostics.prompt.startswith('<start_of_turn>user\n{"ticket":')
         independent = whole_vocabulary_logprobs(gemma3_url, diagnostics.prompt, cache_prompt=False)
         expected = [independent[token_id] for token_id in diagnostics.token_ids]
-        assert diagnostics.logprobs == pytest.approx(expected, abs=1e-6)
+        assert_same_read(diagnostics.logprobs, expected)
         off_menu = 1.0 - sum(math.exp(lp) for lp in expected)
-        assert diagnostics.off_menu_mass == pytest.approx(off_menu, abs=1e-6)
+        assert diagnostics.off_menu_mass == pytest.approx(off_menu, abs=1e-4)
     assert_exact_softmax(judgment)
 
 
@@ -89,7 +89,7 @@ async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
         assert diagnostics.top_k > 1
         independent = whole_vocabulary_logprobs(gemma3_url, diagnostics.prompt, cache_prompt=False)
         expected = [independent[token_id] for token_id in diagnostics.token_ids]
-        assert diagnostics.logprobs == pytest.approx(expected, abs=1e-6)
+        assert_same_read(diagnostics.logprobs, expected)
     assert judgment.usage.reads == sum(d.reads for d in judgment.diagnostics.values())
 
 
@@ -120,7 +120,7 @@ async def test_failing_question_fails_the_judgment_and_cancels_siblings(gemma3_u
     siblings = {f"q{n}": tv.Noul(instructions=f"Is point {n} raised?") for n in range(3)}
     # This question's prompt exceeds the server's per-slot context: HTTP 400, quickly.
     failing = tv.Noul(instructions="Is this raised? " + "word " * 2500)
-    async with tv.Session.llama_cpp(gemma3_url, max_concurrency=4, reproducible=False) as session:
+    async with tv.Session.llama_cpp(gemma3_url, max_concurrency=4, prefix_reuse="off") as session:
         await session.probe()
         started = time.monotonic()
         await session.judge(long_state, {"alone": siblings["q0"]})
@@ -153,8 +153,11 @@ async def test_whole_judgment_timeout_fires(gemma3_url: str) -> None:
 
 
 async def test_read_timeout_is_typed(gemma3_url: str) -> None:
+    # A prefill of about 1,800 tokens takes seconds on this machine; the probe's small
+    # requests take milliseconds, so only the scoring read meets the 0.5 s limit.
     long_state = " ".join(f"sentence {n} about a delayed refund." for n in range(200))
-    async with tv.Session.llama_cpp(gemma3_url, read_timeout=0.05, reproducible=True) as session:
+    async with tv.Session.llama_cpp(gemma3_url, read_timeout=0.5, reproducible=True) as session:
+        await session.probe()
         with pytest.raises(tv.ReadTimeoutError) as caught:
             await session.judge(long_state, {"refund": tv.Noul(instructions="Refund?")})
     assert caught.value.question_id == "refund"
@@ -200,7 +203,7 @@ async def test_gemma4_family_framing(gemma4_url: str) -> None:
         assert prompt.endswith("<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
         independent = whole_vocabulary_logprobs(gemma4_url, prompt, cache_prompt=False)
         expected = [independent[t] for t in judgment.diagnostics[question_id].token_ids]
-        assert judgment.diagnostics[question_id].logprobs == pytest.approx(expected, abs=1e-6)
+        assert_same_read(judgment.diagnostics[question_id].logprobs, expected)
     assert_exact_softmax(judgment)
 
 

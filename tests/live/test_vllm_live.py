@@ -94,7 +94,7 @@ async def test_more_than_128_candidates_fail_before_any_request(vllm_url: str) -
     async with vllm_session(vllm_url, trace_configs=[counter.config]) as session:
         backend = session.backend
         assert isinstance(backend, AsyncVllm)
-        request = ScoringRequest("big", tv.Noul(instructions="x"), "p", (), tuple(range(129)))
+        request = ScoringRequest("big", tv.Noul(instructions="x"), (), "p", (), tuple(range(129)))
         with pytest.raises(
             tv.InvalidInputError, match="129 candidates, but vLLM reads at most 128"
         ):

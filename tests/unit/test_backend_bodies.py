@@ -11,6 +11,7 @@ import pytest
 import typevet_async as tv
 from typevet_async.backends import llama_cpp, vllm
 from typevet_async.backends.openai_chat import parse_chat_output, user_message
+from typevet_async.core.layouts import Message
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 24
@@ -49,7 +50,7 @@ def test_llama_cpp_generation_body() -> None:
 
 
 def test_vllm_scoring_body() -> None:
-    body = vllm.scoring_body("m", "content", [11, 12])
+    body = vllm.scoring_body("m", [Message("user", "content")], [11, 12])
     assert body["model"] == "m"
     assert body["messages"] == [{"role": "user", "content": "content"}]
     assert body["max_tokens"] == 1
@@ -148,3 +149,33 @@ def test_images_by_their_bytes(data: bytes, mime: str, tmp_path: Path) -> None:
 def test_bad_images_are_refused(data: bytes, mime: str, message: str) -> None:
     with pytest.raises(tv.InvalidInputError, match=message):
         tv.Image.from_bytes(data, mime, max_bytes=100)
+
+
+def test_llama_cpp_multimodal_completion_body() -> None:
+    image = tv.Image.from_bytes(PNG, "image/png")
+    body = llama_cpp.completion_body("<m>\nP", 4096, cache_prompt=True, images=[image, image])
+    assert body["prompt"] == {
+        "prompt_string": "<m>\nP",
+        "multimodal_data": [base64.b64encode(PNG).decode()] * 2,
+    }
+
+
+def test_llama_cpp_template_body_turns_thinking_off() -> None:
+    body = llama_cpp.template_body([Message("system", "S"), Message("user", "U")])
+    assert body == {
+        "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+
+def test_vllm_scoring_body_carries_images_and_roles() -> None:
+    image = tv.Image.from_bytes(PNG, "image/png")
+    body = vllm.scoring_body(
+        "m", [Message("system", "S"), Message("user", "E", (image,)), Message("user", "Q")], [1]
+    )
+    system, evidence, question = body["messages"]
+    assert system == {"role": "system", "content": "S"}
+    assert evidence["content"][0]["type"] == "image_url"
+    assert evidence["content"][1] == {"type": "text", "text": "E"}
+    assert question == {"role": "user", "content": "Q"}

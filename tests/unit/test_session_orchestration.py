@@ -77,7 +77,7 @@ class InMemoryStubBackend:
         try:
             behaviour = self.behaviours.get(prompt)
             if behaviour is not None:
-                await behaviour(ScoringRequest(prompt, tv.Noul(instructions="x"), "", (), ()))
+                await behaviour(ScoringRequest(prompt, tv.Noul(instructions="x"), (), "", (), ()))
             else:
                 await anyio.sleep(0.01)
         finally:
@@ -108,7 +108,7 @@ def noul(n: int = 0) -> tv.Noul:
 async def test_answers_come_back_in_request_order_whatever_the_completion_order() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {"a": sleeping(0.05), "b": sleeping(0.02), "c": sleeping(0.0)}
-    async with tv.Session(backend, max_concurrency=3) as session:
+    async with tv.Session(backend, max_concurrency=3, prefix_reuse="off") as session:
         judgment = await session.judge("state", {"a": noul(), "b": noul(), "c": noul()})
     assert list(judgment) == ["a", "b", "c"]
     assert judgment.usage == tv.Usage(30, 0, 3)
@@ -123,7 +123,7 @@ async def test_first_error_in_question_order_wins_over_time_order() -> None:
         "first": failing_after(0.05, tv.ServerError("late", status=500, body=""), shielded=True),
         "second": failing_after(0.0, tv.ServerError("early", status=503, body="")),
     }
-    async with tv.Session(backend, max_concurrency=4) as session:
+    async with tv.Session(backend, max_concurrency=4, prefix_reuse="off") as session:
         with pytest.raises(tv.ServerError) as caught:
             await session.judge("state", {"first": noul(), "second": noul()})
     assert caught.value.question_id == "first"
@@ -138,7 +138,7 @@ async def test_a_failure_cancels_its_siblings_and_leaves_no_task() -> None:
         "bad": failing_after(0.01, tv.ProtocolError("broken")),
     }
     tasks_before = len(asyncio.all_tasks())
-    async with tv.Session(backend, max_concurrency=4) as session:
+    async with tv.Session(backend, max_concurrency=4, prefix_reuse="off") as session:
         started = time.monotonic()
         with pytest.raises(tv.ProtocolError) as caught:
             await session.judge("s", {"slow1": noul(), "bad": noul(), "slow2": noul()})
@@ -153,7 +153,7 @@ async def test_the_cap_is_shared_by_every_judgment_of_the_session() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {f"q{n}": sleeping(0.01) for n in range(10)}
     async with (
-        tv.Session(backend, max_concurrency=3) as session,
+        tv.Session(backend, max_concurrency=3, prefix_reuse="off") as session,
         anyio.create_task_group() as group,
     ):
         for _ in range(5):
@@ -167,7 +167,7 @@ async def test_whole_judgment_timeout_fires_on_time_and_cancels_reads() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {"a": sleeping(30.0), "b": sleeping(30.0)}
     tasks_before = len(asyncio.all_tasks())
-    async with tv.Session(backend) as session:
+    async with tv.Session(backend, prefix_reuse="off") as session:
         await session.probe()
         started = time.monotonic()
         with pytest.raises(tv.JudgmentTimeoutError):

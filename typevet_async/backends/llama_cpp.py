@@ -9,8 +9,9 @@ up to the whole vocabulary. A missing candidate is never estimated.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from typevet_async.backends.http import HttpClient
 from typevet_async.backends.openai_chat import (
@@ -19,12 +20,19 @@ from typevet_async.backends.openai_chat import (
     parse_chat_output,
     user_message,
 )
-from typevet_async.core.controls import DIGITS, control_token_ids
+from typevet_async.core.controls import PROBED_CONTROLS, control_token_ids
 from typevet_async.core.framing import PROBE_MESSAGE, classify_template
 from typevet_async.core.generation import ChatOutput
-from typevet_async.core.readings import CandidateRead, TopLogprobs, find_candidates
+from typevet_async.core.layouts import ImagePart, Message
+from typevet_async.core.readings import (
+    CandidateRead,
+    TopLogprobs,
+    clamp_candidates,
+    find_candidates,
+    find_option_candidates,
+)
 from typevet_async.core.scoring import Probe, ScoringRequest
-from typevet_async.errors import InvalidInputError, ProtocolError
+from typevet_async.errors import CandidateMissingError, InvalidInputError, ProtocolError
 from typevet_async.fanout import gather_in_order
 from typevet_async.images import Image
 
@@ -43,18 +51,53 @@ __all__ = [
 DEFAULT_TOP_K = 4096
 #: Each escalation asks for this many times more entries (capped at the vocabulary).
 ESCALATION_FACTOR = 32
+#: The top-N that on_missing="clamp" and "error" read once (Jev's policy), up to 4096.
+DEFAULT_TOP_N = 20
+MAX_TOP_N = 4096
+
+OnMissing = Literal["exact", "clamp", "error"]
 
 
-def completion_body(prompt: str, top_k: int, *, cache_prompt: bool) -> dict[str, Any]:
-    """A one-position read: no tokens generated, the top-K full-vocabulary logprobs returned."""
+def completion_body(
+    prompt: str, top_k: int, *, cache_prompt: bool, images: Sequence[ImagePart] = ()
+) -> dict[str, Any]:
+    """A one-position read: no tokens generated, the top-K full-vocabulary logprobs returned.
+
+    With images the prompt becomes ``{"prompt_string", "multimodal_data"}``; the prefix holds
+    one media marker per image, in order.
+    """
+    body_prompt: Any = prompt
+    if images:
+        body_prompt = {
+            "prompt_string": prompt,
+            "multimodal_data": [base64.b64encode(image.data).decode("ascii") for image in images],
+        }
     return {
-        "prompt": prompt,
+        "prompt": body_prompt,
         "n_predict": 0,
         "n_probs": top_k,
         "post_sampling_probs": False,
         "cache_prompt": cache_prompt,
         "return_tokens": False,
     }
+
+
+def template_body(messages: Sequence[Message]) -> dict[str, Any]:
+    """Render messages through the served template, thinking off, ending at the answer."""
+    return {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def parse_props(payload: Any) -> tuple[bool, str | None]:
+    """Whether the server declares vision, and its media marker."""
+    if not isinstance(payload, dict):
+        raise ProtocolError("/props is not an object", payload=payload)
+    vision = bool((payload.get("modalities") or {}).get("vision", False))
+    marker = payload.get("media_marker")
+    return vision, marker if isinstance(marker, str) and marker else None
 
 
 def _field(payload: Any, *path: str | int) -> Any:
@@ -137,54 +180,105 @@ class AsyncLlamaCpp:
     accepts_images = False
 
     def __init__(
-        self, http: HttpClient, *, top_k: int = DEFAULT_TOP_K, cache_prompt: bool = True
+        self,
+        http: HttpClient,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        cache_prompt: bool = True,
+        on_missing: OnMissing = "exact",
+        top_n: int = DEFAULT_TOP_N,
     ) -> None:
         self.http = http
         self.top_k = top_k
         self.cache_prompt = cache_prompt
+        self.on_missing = on_missing
+        self.top_n = top_n
 
     def __repr__(self) -> str:
-        return f"AsyncLlamaCpp({self.http!r}, top_k={self.top_k}, cache_prompt={self.cache_prompt})"
+        return (
+            f"AsyncLlamaCpp({self.http!r}, top_k={self.top_k}, cache_prompt={self.cache_prompt}, "
+            f"on_missing={self.on_missing!r})"
+        )
 
     async def probe(self) -> Probe:
-        """Classify the served template, tokenize every control, read the vocabulary size."""
+        """Classify the served template, tokenize every control, read vocabulary and vision."""
         template = await self.http.post_json("/apply-template", probe_template_body())
         rendered = str(_field(template, "prompt"))
-        tokens = await gather_in_order(DIGITS, self.tokenize)
+        tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
         vocab_size, model_ids = parse_models(await self.http.get_json("/v1/models"))
-        ordered = {
-            control: cast(list[int], ids) for control, ids in zip(DIGITS, tokens, strict=True)
-        }
+        vision, marker = parse_props(await self.http.get_json("/props"))
+        tokenized = {c: cast(list[int], t) for c, t in zip(PROBED_CONTROLS, tokens, strict=True)}
         return Probe(
             classify_template(rendered),
             rendered,
-            control_token_ids(ordered),
+            control_token_ids(tokenized),
             vocab_size,
             model_ids,
+            vision=vision,
+            media_marker=marker,
         )
 
     async def tokenize(self, text: str) -> list[int]:
         return parse_tokens(await self.http.post_json("/tokenize", tokenize_body(text)))
 
+    async def render(self, request: ScoringRequest) -> str:
+        """The served template's rendering of the request's messages, ending at the answer."""
+        rendered = str(
+            _field(await self.http.post_json("/apply-template", template_body(request.messages)),
+                   "prompt")
+        )  # fmt: skip
+        if request.answer_prefill and not rendered.endswith(request.answer_prefill):
+            rendered += request.answer_prefill
+        return rendered
+
     async def read(self, request: ScoringRequest, vocab_size: int) -> CandidateRead:
-        """The candidates' logprobs from one read, escalating K until all are present."""
-        top_k = min(self.top_k, vocab_size)
+        """The candidates' logprobs at the answer position, under the truncation policy.
+
+        ``exact`` escalates K until every candidate is present (never estimates); ``clamp``
+        and ``error`` read the top ``top_n`` once and fill in, or refuse, what is missing.
+        """
+        prompt = request.prompt if request.prompt is not None else await self.render(request)
+        images = [image for message in request.messages for image in message.images]
+        ids = request.read_ids
+        exact = self.on_missing == "exact"
+        top_k = min(self.top_k if exact else self.top_n, vocab_size)
         reads = prompt_tokens = cached_tokens = 0
         while True:
-            body = completion_body(request.prompt, top_k, cache_prompt=self.cache_prompt)
+            body = completion_body(prompt, top_k, cache_prompt=self.cache_prompt, images=images)
             payload = await self.http.post_json("/completion", body)
             top, read_tokens, read_cached = parse_completion(payload, top_k)
             reads, prompt_tokens, cached_tokens = (
-                reads + 1,
-                prompt_tokens + read_tokens,
-                cached_tokens + read_cached,
+                reads + 1, prompt_tokens + read_tokens, cached_tokens + read_cached
+            )  # fmt: skip
+            if exact:
+                found = find_option_candidates(top, request.option_groups, vocab_size)
+                if found is None:
+                    top_k = next_top_k(top_k, vocab_size)
+                    continue
+                ids, logprobs = found
+                truncated = False
+            else:
+                find_candidates(top, (), vocab_size)  # the read's own checks
+                logprobs, truncated = clamp_candidates(top, ids)
+                if truncated and self.on_missing == "error":
+                    present = {token for token, _ in top.entries}
+                    missing = tuple(token for token in ids if token not in present)
+                    raise CandidateMissingError(
+                        f"candidate token ids {list(missing)} are outside the top {top_k} "
+                        "(on_missing='error')",
+                        missing=missing,
+                    )
+            return CandidateRead(
+                ids,
+                logprobs,
+                top_k,
+                reads,
+                prompt_tokens,
+                cached_tokens,
+                prompt=prompt,
+                policy=self.on_missing,
+                truncated=truncated,
             )
-            logprobs = find_candidates(top, request.token_ids, vocab_size)
-            if logprobs is not None:
-                return CandidateRead(
-                    request.token_ids, logprobs, top_k, reads, prompt_tokens, cached_tokens
-                )
-            top_k = next_top_k(top_k, vocab_size)
 
     async def generate(
         self, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int

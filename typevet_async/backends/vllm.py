@@ -16,9 +16,10 @@ from typing import Any, Literal, cast
 
 from typevet_async.backends.http import HttpClient
 from typevet_async.backends.openai_chat import NO_THINKING, parse_chat_output, user_message
-from typevet_async.core.controls import DIGITS, control_token_ids
+from typevet_async.core.controls import PROBED_CONTROLS, control_token_ids
 from typevet_async.core.framing import PROBE_MESSAGE, classify_template
 from typevet_async.core.generation import ChatOutput
+from typevet_async.core.layouts import Message
 from typevet_async.core.readings import CandidateRead, TopLogprobs, require_candidates
 from typevet_async.core.scoring import Probe, ScoringRequest
 from typevet_async.errors import (
@@ -45,11 +46,23 @@ LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "proc
 _TOKEN_ID_PREFIX = "token_id:"
 
 
-def scoring_body(model: str, user_content: str, token_ids: Sequence[int]) -> dict[str, Any]:
+def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """OpenAI chat messages; a message's images go before its text as data-URI parts."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        entry = user_message(message.content, message.images)  # type: ignore[arg-type]
+        entry["role"] = message.role
+        out.append(entry)
+    return out
+
+
+def scoring_body(
+    model: str, messages: Sequence[Message], token_ids: Sequence[int]
+) -> dict[str, Any]:
     """One position, exactly the candidates' logprobs, thinking off, no sampling processors."""
     return {
         "model": model,
-        "messages": [user_message(user_content)],
+        "messages": chat_messages(messages),
         "max_tokens": 1,
         "temperature": 1.0,
         "top_p": 1.0,
@@ -122,11 +135,18 @@ class AsyncVllm:
     accepts_images = True
 
     def __init__(
-        self, http: HttpClient, model: str, *, logprobs_mode: LogprobsMode = "raw_logprobs"
+        self,
+        http: HttpClient,
+        model: str,
+        *,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
+        on_missing: str = "exact",
     ) -> None:
         self.http = http
         self.model = model
         self.logprobs_mode = logprobs_mode
+        #: Recorded in diagnostics; it never fires here, since the read names its candidates.
+        self.on_missing = on_missing
 
     def __repr__(self) -> str:
         return f"AsyncVllm({self.http!r}, model={self.model!r})"
@@ -147,11 +167,9 @@ class AsyncVllm:
                 f"the session is pinned to model {self.model!r}, the server serves "
                 f"{list(model_ids)!r}"
             )
-        tokens = await gather_in_order(DIGITS, self.tokenize)
+        tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
         rendered = await self._render_probe()
-        ordered = {
-            control: cast(list[int], ids) for control, ids in zip(DIGITS, tokens, strict=True)
-        }
+        ordered = {c: cast(list[int], t) for c, t in zip(PROBED_CONTROLS, tokens, strict=True)}
         return Probe(
             classify_template(rendered),
             rendered,
@@ -159,6 +177,7 @@ class AsyncVllm:
             vocab_size=0,  # not needed: a logprob_token_ids read names its candidates
             model_ids=model_ids,
             max_candidates=MAX_LOGPROB_TOKEN_IDS,
+            vision=True,  # vLLM does not declare it; a text-only model refuses images itself
         )
 
     async def _render_probe(self) -> str:
@@ -187,25 +206,26 @@ class AsyncVllm:
 
     async def read(self, request: ScoringRequest, vocab_size: int) -> CandidateRead:
         """The candidates' logprobs from one read; nothing is sent for more than 128 ids."""
-        if len(request.token_ids) > MAX_LOGPROB_TOKEN_IDS:
+        ids = request.read_ids
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
             raise InvalidInputError(
-                f"{len(request.token_ids)} candidates, but vLLM reads at most "
-                f"{MAX_LOGPROB_TOKEN_IDS} logprob_token_ids"
+                f"{len(ids)} candidates, but vLLM reads at most "
+                f"{MAX_LOGPROB_TOKEN_IDS} logprob_token_ids; nothing was sent"
             )
-        body = scoring_body(self.model, request.prompt, request.token_ids)
+        body = scoring_body(self.model, request.messages, ids)
         payload = await self.http.post_json("/v1/chat/completions", body)
-        top, prompt_tokens, cached = parse_scoring_response(payload, request.token_ids)
-        logprobs = require_candidates(
-            top.entries, request.token_ids, allow_positive=not self.off_menu_known
-        )
+        top, prompt_tokens, cached = parse_scoring_response(payload, ids)
+        logprobs = require_candidates(top.entries, ids, allow_positive=not self.off_menu_known)
         return CandidateRead(
-            request.token_ids,
+            ids,
             logprobs,
-            len(request.token_ids),
+            len(ids),
             1,
             prompt_tokens,
             cached,
             off_menu_known=self.off_menu_known,
+            prompt=request.user_text,
+            policy=self.on_missing,
         )
 
     async def generate(

@@ -108,6 +108,14 @@ class Diagnostics:
     top_k: int
     #: HTTP reads it took (1, plus one per escalation to a larger top-K).
     reads: int
+    #: Every token id read with its logprob (controls, then variants such as Jev's " A").
+    candidates: tuple[tuple[int, float], ...] = ()
+    #: The truncation policy of the read: "exact", "clamp" or "error".
+    policy: str = "exact"
+    #: True when "clamp" filled a candidate missing from the top-N with the lowest logprob read.
+    truncated: bool = False
+    #: True when the off-menu mass exceeded the judgment's threshold.
+    off_menu_flagged: bool = False
 
 
 @attrs.frozen

@@ -13,10 +13,36 @@ import attrs
 from typevet_async.core.questions import Option
 from typevet_async.errors import ControlTokenError, TooManyOptionsError
 
-__all__ = ["DIGITS", "BoundOption", "bind_controls", "control_token_ids"]
+__all__ = [
+    "DEFAULT_ALPHABET",
+    "DIGITS",
+    "JEV_LETTERS",
+    "PROBED_CONTROLS",
+    "BoundOption",
+    "bind_controls",
+    "control_token_ids",
+    "space_variant",
+]
 
-#: Controls in the order they are handed out.
 DIGITS: tuple[str, ...] = tuple("0123456789")
+UPPERCASE: tuple[str, ...] = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+LOWERCASE: tuple[str, ...] = tuple("abcdefghijklmnopqrstuvwxyz")
+#: The default layout's controls, in the order they are handed out: digits, then letters.
+#: How many of them a question may use is what the served tokenizer keeps as single tokens.
+DEFAULT_ALPHABET: tuple[str, ...] = DIGITS + UPPERCASE + LOWERCASE
+#: The Jev gateway's controls: letters A..P, 2 to 16 options.
+JEV_LETTERS: tuple[str, ...] = UPPERCASE[:16]
+
+
+def space_variant(control: str) -> str:
+    """The same control after a space (``" A"``): Jev counts both as the answer A."""
+    return f" {control}"
+
+
+#: Every control the probe tokenizes: the alphabet and the space variants of Jev's letters.
+PROBED_CONTROLS: tuple[str, ...] = DEFAULT_ALPHABET + tuple(
+    space_variant(letter) for letter in JEV_LETTERS
+)
 
 
 @attrs.frozen
@@ -29,33 +55,40 @@ class BoundOption:
 
 
 def control_token_ids(
-    tokenized: Mapping[str, Sequence[int]],
+    tokenized: Mapping[str, Sequence[int]], required: Sequence[str] = DIGITS
 ) -> dict[str, int]:
-    """Keep the controls that tokenized to exactly one token; refuse the set if any did not."""
+    """The controls that are exactly one token, in the order given.
+
+    A ``required`` control that is not one token, or that shares its id, refuses the whole
+    set; any other such control is left out (it narrows the option limit, nothing more).
+    """
     ids: dict[str, int] = {}
+    taken: set[int] = set()
     for control, tokens in tokenized.items():
-        if len(tokens) != 1:
-            raise ControlTokenError(
-                f"control {control!r} must be exactly one token on the served tokenizer, "
-                f"it is {len(tokens)}: {list(tokens)!r}"
-            )
+        single = len(tokens) == 1 and tokens[0] not in taken
+        if not single:
+            if control in required:
+                raise ControlTokenError(
+                    f"control {control!r} must be exactly one token of its own on the served "
+                    f"tokenizer, it is {list(tokens)!r}"
+                )
+            continue
         ids[control] = tokens[0]
-    if len(set(ids.values())) != len(ids):
-        raise ControlTokenError(f"two controls share a token id: {ids!r}")
+        taken.add(tokens[0])
     return ids
 
 
 def bind_controls(
     options: Sequence[Option],
     control_ids: Mapping[str, int],
-    alphabet: Sequence[str] = DIGITS,
+    alphabet: Sequence[str] = DEFAULT_ALPHABET,
 ) -> tuple[BoundOption, ...]:
     """Give option ``i`` the ``i``-th control of ``alphabet`` that has a token id."""
     available = [control for control in alphabet if control in control_ids]
     if len(options) > len(available):
         raise TooManyOptionsError(
-            f"{len(options)} options, but only {len(available)} single-token controls "
-            f"({''.join(available)}) are available",
+            f"{len(options)} options, but the served tokenizer has only {len(available)} "
+            f"single-token controls ({''.join(available)}) for this layout",
             count=len(options),
             limit=len(available),
         )

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["PROBE_MESSAGE", "TemplateFamily", "classify_template", "frame_prefix"]
+__all__ = [
+    "PROBE_MESSAGE",
+    "TemplateFamily",
+    "answer_prefill",
+    "classify_template",
+    "frame_prefix",
+]
+
+#: After Gemma 4's model turn header: an empty thought channel, so no thinking can open.
+GEMMA4_NO_THINKING = "<|channel>thought\n<channel|>"
 
 #: The text the template probe sends as its only user message.
 PROBE_MESSAGE = "typevet-probe"
@@ -37,6 +46,11 @@ def classify_template(rendered: str) -> TemplateFamily:
     return TemplateFamily.UNSUPPORTED
 
 
+def answer_prefill(family: TemplateFamily) -> str:
+    """What must follow the model turn header at the answer position."""
+    return GEMMA4_NO_THINKING if family is TemplateFamily.GEMMA4 else ""
+
+
 def frame_prefix(family: TemplateFamily, user_content: str) -> str:
     """One user turn and the model turn header; the server adds BOS itself.
 
@@ -44,7 +58,7 @@ def frame_prefix(family: TemplateFamily, user_content: str) -> str:
     at the answer position.
     """
     if family is TemplateFamily.GEMMA4:
-        return f"<|turn>user\n{user_content}<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+        return f"<|turn>user\n{user_content}<turn|>\n<|turn>model\n{GEMMA4_NO_THINKING}"
     if family is TemplateFamily.GEMMA3:
         return f"<start_of_turn>user\n{user_content}<end_of_turn>\n<start_of_turn>model\n"
     raise ValueError(f"cannot frame a prefix for template family {family.value!r}")

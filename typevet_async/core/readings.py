@@ -17,7 +17,9 @@ __all__ = [
     "LOGPROB_SLACK",
     "CandidateRead",
     "TopLogprobs",
+    "clamp_candidates",
     "find_candidates",
+    "find_option_candidates",
     "off_menu_mass",
     "require_candidates",
     "softmax",
@@ -50,6 +52,10 @@ class CandidateRead:
     #: False when the server returned logits rather than logprobs: the softmax is still exact,
     #: the off-menu mass is not known.
     off_menu_known: bool = True
+    #: The text the server scored (the rendered prefix, or the user content on vLLM).
+    prompt: str = ""
+    policy: str = "exact"
+    truncated: bool = False
 
 
 def validated_entries(
@@ -87,6 +93,50 @@ def find_candidates(
     if not missing:
         return tuple(logprobs[token_id] for token_id in candidate_ids)
     if top.requested >= vocab_size:
+        raise InvalidLogprobsError(
+            f"candidate token ids {missing} are missing from a whole-vocabulary read"
+        )
+    return None
+
+
+def clamp_candidates(
+    top: TopLogprobs, candidate_ids: Sequence[int]
+) -> tuple[tuple[float, ...], bool]:
+    """Jev's policy: a candidate missing from the top-N gets the lowest logprob returned.
+
+    Returns the logprobs and whether any candidate was filled in (``truncated``).
+    """
+    logprobs = validated_entries(top.entries)
+    if not logprobs:
+        raise InvalidLogprobsError("the read returned no logprobs to clamp to")
+    floor = min(logprobs.values())
+    values = tuple(logprobs.get(token_id, floor) for token_id in candidate_ids)
+    return values, any(token_id not in logprobs for token_id in candidate_ids)
+
+
+def find_option_candidates(
+    top: TopLogprobs, groups: Sequence[Sequence[int]], vocab_size: int
+) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    """For options with several accepted tokens (Jev's ``A`` and ``" A"``): the ids present in
+    a top-K read and their logprobs, once every option has at least one of its tokens there.
+
+    An option's value is the maximum over its tokens; a token missing from the top-K is below
+    every token read, so it cannot be that maximum when another of the option's tokens is
+    present, and no larger read is needed for it. None: some option has no token in the read.
+
+    :raises InvalidLogprobsError: as `find_candidates`.
+    """
+    expected = min(top.requested, vocab_size)
+    if len(top.entries) != expected:
+        raise ProtocolError(
+            f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
+        )
+    logprobs = validated_entries(top.entries)
+    if all(any(token in logprobs for token in group) for group in groups):
+        present = tuple(token for group in groups for token in group if token in logprobs)
+        return present, tuple(logprobs[token] for token in present)
+    if top.requested >= vocab_size:
+        missing = [list(group) for group in groups if not any(t in logprobs for t in group)]
         raise InvalidLogprobsError(
             f"candidate token ids {missing} are missing from a whole-vocabulary read"
         )

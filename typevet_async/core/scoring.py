@@ -5,17 +5,23 @@ These two pure steps sit either side of the one `await` in the session.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from typevet_async.core.answers import Answer, Diagnostics, build_answer
-from typevet_async.core.controls import bind_controls
+from typevet_async.core.controls import DEFAULT_ALPHABET, JEV_LETTERS, bind_controls, space_variant
 from typevet_async.core.fields import render_user_content
-from typevet_async.core.framing import TemplateFamily, frame_prefix
+from typevet_async.core.framing import TemplateFamily, answer_prefill, frame_prefix
+from typevet_async.core.layouts import ImagePart, JsonEncoder, Layout, Message, jev_messages
 from typevet_async.core.questions import Question
 from typevet_async.core.readings import CandidateRead, off_menu_mass, softmax
-from typevet_async.errors import InvalidLogprobsError, TooManyOptionsError, TypevetError
+from typevet_async.errors import (
+    InvalidLogprobsError,
+    OffMenuError,
+    TooManyOptionsError,
+    TypevetError,
+)
 
 __all__ = ["Probe", "ScoringRequest", "interpret_read", "plan_question"]
 
@@ -31,72 +37,177 @@ class Probe:
     model_ids: tuple[str, ...] = ()
     #: Most candidates one read can take (vLLM: 128); None for no limit.
     max_candidates: int | None = None
+    #: Whether the server declares it takes images, and the text that marks where one goes.
+    vision: bool = False
+    media_marker: str | None = None
 
 
 @attrs.frozen
 class ScoringRequest:
-    """One question, rendered: the text sent and the candidate token ids, in option order.
-
-    ``prompt`` is the raw prefix the SDK framed (llama.cpp), or the plain user content when the
-    server applies its own chat template (vLLM).
-    """
+    """One question, rendered: the messages or raw prefix to score, and the candidates."""
 
     question_id: str
     question: Question
-    prompt: str
+    #: The chat messages (what a server-side template renders).
+    messages: tuple[Message, ...]
+    #: The raw prefix, when the SDK frames it itself (llama.cpp, default layout); None when
+    #: the server's template renders ``messages`` (vLLM; Jev layouts on llama.cpp).
+    prompt: str | None
     controls: tuple[str, ...]
+    #: Each option's control token id, in option order.
     token_ids: tuple[int, ...]
+    #: Each option's other accepted tokens (Jev: ``" A"`` for ``A``); empty when none.
+    variant_ids: tuple[tuple[int, ...], ...] = ()
+    #: What follows a server-rendered template at the answer position (Gemma 4: no thinking).
+    answer_prefill: str = ""
+
+    @property
+    def option_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Each option's accepted tokens: its control's, then its variants."""
+        variants = self.variant_ids or tuple(() for _ in self.token_ids)
+        return tuple((token, *extra) for token, extra in zip(self.token_ids, variants, strict=True))
+
+    @property
+    def read_ids(self) -> tuple[int, ...]:
+        """Every token id to read: the controls, then their variants."""
+        extra = tuple(token for variants in self.variant_ids for token in variants)
+        return self.token_ids + extra
+
+    @property
+    def user_text(self) -> str:
+        return "\n\n".join(m.content for m in self.messages if m.role == "user")
+
+
+def _bind(
+    question_id: str,
+    question: Question,
+    layout: Layout,
+    control_ids: Mapping[str, int],
+    max_candidates: int | None,
+) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, ...], ...], list[object]]:
+    try:
+        options = question.options()
+        alphabet = JEV_LETTERS if layout.is_jev else DEFAULT_ALPHABET
+        bound = bind_controls(options, control_ids, alphabet)
+        variants = tuple(
+            (control_ids[space_variant(b.control)],)
+            if layout.is_jev and space_variant(b.control) in control_ids
+            else ()
+            for b in bound
+        )
+        reads = len(bound) + sum(len(v) for v in variants)
+        if max_candidates is not None and reads > max_candidates:
+            raise TooManyOptionsError(
+                f"{len(options)} options need {reads} candidate tokens, but one read takes at "
+                f"most {max_candidates}",
+                count=len(options),
+                limit=max_candidates,
+            )
+    except TypevetError as error:
+        error.question_id = question_id
+        raise
+    return (
+        tuple(b.control for b in bound),
+        tuple(b.token_id for b in bound),
+        variants if any(variants) else (),
+        list(bound),
+    )
 
 
 def plan_question(
     question_id: str,
     question: Question,
     state_text: str,
+    *,
     family: TemplateFamily | None,
     control_ids: Mapping[str, int],
+    layout: Layout = Layout.TYPEVET,
+    encode: JsonEncoder | None = None,
+    images: Sequence[ImagePart] = (),
+    media_marker: str | None = None,
     max_candidates: int | None = None,
 ) -> ScoringRequest:
-    """Bind controls, render the field block and, for a ``family``, frame the raw prefix.
+    """Bind controls and render one question in ``layout``.
+
+    With a ``family`` the SDK frames the raw prefix itself (the default layout on llama.cpp);
+    with a ``media_marker`` one marker per image goes before the state text.
 
     :raises TooManyOptionsError: more options than controls, or than one read can take.
     """
-    try:
-        options = question.options()
-        if max_candidates is not None and len(options) > max_candidates:
-            raise TooManyOptionsError(
-                f"{len(options)} options, but one read takes at most {max_candidates} candidates",
-                count=len(options),
-                limit=max_candidates,
-            )
-        bound = bind_controls(options, control_ids)
-    except TypevetError as error:
-        error.question_id = question_id
-        raise
-    content = render_user_content(state_text, question, bound)
-    prompt = content if family is None else frame_prefix(family, content)
-    return ScoringRequest(
-        question_id,
-        question,
-        prompt,
-        tuple(b.control for b in bound),
-        tuple(b.token_id for b in bound),
+    controls, token_ids, variant_ids, bound = _bind(
+        question_id, question, layout, control_ids, max_candidates
     )
-
-
-def interpret_read(request: ScoringRequest, read: CandidateRead) -> tuple[Answer, Diagnostics]:
-    """Softmax the candidates' logprobs into the typed answer, and record what it came from."""
-    if read.token_ids != request.token_ids:
-        raise InvalidLogprobsError(
-            f"read returned token ids {read.token_ids}, expected {request.token_ids}"
+    markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
+    prefill = answer_prefill(family) if family is not None else ""
+    if layout.is_jev:
+        if encode is None:
+            raise ValueError("a Jev layout needs a JSON encoder")
+        messages = jev_messages(layout, state_text, question, bound, encode, images)  # type: ignore[arg-type]
+        if markers:
+            first = messages[1]
+            messages = (
+                messages[0],
+                Message(first.role, markers + first.content, first.images),
+                *messages[2:],
+            )
+        return ScoringRequest(
+            question_id, question, messages, None, controls, token_ids, variant_ids, prefill
         )
-    answer = build_answer(request.question, softmax(read.logprobs))
+    content = render_user_content(state_text, question, bound)  # type: ignore[arg-type]
+    messages = (Message("user", markers + content, tuple(images)),)
+    prompt = frame_prefix(family, markers + content) if family is not None else None
+    return ScoringRequest(question_id, question, messages, prompt, controls, token_ids, (), "")
+
+
+def interpret_read(
+    request: ScoringRequest,
+    read: CandidateRead,
+    *,
+    off_menu_threshold: float | None = None,
+    raise_off_menu: bool = False,
+) -> tuple[Answer, Diagnostics]:
+    """Softmax the options' logprobs into the typed answer, and record what it came from.
+
+    An option with variants takes its most probable variant (ties: the control itself).
+
+    :raises OffMenuError: ``raise_off_menu`` and the off-menu mass exceeds the threshold.
+    """
+    unexpected = set(read.token_ids) - set(request.read_ids)
+    if unexpected or len(set(read.token_ids)) != len(read.token_ids):
+        raise InvalidLogprobsError(
+            f"read returned token ids {read.token_ids}, expected some of {request.read_ids}"
+        )
+    logprob = dict(zip(read.token_ids, read.logprobs, strict=True))
+    chosen: list[int] = []
+    for group in request.option_groups:
+        present = [token for token in group if token in logprob]
+        if not present:
+            raise InvalidLogprobsError(f"no logprob was read for any of the tokens {list(group)}")
+        # The most probable accepted token; ties go to the control itself (first in group).
+        chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
+    chosen_logprobs = tuple(logprob[token] for token in chosen)
+    answer = build_answer(request.question, softmax(chosen_logprobs))
+    off_menu = off_menu_mass(read.logprobs) if read.off_menu_known else None
+    flagged = (
+        off_menu is not None and off_menu_threshold is not None and (off_menu > off_menu_threshold)
+    )
+    if flagged and raise_off_menu:
+        raise OffMenuError(
+            f"off-menu mass {off_menu:.4f} exceeds the threshold {off_menu_threshold}",
+            off_menu_mass=off_menu,  # type: ignore[arg-type]
+            threshold=off_menu_threshold,  # type: ignore[arg-type]
+        )
     diagnostics = Diagnostics(
-        prompt=request.prompt,
+        prompt=read.prompt or (request.prompt or request.user_text),
         controls=request.controls,
-        token_ids=read.token_ids,
-        logprobs=read.logprobs,
-        off_menu_mass=off_menu_mass(read.logprobs) if read.off_menu_known else None,
+        token_ids=tuple(chosen),
+        logprobs=chosen_logprobs,
+        off_menu_mass=off_menu,
         top_k=read.top_k,
         reads=read.reads,
+        candidates=tuple(zip(read.token_ids, read.logprobs, strict=True)),
+        policy=read.policy,
+        truncated=read.truncated,
+        off_menu_flagged=flagged,
     )
     return answer, diagnostics

@@ -1,0 +1,205 @@
+"""Letters beyond ten options, Jev layouts, truncation policies, the off-menu guard, " A"
+variants and image refusals, against both real servers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import typevet_async as tv
+from typevet_async.core.scoring import plan_question
+
+from .conftest import InFlightCounter, assert_same_read, whole_vocabulary_logprobs
+from .servers import VLLM_MODEL_ID
+from .test_llama_cpp_live import TICKET, assert_exact_softmax, questions
+
+pytestmark = [pytest.mark.live, pytest.mark.asyncio]
+
+FUSED_BYTES = (
+    '{"evidence":"red green blue","criterion":"pick a colour","options":'
+    '[{"letter":"A","description":"the colour red"},'
+    '{"letter":"B","description":"the colour green"}]}'
+)
+COLOUR = tv.Choice(
+    {"red": "the colour red", "green": "the colour green"}, instructions="pick a colour"
+)
+A_IDS = (236776, 562)  # "A" and " A" on Gemma's tokenizer
+
+
+@pytest.fixture(params=["llama_cpp", "vllm"])
+def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    fixture = "gemma3_url" if request.param == "llama_cpp" else "vllm_url"
+    return request.param, request.getfixturevalue(fixture)
+
+
+def make_session(backend: tuple[str, str], **settings: Any) -> tv.Session:
+    name, url = backend
+    if name == "vllm":
+        return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)
+    return tv.Session.llama_cpp(url, **settings)
+
+
+async def test_twenty_options_use_digits_then_letters(backend: tuple[str, str]) -> None:
+    labels = {f"team {n}": None for n in range(20)}
+    exact = {"reproducible": True} if backend[0] == "llama_cpp" else {"max_concurrency": 1}
+    async with make_session(backend, **exact) as session:
+        judgment = await session.judge(TICKET, {"team": tv.Choice(labels, instructions="Who?")})
+    diagnostics = judgment.diagnostics["team"]
+    assert diagnostics.controls == tuple("0123456789ABCDEFGHIJ")
+    assert "Reply with the one digit or letter of the option" in diagnostics.prompt
+    assert "\nJ = team 19\n" in diagnostics.prompt
+    assert len(judgment["team"].probabilities) == 20
+    assert_exact_softmax(judgment)
+    if backend[0] == "llama_cpp":
+        independent = whole_vocabulary_logprobs(backend[1], diagnostics.prompt, cache_prompt=False)
+        expected = [independent[t] for t in diagnostics.token_ids]
+        assert_same_read(diagnostics.logprobs, expected)
+
+
+async def test_more_options_than_the_tokenizer_has_controls(backend: tuple[str, str]) -> None:
+    labels = {f"l{n}": None for n in range(63)}
+    async with make_session(backend) as session:
+        with pytest.raises(tv.TooManyOptionsError, match=r"63 options, .* only 62") as caught:
+            await session.judge(TICKET, {"big": tv.Choice(labels, instructions="Which?")})
+    assert caught.value.limit == 62  # 0-9, A-Z, a-z: every one a single token on Gemma's
+
+
+async def test_fused_layout_sends_jev_bytes(backend: tuple[str, str]) -> None:
+    async with make_session(backend, layout="fused") as session:
+        judgment = await session.judge("red green blue", {"colour": COLOUR})
+    prompt = judgment.diagnostics["colour"].prompt
+    if backend[0] == "vllm":
+        assert prompt == FUSED_BYTES  # the user content, byte for byte
+    else:  # rendered through the served template, ending at the answer
+        assert prompt == (
+            f"<start_of_turn>user\n{tv.JEV_SYSTEM_PROMPT}\n\n{FUSED_BYTES}<end_of_turn>\n"
+            "<start_of_turn>model\n"
+        )
+    assert judgment.diagnostics["colour"].controls == ("A", "B")
+    assert_exact_softmax(judgment)
+
+
+async def test_split_layout_shares_the_evidence_message(backend: tuple[str, str]) -> None:
+    async with make_session(backend, layout="split") as session:
+        judgment = await session.judge("red green blue", {"colour": COLOUR, "rude": tv.Noul(
+            instructions="Is it rude?")})  # fmt: skip
+    for question_id in judgment:
+        prompt = judgment.diagnostics[question_id].prompt
+        evidence = '{"evidence":"red green blue"}'
+        if backend[0] == "vllm":
+            assert prompt.startswith(evidence + '\n\n{"criterion":')
+        else:
+            assert prompt.startswith(f"<start_of_turn>user\n{tv.JEV_SYSTEM_PROMPT}\n\n{evidence}")
+            assert prompt.endswith("<start_of_turn>model\n")
+    rude = judgment.diagnostics["rude"].prompt
+    assert (
+        '"options":[{"letter":"A","description":"No"},{"letter":"B","description":"Yes"}]' in rude
+    )
+    assert_exact_softmax(judgment)
+
+
+async def test_space_variants_count_as_the_same_letter(backend: tuple[str, str]) -> None:
+    async with make_session(backend, layout="fused") as session:
+        judgment = await session.judge("red green blue", {"colour": COLOUR})
+    diagnostics = judgment.diagnostics["colour"]
+    read = dict(diagnostics.candidates)
+    assert set(A_IDS) <= set(read)
+    chosen_a = diagnostics.token_ids[0]
+    assert chosen_a in A_IDS
+    assert read[chosen_a] == max(read[A_IDS[0]], read[A_IDS[1]])  # the more probable variant
+    assert diagnostics.logprobs[0] == read[chosen_a]
+
+
+async def test_truncation_policies_on_llama_cpp(gemma3_url: str) -> None:
+    async with tv.Session.llama_cpp(gemma3_url, on_missing="clamp", top_n=2) as session:
+        clamped = await session.judge(TICKET, questions())
+    for diagnostics in clamped.diagnostics.values():
+        assert diagnostics.policy == "clamp"
+        assert diagnostics.top_k == 2
+        assert diagnostics.truncated  # digits are not the top-2 tokens of this base model
+        assert min(diagnostics.logprobs) >= min(lp for _, lp in diagnostics.candidates)
+    assert_exact_softmax(clamped)
+    async with tv.Session.llama_cpp(gemma3_url, on_missing="error", top_n=2) as session:
+        with pytest.raises(tv.CandidateMissingError) as caught:
+            await session.judge(TICKET, questions())
+    assert caught.value.missing
+    async with tv.Session.llama_cpp(gemma3_url) as session:
+        exact = await session.judge(TICKET, questions())
+    assert all(d.policy == "exact" and not d.truncated for d in exact.diagnostics.values())
+
+
+async def test_truncation_never_fires_on_vllm(vllm_url: str) -> None:
+    async with tv.Session.vllm(vllm_url, model=VLLM_MODEL_ID) as session:
+        judgment = await session.judge(TICKET, questions())
+    assert all(d.policy == "exact" and not d.truncated for d in judgment.diagnostics.values())
+
+
+async def test_off_menu_guard(backend: tuple[str, str]) -> None:
+    # This base model puts about 0.95 of the next-token mass off the menu.
+    async with make_session(backend, off_menu_threshold=0.5) as session:
+        flagged = await session.judge(TICKET, questions())
+        unflagged = await session.judge(TICKET, questions(), off_menu_threshold=None)
+        with pytest.raises(tv.OffMenuError) as caught:
+            await session.judge(TICKET, questions(), raise_off_menu=True)
+    assert all(d.off_menu_flagged for d in flagged.diagnostics.values())
+    assert not any(d.off_menu_flagged for d in unflagged.diagnostics.values())
+    assert caught.value.off_menu_mass > 0.5
+    assert caught.value.question_id == "refund"
+
+
+async def test_llama_cpp_refuses_images_when_props_declare_no_vision(gemma3_url: str) -> None:
+    counter = InFlightCounter("/completion")
+    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
+    async with tv.Session.llama_cpp(gemma3_url, trace_configs=[counter.config]) as session:
+        with pytest.raises(tv.InvalidInputError, match="does not declare vision"):
+            await session.judge(TICKET, questions(), images=[png])
+    assert counter.started == 0
+
+
+async def test_vllm_sends_judgment_images_and_a_text_only_model_refuses(vllm_url: str) -> None:
+    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
+    async with tv.Session.vllm(vllm_url, model=VLLM_MODEL_ID) as session:
+        with pytest.raises(tv.ServerError) as caught:
+            await session.judge(TICKET, {"r": tv.Noul(instructions="Refund?")}, images=[png])
+    assert caught.value.status == 400
+    assert caught.value.question_id == "r"
+
+
+async def test_image_caps_are_enforced_before_any_request(gemma3_url: str) -> None:
+    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png")
+    counter = InFlightCounter("/completion")
+    async with tv.Session.llama_cpp(
+        gemma3_url, max_images=1, max_image_bytes=40, trace_configs=[counter.config]
+    ) as session:
+        with pytest.raises(tv.InvalidInputError, match="at most 1"):
+            await session.judge(TICKET, questions(), images=[png, png])
+        with pytest.raises(tv.InvalidInputError, match="40-byte cap"):
+            await session.judge(TICKET, questions(), images=[png])
+    assert counter.started == 0
+
+
+async def test_llama_cpp_multimodal_body_is_the_shape_the_server_parses(gemma3_url: str) -> None:
+    # Past the session's vision check, straight to the backend: the real (text-only) server
+    # recognises {"prompt_string", "multimodal_data"} and refuses only for lack of a vision
+    # model, which is as far as a machine without a vision model can verify it.
+    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
+    async with tv.Session.llama_cpp(gemma3_url) as session:
+        probe = await session.probe()
+        assert probe.media_marker
+        assert probe.media_marker.startswith("<__media")
+        assert probe.vision is False
+        request = plan_question(
+            "q",
+            tv.Noul(instructions="Is it red?"),
+            "a picture",
+            family=probe.family,
+            control_ids=probe.control_ids,
+            images=[png],
+            media_marker=probe.media_marker,
+        )
+        assert request.prompt is not None
+        assert request.prompt.startswith(f"<start_of_turn>user\n{probe.media_marker}\na picture")
+        with pytest.raises(tv.ServerError, match="Multimodal data provided") as caught:
+            await session.backend.read(request, probe.vocab_size)
+    assert caught.value.status == 400

@@ -1,0 +1,108 @@
+"""Prompt layouts: the default (typevet) layout, and the Jev gateway's ``fused`` and ``split``.
+
+Every layout puts the state first, so every question of a judgment shares it as a prefix (on
+llama.cpp through ``cache_prompt``, on vLLM through its prefix cache).
+
+Jev's layouts reproduce its prompts byte for byte, so that calibrations measured there carry
+over: letters ``A``..``P``, one fixed system message, and compact JSON user content.
+``fused`` sends ``{"evidence", "criterion", "options": [{"letter", "description"}]}`` in one
+user message; ``split`` sends ``{"evidence"}`` (with any images) in a first user message,
+identical for every question of a judgment, and ``{"criterion", "options"}`` in a second.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from typevet_async.core.controls import BoundOption
+from typevet_async.core.markers import neutralise, neutralise_line
+from typevet_async.core.questions import Choice, Noul, Question
+
+__all__ = [
+    "JEV_MAX_OPTIONS",
+    "JEV_SYSTEM_PROMPT",
+    "ImagePart",
+    "Layout",
+    "Message",
+    "jev_messages",
+    "jev_option_descriptions",
+]
+
+#: The one system message of both Jev layouts: the same for every question type, so cacheable.
+JEV_SYSTEM_PROMPT = (
+    "You are a careful evaluator. Read the evidence, the criterion and the lettered options. "
+    "Answer with exactly one letter, the letter of the option that fits best, and nothing else."
+)
+JEV_MAX_OPTIONS = 16
+
+JsonEncoder = Callable[[Any], str]
+
+
+class ImagePart(Protocol):
+    """An image as a message carries it (the SDK's `Image`)."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    def data_uri(self) -> str: ...
+
+
+class Layout(enum.Enum):
+    TYPEVET = "typevet"
+    FUSED = "fused"
+    SPLIT = "split"
+
+    @property
+    def is_jev(self) -> bool:
+        return self is not Layout.TYPEVET
+
+
+@attrs.frozen
+class Message:
+    """One chat message; images (if any) go before its text."""
+
+    role: str
+    content: str
+    images: tuple[ImagePart, ...] = ()
+
+
+def jev_option_descriptions(question: Question) -> list[str]:
+    """Each option's description: a Noul's default to No/Yes, a Choice's label if undescribed."""
+    if isinstance(question, Noul):
+        defaults = {"false": "No", "true": "Yes"}
+        return [o.description or defaults[o.label] for o in question.options()]
+    if isinstance(question, Choice):
+        return [o.description or o.label for o in question.options()]
+    return [o.description or o.label for o in question.options()]
+
+
+def jev_messages(
+    layout: Layout,
+    evidence: str,
+    question: Question,
+    bound: Sequence[BoundOption],
+    encode: JsonEncoder,
+    images: Sequence[ImagePart] = (),
+) -> tuple[Message, ...]:
+    """The Jev gateway's messages for one question; ``encode`` is compact JSON."""
+    options = [
+        {"letter": b.control, "description": neutralise_line(description)}
+        for b, description in zip(bound, jev_option_descriptions(question), strict=True)
+    ]
+    evidence = neutralise(evidence)
+    criterion = neutralise_line(question.instructions)
+    system = Message("system", JEV_SYSTEM_PROMPT)
+    if layout is Layout.FUSED:
+        fused = {"evidence": evidence, "criterion": criterion, "options": options}
+        return (system, Message("user", encode(fused), tuple(images)))
+    if layout is Layout.SPLIT:
+        return (
+            system,
+            Message("user", encode({"evidence": evidence}), tuple(images)),
+            Message("user", encode({"criterion": criterion, "options": options})),
+        )
+    raise ValueError(f"{layout.value!r} is not a Jev layout")
