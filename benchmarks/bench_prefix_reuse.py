@@ -4,7 +4,8 @@ and in Jev's ``split`` layout, side by side in one run (the embedded server, whi
 a full-size sliding-window cache so that llama.cpp can reuse a prefix at all).
 
 Each judgment is about a fresh state (a new ticket id first, unique to the run), so no
-judgment finds an earlier one's state cached. Rounds interleave the three modes so drift hits all alike.
+judgment finds an earlier one's state cached. Rounds interleave the modes so drift hits
+all of them alike.
 
     python -m benchmarks.bench_prefix_reuse [--url URL] [--rounds 4]
 """

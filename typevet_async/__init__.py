@@ -7,7 +7,13 @@ async with tv.Session.local() as session:
     judgment["refund"].noul
 """
 
-from typevet_async.convert import converter, judgment_from_json, judgment_to_json
+from typevet_async.batch import BatchItem, Progress
+from typevet_async.convert import (
+    converter,
+    judgment_from_json,
+    judgment_to_json,
+    questions_from_json,
+)
 from typevet_async.core.answers import (
     Answer,
     ChoiceAnswer,
@@ -55,6 +61,7 @@ __all__ = [
     "JEV_SYSTEM_PROMPT",
     "Answer",
     "BackendError",
+    "BatchItem",
     "CandidateMissingError",
     "Choice",
     "ChoiceAnswer",
@@ -75,6 +82,7 @@ __all__ = [
     "OffMenuError",
     "OutputValidationError",
     "Probe",
+    "Progress",
     "ProtocolError",
     "Question",
     "QuestionError",
@@ -95,4 +103,5 @@ __all__ = [
     "converter",
     "judgment_from_json",
     "judgment_to_json",
+    "questions_from_json",
 ]

@@ -25,8 +25,17 @@ from typevet_async.core.answers import (
     ScoreAnswer,
     Usage,
 )
+from typevet_async.core.questions import Choice, Noul, Question, Score
+from typevet_async.errors import QuestionError
 
-__all__ = ["converter", "judgment_from_json", "judgment_to_json"]
+__all__ = [
+    "converter",
+    "judgment_from_json",
+    "judgment_to_json",
+    "question_from_json",
+    "question_to_json",
+    "questions_from_json",
+]
 
 _TAGS: dict[type, str] = {NoulAnswer: "noul", ChoiceAnswer: "choice", ScoreAnswer: "score"}
 
@@ -61,3 +70,53 @@ def judgment_to_json(judgment: Judgment) -> bytes:
 
 def judgment_from_json(data: bytes | str) -> Judgment:
     return converter.loads(data, Judgment)
+
+
+# -- questions ----------------------------------------------------------------------------
+# The System One ``questions`` shape, as the CLI reads it:
+#   {"questions": {"refund": {"type": "noul", "instructions": "..."},
+#                  "route": {"type": "choice", "instructions": "...",
+#                            "criteria": {"billing": "Money matters", "shipping": null}},
+#                  "urgency": {"type": "score", "instructions": "...", "levels": ["low", ...]}}}
+
+
+def question_to_json(question: Question) -> dict[str, Any]:
+    if isinstance(question, Noul):
+        data: dict[str, Any] = {"type": "noul", "instructions": question.instructions}
+        if question.criteria:
+            data["criteria"] = dict(question.criteria)
+        return data
+    if isinstance(question, Choice):
+        return {
+            "type": "choice",
+            "instructions": question.instructions,
+            "criteria": dict(question.criteria),
+        }
+    return {"type": "score", "instructions": question.instructions, "levels": list(question.levels)}
+
+
+def question_from_json(data: Any, question_id: str = "?") -> Question:
+    """One question from its JSON; a bad one raises `QuestionError` naming ``question_id``."""
+    try:
+        if not isinstance(data, dict):
+            raise QuestionError(f"a question must be a JSON object, got {data!r}")
+        kind = data.get("type")
+        if kind == "noul":
+            return Noul(instructions=data.get("instructions"), criteria=data.get("criteria"))
+        if kind == "choice":
+            return Choice(data.get("criteria"), instructions=data.get("instructions"))
+        if kind == "score":
+            return Score(data.get("levels"), instructions=data.get("instructions"))
+        raise QuestionError(f"type must be 'noul', 'choice' or 'score', got {kind!r}")
+    except QuestionError as error:
+        error.question_id = question_id
+        raise
+
+
+def questions_from_json(data: Any) -> dict[str, Question]:
+    """``{"questions": {id: question}}`` (or the inner mapping) to questions, in order."""
+    if isinstance(data, dict) and "questions" in data:
+        data = data["questions"]
+    if not isinstance(data, dict) or not data:
+        raise QuestionError("questions must be a non-empty JSON object of id to question")
+    return {str(qid): question_from_json(item, str(qid)) for qid, item in data.items()}

@@ -120,10 +120,14 @@ class TransportError(BackendError, ConnectionError):
 class ServerError(BackendError):
     """The server answered with an HTTP error status."""
 
-    def __init__(self, message: str, *, status: int, body: str) -> None:
+    def __init__(
+        self, message: str, *, status: int, body: str, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.body = body
+        #: Seconds the server asked us to wait (``Retry-After``), if it said.
+        self.retry_after = retry_after
 
 
 class ReadTimeoutError(BackendError, TimeoutError):

@@ -9,7 +9,15 @@ the judgment; its sibling reads are cancelled with the task group, so no task ou
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -19,7 +27,7 @@ import attrs
 import orjson
 from jsonschema import Draft202012Validator
 
-from typevet_async.backends.http import HttpClient
+from typevet_async.backends.http import HttpClient, RetryPolicy
 from typevet_async.backends.llama_cpp import (
     DEFAULT_TOP_K,
     DEFAULT_TOP_N,
@@ -28,6 +36,7 @@ from typevet_async.backends.llama_cpp import (
     OnMissing,
 )
 from typevet_async.backends.vllm import AsyncVllm, LogprobsMode
+from typevet_async.batch import BatchItem, Progress, judge_stream
 from typevet_async.core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async.core.generation import ChatOutput, Generation, build_generation, check_output
 from typevet_async.core.layouts import Layout
@@ -56,6 +65,7 @@ DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_READ_TIMEOUT = 120.0
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_MAX_IMAGES = 8
+DEFAULT_MAX_RETRIES = 2
 
 PrefixReuse = Literal["auto", "first", "sequential", "off"]
 _Scored = tuple[Answer, Diagnostics, Usage]
@@ -77,7 +87,9 @@ class Backend(Protocol):
         """
         ...
 
-    async def read(self, request: ScoringRequest, vocab_size: int) -> CandidateRead:
+    async def read(
+        self, request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None
+    ) -> CandidateRead:
         """The candidates' full-vocabulary logprobs at the answer position of ``request``.
 
         :raises BackendError: the read failed, or its logprobs failed validation.
@@ -85,7 +97,13 @@ class Backend(Protocol):
         ...
 
     async def generate(
-        self, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int
+        self,
+        prompt: str,
+        schema: Any,
+        images: Sequence[Image],
+        max_tokens: int,
+        *,
+        max_retries: int | None = None,
     ) -> ChatOutput:
         """One schema-bound chat completion, as the server returned it.
 
@@ -144,8 +162,11 @@ UNSET = Unset()
 
 @attrs.frozen
 class _Guard:
+    """A judgment's own settings (the session's unless the call overrides them)."""
+
     threshold: float | None
     raise_error: bool
+    max_retries: int | None = None
 
 
 def _question_id(request: ScoringRequest) -> str:
@@ -160,6 +181,12 @@ def _from_cache(usage: Usage) -> bool:
 def compact_json(value: Any) -> str:
     """Compact JSON as the Jev gateway sends it: no spaces, UTF-8 kept as is."""
     return orjson.dumps(value).decode()
+
+
+def _retries(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"max_retries must be an integer >= 0, got {value!r}")
+    return value
 
 
 def _threshold(value: Any) -> float | None:
@@ -254,6 +281,7 @@ class Session:
         top_k: int = DEFAULT_TOP_K,
         reproducible: bool = False,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        max_retries: int = DEFAULT_MAX_RETRIES,
         on_missing: OnMissing = "exact",
         top_n: int = DEFAULT_TOP_N,
         _server: LocalServer | None = None,
@@ -266,6 +294,9 @@ class Session:
         :param reproducible: bit-identical answers under the same server: no prompt cache
             and one read at a time (``max_concurrency`` is then 1). See the README for cost.
         :param model: if given, the server must serve a model of that id or alias.
+        :param max_retries: retries of a transient failure (connection errors, timeouts,
+            HTTP 408, 429, 5xx), with exponential backoff and jitter, honouring Retry-After;
+            0 turns retries off; a call may override it.
         :param on_missing: ``"exact"`` (escalate until every candidate is read), ``"clamp"``
             (Jev: read the top ``top_n`` once; a missing candidate gets the lowest logprob
             returned and the answer is flagged ``truncated``) or ``"error"``.
@@ -288,6 +319,7 @@ class Session:
             read_timeout=read_timeout,
             max_connections=max(concurrency, 1) + 4,
             trace_configs=trace_configs,
+            retry=RetryPolicy(max_retries=_retries(max_retries)),
         )
         backend = AsyncLlamaCpp(
             http,
@@ -311,6 +343,7 @@ class Session:
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         logprobs_mode: LogprobsMode = "raw_logprobs",
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        max_retries: int = DEFAULT_MAX_RETRIES,
         **settings: Any,
     ) -> Session:
         """A session on a vLLM server, pinned to ``model`` (every request names it).
@@ -337,6 +370,7 @@ class Session:
             read_timeout=read_timeout,
             max_connections=concurrency + 4,
             trace_configs=trace_configs,
+            retry=RetryPolicy(max_retries=_retries(max_retries)),
         )
         backend = AsyncVllm(http, model, logprobs_mode=logprobs_mode)
         return cls(backend, http, max_concurrency=concurrency, model=model, **settings)
@@ -458,12 +492,14 @@ class Session:
         model: str | None = None,
         off_menu_threshold: float | Unset | None = UNSET,
         raise_off_menu: bool | None = None,
+        max_retries: int | None = None,
     ) -> Judgment:
         """Ask every question about ``state``; answers come back in request order.
 
         :param state: a string, or any JSON value (rendered as compact JSON).
         :param images: images the questions are about (the server must declare vision).
         :param off_menu_threshold: overrides the session's for this judgment (None: off).
+        :param max_retries: overrides the session's retries of transient failures.
         :param timeout: seconds for the whole judgment, probe included.
         :param model: if given, must be the session's pinned model.
         :raises InvalidInputError: bad questions, state or model; nothing was sent.
@@ -481,6 +517,7 @@ class Session:
             if isinstance(off_menu_threshold, Unset)
             else _threshold(off_menu_threshold),
             self.raise_off_menu if raise_off_menu is None else bool(raise_off_menu),
+            None if max_retries is None else _retries(max_retries),
         )
         try:
             with anyio.fail_after(timeout):
@@ -532,7 +569,9 @@ class Session:
 
         async def score(request: ScoringRequest) -> _Scored:
             async with self._slots:
-                read = await self.backend.read(request, probe.vocab_size)
+                read = await self.backend.read(
+                    request, probe.vocab_size, max_retries=guard.max_retries
+                )
             answer, diagnostics = interpret_read(
                 request,
                 read,
@@ -596,6 +635,51 @@ class Session:
                 )
         return checked
 
+    # -- streaming batches ----------------------------------------------------------------
+
+    def judge_many(
+        self,
+        records: Iterable[Any] | AsyncIterable[Any],
+        questions: Mapping[str, Question],
+        *,
+        ordered: bool = True,
+        fail_fast: bool = False,
+        concurrency: int | None = None,
+        window: int | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+    ) -> AsyncIterator[BatchItem]:
+        """Judge every record, streaming `BatchItem`s (see `typevet_async.batch`).
+
+        :param records: states, or ``(id, state)`` tuples; any iterable or async iterable.
+            Nothing materialises the input: memory stays bounded by ``window``.
+        :param ordered: yield in input order (default) or as completed.
+        :param fail_fast: raise the first error and cancel the rest, instead of yielding it.
+        :param concurrency: judgments in flight (default: the session's cap; reads still
+            share the session's cap).
+        :param window: records in flight or waiting to be yielded (default 4 x concurrency).
+        :param on_progress: called with a `Progress` after every record.
+        :param timeout: seconds per record's judgment.
+        """
+        self._require_open()
+        checked = dict(_checked_questions(questions))
+        workers = self.max_concurrency if concurrency is None else concurrency
+        _positive_int("concurrency", workers)
+
+        async def judge_one(state: Any) -> Judgment:
+            return await self.judge(state, checked, timeout=timeout, max_retries=max_retries)
+
+        return judge_stream(
+            records,
+            judge_one,
+            concurrency=workers,
+            ordered=ordered,
+            fail_fast=fail_fast,
+            window=window,
+            on_progress=on_progress,
+        )
+
     # -- schema-bound generation ---------------------------------------------------------
 
     async def generate(
@@ -607,6 +691,7 @@ class Session:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         timeout: float | None = None,
         model: str | None = None,
+        max_retries: int | None = None,
     ) -> Generation:
         """Generate one JSON value that passes ``schema`` (JSON Schema Draft 2020-12).
 
@@ -627,6 +712,7 @@ class Session:
             max_tokens=max_tokens,
             timeout=timeout,
             model=model,
+            max_retries=max_retries,
         )
         result = results[0]
         assert isinstance(result, Generation)
@@ -643,6 +729,7 @@ class Session:
         return_exceptions: bool = False,
         timeout: float | None = None,
         model: str | None = None,
+        max_retries: int | None = None,
     ) -> list[Generation | TypevetError]:
         """One generation per prompt, in request order, under the session's concurrency cap.
 
@@ -654,13 +741,16 @@ class Session:
         self._check_model(model)
         validator = check_schema(schema)
         items = self._checked_prompts(prompts, images, max_tokens)
+        retries = None if max_retries is None else _retries(max_retries)
         call_slots = anyio.Semaphore(
             _positive_int("max_concurrency", max_concurrency) if max_concurrency else len(items)
         )
 
         async def one(item: tuple[int, str]) -> Generation:
             async with call_slots, self._slots:
-                output = await self.backend.generate(item[1], schema, images, max_tokens)
+                output = await self.backend.generate(
+                    item[1], schema, images, max_tokens, max_retries=retries
+                )
             return _interpret_output(output, validator)
 
         try:

@@ -4,13 +4,14 @@ server cannot be made to drop a connection mid-request, or to redirect, on cue."
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
 
 import typevet_async as tv
-from typevet_async.backends.http import HttpClient
+from typevet_async.backends.http import Attempts, HttpClient, RetryPolicy
 
 pytestmark = pytest.mark.asyncio
 
@@ -100,10 +101,10 @@ async def test_a_second_drop_is_a_transport_error(stub: FaultInjectingStubServer
     await client.open()
     try:
         with pytest.raises(tv.TransportError):
-            await client.post_json("/x", {})
+            await client.post_json("/x", {}, max_retries=0)
     finally:
         await client.aclose()
-    assert len(stub.requests) == 2
+    assert len(stub.requests) == 2  # the request, and its one replay on a fresh connection
 
 
 async def client_for(stub: FaultInjectingStubServer, **settings: object) -> HttpClient:
@@ -173,3 +174,121 @@ async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> No
         await client.open()
     with pytest.raises(tv.SessionStateError):
         await client.get_json("/x")
+
+
+FAST = RetryPolicy(max_retries=2, initial=0.01, maximum=0.05, jitter=0.0)
+
+
+@pytest.mark.parametrize(
+    ("failure", "retryable"),
+    [
+        (reply(503, b'{"error": "busy"}'), True),
+        (reply(500, b"{}"), True),
+        (reply(408, b"{}"), True),
+        (reply(429, b"{}"), True),
+        (reply(400, b'{"error": "bad"}'), False),
+        (reply(404, b"{}"), False),
+    ],
+)
+async def test_transient_statuses_are_retried_and_others_are_not(
+    stub: FaultInjectingStubServer, failure: bytes, retryable: bool
+) -> None:
+    calls = {"n": 0}
+
+    def handler(connection: int, number: int) -> bytes:
+        calls["n"] += 1
+        return failure if calls["n"] == 1 else reply(200, b'{"ok": 1}')
+
+    stub.handler = handler
+    client = await client_for(stub, retry=FAST)
+    attempts = Attempts()
+    try:
+        if retryable:
+            assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+        else:
+            with pytest.raises(tv.ServerError):
+                await client.post_json("/x", {}, attempts=attempts)
+    finally:
+        await client.aclose()
+    assert attempts.count == (2 if retryable else 1)
+
+
+async def test_retry_after_is_honoured(stub: FaultInjectingStubServer) -> None:
+    calls = {"n": 0}
+
+    def handler(connection: int, number: int) -> bytes:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return reply(429, b"{}", "Retry-After: 1\r\n")
+        return reply(200, b'{"ok": 1}')
+
+    stub.handler = handler
+    client = await client_for(stub, retry=FAST)
+    attempts = Attempts()
+    started = asyncio.get_running_loop().time()
+    try:
+        assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+    finally:
+        await client.aclose()
+    waited = asyncio.get_running_loop().time() - started
+    assert attempts.count == 2
+    assert 1.0 <= waited < 2.0  # the server's 1 s, not the policy's 10 ms backoff
+
+
+async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer) -> None:
+    stub.handler = lambda c, n: reply(503, b"{}")
+    client = await client_for(stub, retry=FAST)
+    attempts = Attempts()
+    try:
+        with pytest.raises(tv.ServerError) as caught:
+            await client.post_json("/x", {}, attempts=attempts)
+        with pytest.raises(tv.ServerError):
+            await client.post_json("/x", {}, max_retries=0)
+    finally:
+        await client.aclose()
+    assert caught.value.status == 503
+    assert attempts.count == 3  # 1 + max_retries
+    assert len(stub.requests) == 4
+
+
+async def test_a_dropped_connection_is_retried(stub: FaultInjectingStubServer) -> None:
+    # Every request on connections 1 and 2 is dropped: the stale-connection replay and then
+    # one retry are used up before connection 3 answers.
+    stub.handler = lambda c, n: None if c <= 2 else reply(200, b'{"ok": 1}')
+    client = await client_for(stub, retry=FAST)
+    attempts = Attempts()
+    try:
+        assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+    finally:
+        await client.aclose()
+    assert attempts.count == 2
+
+
+async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubServer) -> None:
+    from typevet_async.backends.llama_cpp import AsyncLlamaCpp
+    from typevet_async.core.scoring import ScoringRequest, interpret_read
+
+    top = [{"id": 10, "logprob": -1.0}, {"id": 11, "logprob": -2.0}]
+    canned = json.dumps({"completion_probabilities": [{"top_logprobs": top}],
+                         "tokens_evaluated": 7}).encode()  # fmt: skip
+    calls = {"n": 0}
+
+    def handler(connection: int, number: int) -> bytes:
+        calls["n"] += 1
+        return reply(503, b"{}") if calls["n"] == 1 else reply(200, canned)
+
+    stub.handler = handler
+    client = await client_for(stub, retry=FAST)
+    backend = AsyncLlamaCpp(client, top_k=2)
+    request = ScoringRequest("q", tv.Noul(instructions="x"), (), "P", ("0", "1"), (10, 11))
+    try:
+        read = await backend.read(request, 262_144)
+        no_retry = None
+        calls["n"] = 0
+        with pytest.raises(tv.ServerError):
+            no_retry = await backend.read(request, 262_144, max_retries=0)
+    finally:
+        await client.aclose()
+    assert no_retry is None
+    _, diagnostics = interpret_read(request, read)
+    assert (read.reads, read.attempts, diagnostics.attempts) == (1, 2, 2)

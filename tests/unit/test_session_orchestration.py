@@ -50,7 +50,9 @@ class InMemoryStubBackend:
         await anyio.sleep(0.01)
         return tv.Probe(self.family, "rendered", IDS, 262_144, ("stub-model",))
 
-    async def read(self, request: ScoringRequest, vocab_size: int) -> CandidateRead:
+    async def read(
+        self, request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None
+    ) -> CandidateRead:
         self.reads.append(request.question_id)
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -69,7 +71,13 @@ class InMemoryStubBackend:
         return CandidateRead(request.token_ids, logprobs, 4096, 1, 10, 0)
 
     async def generate(
-        self, prompt: str, schema: Any, images: Sequence[tv.Image], max_tokens: int
+        self,
+        prompt: str,
+        schema: Any,
+        images: Sequence[tv.Image],
+        max_tokens: int,
+        *,
+        max_retries: int | None = None,
     ) -> ChatOutput:
         self.generated.append(prompt)
         self.in_flight += 1

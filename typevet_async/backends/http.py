@@ -7,11 +7,16 @@ larger than ``max_response_bytes`` is refused while it streams in.
 
 from __future__ import annotations
 
+import email.utils
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import attrs
 import orjson
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_base, wait_exponential_jitter
 
 from typevet_async.errors import (
     ProtocolError,
@@ -22,7 +27,14 @@ from typevet_async.errors import (
     TypevetError,
 )
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "HttpClient", "map_client_error"]
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Attempts",
+    "HttpClient",
+    "RetryPolicy",
+    "is_transient",
+    "map_client_error",
+]
 
 #: A whole-vocabulary llama.cpp read of a 262,144-token vocabulary is about 26 MB.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -34,13 +46,75 @@ _KEEPALIVE_SECONDS = 2.0
 _STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
+@attrs.frozen
+class RetryPolicy:
+    """Retries of transient failures: connection errors, timeouts, HTTP 408, 429 and 5xx.
+
+    Backoff is exponential with jitter (``initial`` doubling up to ``maximum``); a
+    ``Retry-After`` header is honoured, up to ``max_retry_after`` seconds. Validation failures,
+    other 4xx and template refusals are never retried.
+    """
+
+    max_retries: int = 2
+    initial: float = 0.25
+    maximum: float = 8.0
+    jitter: float = 0.25
+    max_retry_after: float = 30.0
+
+
+@attrs.define
+class Attempts:
+    """Counts the HTTP attempts of one logical request (retries included)."""
+
+    count: int = 0
+
+
+def is_transient(error: BaseException) -> bool:
+    """Worth another attempt: the server or the network may answer next time."""
+    if isinstance(error, TransportError | ReadTimeoutError):
+        return True
+    if isinstance(error, ServerError):
+        return error.status in (408, 429) or error.status >= 500
+    return False
+
+
+class _WaitRetryAfter(wait_base):
+    """Exponential backoff with jitter, unless the server said how long to wait."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.backoff = wait_exponential_jitter(
+            multiplier=policy.initial, max=policy.maximum, jitter=policy.jitter
+        )
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(error, ServerError) and error.retry_after is not None:
+            return min(error.retry_after, self.policy.max_retry_after)
+        return float(self.backoff(retry_state))
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delay-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
 def map_client_error(error: BaseException, method: str, url: str) -> TypevetError:
     """The most specific SDK error for an aiohttp or OS error (never carries headers)."""
     where = f"{method} {url}"
     if isinstance(error, TimeoutError | aiohttp.ServerTimeoutError):
         return ReadTimeoutError(f"{where}: timed out")
     if isinstance(error, aiohttp.ClientPayloadError):
-        return ProtocolError(f"{where}: response body cut off ({error})")
+        return TransportError(f"{where}: response body cut off ({error})")
     if isinstance(error, aiohttp.ClientResponseError):
         return ServerError(f"{where}: HTTP {error.status}", status=error.status, body="")
     if isinstance(error, aiohttp.ClientError | OSError):
@@ -61,6 +135,7 @@ class HttpClient:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         verify_tls: bool = True,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
@@ -69,6 +144,7 @@ class HttpClient:
         self._max_response_bytes = max_response_bytes
         self._trace_configs = list(trace_configs)
         self._verify_tls = verify_tls
+        self.retry = retry or RetryPolicy()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         #: How long an idle pooled connection is kept (below llama.cpp's own ~5 s).
@@ -103,11 +179,42 @@ class HttpClient:
             session, self._session = self._session, None
             await session.close()
 
-    async def get_json(self, path: str) -> Any:
-        return await self._request("GET", path, None)
+    async def get_json(
+        self, path: str, *, max_retries: int | None = None, attempts: Attempts | None = None
+    ) -> Any:
+        return await self._retrying("GET", path, None, max_retries, attempts)
 
-    async def post_json(self, path: str, body: Any) -> Any:
-        return await self._request("POST", path, body)
+    async def post_json(
+        self,
+        path: str,
+        body: Any,
+        *,
+        max_retries: int | None = None,
+        attempts: Attempts | None = None,
+    ) -> Any:
+        """POST JSON, retrying transient failures (``max_retries`` overrides the policy's)."""
+        return await self._retrying("POST", path, body, max_retries, attempts)
+
+    async def _retrying(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        max_retries: int | None,
+        attempts: Attempts | None,
+    ) -> Any:
+        retries = self.retry.max_retries if max_retries is None else max_retries
+        counter = attempts if attempts is not None else Attempts()
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(retries + 1),
+            wait=_WaitRetryAfter(self.retry),
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+        ):
+            with attempt:
+                counter.count += 1
+                return await self._request(method, path, body)
+        raise AssertionError("unreachable: tenacity reraises the last error")
 
     async def _request(self, method: str, path: str, body: Any) -> Any:
         if self._session is None:
@@ -139,6 +246,7 @@ class HttpClient:
                     f"{method} {url}: HTTP {response.status}: {text[:300]}",
                     status=response.status,
                     body=text,
+                    retry_after=parse_retry_after(response.headers.get("Retry-After")),
                 )
         try:
             return orjson.loads(raw)

@@ -13,7 +13,7 @@ import base64
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-from typevet_async.backends.http import HttpClient
+from typevet_async.backends.http import Attempts, HttpClient
 from typevet_async.backends.openai_chat import (
     NO_THINKING,
     json_schema_response_format,
@@ -221,23 +221,38 @@ class AsyncLlamaCpp:
     async def tokenize(self, text: str) -> list[int]:
         return parse_tokens(await self.http.post_json("/tokenize", tokenize_body(text)))
 
-    async def render(self, request: ScoringRequest) -> str:
+    async def render(
+        self,
+        request: ScoringRequest,
+        max_retries: int | None = None,
+        attempts: Attempts | None = None,
+    ) -> str:
         """The served template's rendering of the request's messages, ending at the answer."""
-        rendered = str(
-            _field(await self.http.post_json("/apply-template", template_body(request.messages)),
-                   "prompt")
-        )  # fmt: skip
+        payload = await self.http.post_json(
+            "/apply-template",
+            template_body(request.messages),
+            max_retries=max_retries,
+            attempts=attempts,
+        )
+        rendered = str(_field(payload, "prompt"))
         if request.answer_prefill and not rendered.endswith(request.answer_prefill):
             rendered += request.answer_prefill
         return rendered
 
-    async def read(self, request: ScoringRequest, vocab_size: int) -> CandidateRead:
+    async def read(
+        self, request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None
+    ) -> CandidateRead:
         """The candidates' logprobs at the answer position, under the truncation policy.
 
         ``exact`` escalates K until every candidate is present (never estimates); ``clamp``
         and ``error`` read the top ``top_n`` once and fill in, or refuse, what is missing.
         """
-        prompt = request.prompt if request.prompt is not None else await self.render(request)
+        attempts = Attempts()
+        prompt = (
+            request.prompt
+            if request.prompt is not None
+            else await self.render(request, max_retries, attempts)
+        )
         images = [image for message in request.messages for image in message.images]
         ids = request.read_ids
         exact = self.on_missing == "exact"
@@ -245,7 +260,9 @@ class AsyncLlamaCpp:
         reads = prompt_tokens = cached_tokens = 0
         while True:
             body = completion_body(prompt, top_k, cache_prompt=self.cache_prompt, images=images)
-            payload = await self.http.post_json("/completion", body)
+            payload = await self.http.post_json(
+                "/completion", body, max_retries=max_retries, attempts=attempts
+            )
             top, read_tokens, read_cached = parse_completion(payload, top_k)
             reads, prompt_tokens, cached_tokens = (
                 reads + 1, prompt_tokens + read_tokens, cached_tokens + read_cached
@@ -278,12 +295,20 @@ class AsyncLlamaCpp:
                 prompt=prompt,
                 policy=self.on_missing,
                 truncated=truncated,
+                attempts=attempts.count,
             )
 
     async def generate(
-        self, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int
+        self,
+        prompt: str,
+        schema: Any,
+        images: Sequence[Image],
+        max_tokens: int,
+        *,
+        max_retries: int | None = None,
     ) -> ChatOutput:
         if images:
             raise InvalidInputError("llama.cpp generation does not take images; nothing was sent")
         body = generation_body(prompt, schema, max_tokens)
-        return parse_chat_output(await self.http.post_json("/v1/chat/completions", body))
+        payload = await self.http.post_json("/v1/chat/completions", body, max_retries=max_retries)
+        return parse_chat_output(payload)

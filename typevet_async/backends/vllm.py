@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-from typevet_async.backends.http import HttpClient
+from typevet_async.backends.http import Attempts, HttpClient
 from typevet_async.backends.openai_chat import NO_THINKING, parse_chat_output, user_message
 from typevet_async.core.controls import PROBED_CONTROLS, control_token_ids
 from typevet_async.core.framing import PROBE_MESSAGE, classify_template
@@ -204,7 +204,9 @@ class AsyncVllm:
             raise ProtocolError("/tokenize returned no tokens", payload=payload)
         return [int(token) for token in tokens]
 
-    async def read(self, request: ScoringRequest, vocab_size: int) -> CandidateRead:
+    async def read(
+        self, request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None
+    ) -> CandidateRead:
         """The candidates' logprobs from one read; nothing is sent for more than 128 ids."""
         ids = request.read_ids
         if len(ids) > MAX_LOGPROB_TOKEN_IDS:
@@ -213,7 +215,10 @@ class AsyncVllm:
                 f"{MAX_LOGPROB_TOKEN_IDS} logprob_token_ids; nothing was sent"
             )
         body = scoring_body(self.model, request.messages, ids)
-        payload = await self.http.post_json("/v1/chat/completions", body)
+        attempts = Attempts()
+        payload = await self.http.post_json(
+            "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
+        )
         top, prompt_tokens, cached = parse_scoring_response(payload, ids)
         logprobs = require_candidates(top.entries, ids, allow_positive=not self.off_menu_known)
         return CandidateRead(
@@ -226,10 +231,18 @@ class AsyncVllm:
             off_menu_known=self.off_menu_known,
             prompt=request.user_text,
             policy=self.on_missing,
+            attempts=attempts.count,
         )
 
     async def generate(
-        self, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int
+        self,
+        prompt: str,
+        schema: Any,
+        images: Sequence[Image],
+        max_tokens: int,
+        *,
+        max_retries: int | None = None,
     ) -> ChatOutput:
         body = generation_body(self.model, prompt, schema, images, max_tokens)
-        return parse_chat_output(await self.http.post_json("/v1/chat/completions", body))
+        payload = await self.http.post_json("/v1/chat/completions", body, max_retries=max_retries)
+        return parse_chat_output(payload)

@@ -116,6 +116,8 @@ class Diagnostics:
     truncated: bool = False
     #: True when the off-menu mass exceeded the judgment's threshold.
     off_menu_flagged: bool = False
+    #: HTTP attempts the read took, retries of transient failures included.
+    attempts: int = 1
 
 
 @attrs.frozen

@@ -56,6 +56,8 @@ class CandidateRead:
     prompt: str = ""
     policy: str = "exact"
     truncated: bool = False
+    #: HTTP attempts, retries of transient failures included (at least ``reads``).
+    attempts: int = 1
 
 
 def validated_entries(

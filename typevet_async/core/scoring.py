@@ -209,5 +209,6 @@ def interpret_read(
         policy=read.policy,
         truncated=read.truncated,
         off_menu_flagged=flagged,
+        attempts=read.attempts,
     )
     return answer, diagnostics

@@ -1,0 +1,150 @@
+"""judge_many against the in-memory stub backend: order, errors, bounds, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import pytest
+
+import typevet_async as tv
+from typevet_async.core.scoring import ScoringRequest
+
+from .test_session_orchestration import InMemoryStubBackend, sleeping
+
+pytestmark = pytest.mark.asyncio
+
+QUESTION = {"q": tv.Noul(instructions="Is it?")}
+
+
+def delays_by_state(backend: InMemoryStubBackend, delays: dict[str, float]) -> None:
+    """The stub reads by question id; route each state's delay through its prompt instead."""
+    original = backend.read
+
+    async def read(request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None):  # type: ignore[no-untyped-def]
+        for state, delay in delays.items():
+            if request.prompt and f"\n{state}\n" in request.prompt:
+                try:
+                    await anyio.sleep(delay)
+                except anyio.get_cancelled_exc_class():
+                    backend.cancelled.append(state)
+                    raise
+        if request.prompt and "\nboom\n" in request.prompt:
+            raise tv.ServerError("boom", status=500, body="")
+        return await original(request, vocab_size)
+
+    backend.read = read  # type: ignore[method-assign]
+
+
+async def collect(stream: AsyncIterator[tv.BatchItem]) -> list[tv.BatchItem]:
+    return [item async for item in stream]
+
+
+async def test_ordered_yields_in_input_order_whatever_the_completion_order() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {"s0": 0.06, "s1": 0.03, "s2": 0.0, "s3": 0.01})
+    async with tv.Session(backend, max_concurrency=4) as session:
+        items = await collect(session.judge_many(["s0", "s1", "s2", "s3"], QUESTION))
+    assert [i.index for i in items] == [0, 1, 2, 3]
+    assert [i.record_id for i in items] == [0, 1, 2, 3]
+    assert all(i.ok and i.judgment is not None for i in items)
+
+
+async def test_unordered_yields_as_completed() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {"s0": 0.2, "s1": 0.0})
+    async with tv.Session(backend, max_concurrency=4) as session:
+        items = await collect(session.judge_many(["s0", "s1"], QUESTION, ordered=False))
+    assert [i.index for i in items] == [1, 0]
+
+
+async def test_a_failing_record_yields_its_error_and_the_batch_goes_on() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {})
+    records = [("a", "s0"), ("b", "boom"), ("c", "s2")]
+    progress: list[tv.Progress] = []
+    async with tv.Session(backend, max_concurrency=2) as session:
+        items = await collect(session.judge_many(records, QUESTION, on_progress=progress.append))
+    assert [i.record_id for i in items] == ["a", "b", "c"]
+    assert isinstance(items[1].error, tv.ServerError)
+    assert items[1].error.question_id == "q"
+    assert items[0].ok
+    assert items[2].ok
+    assert [(p.done, p.total) for p in progress] == [(1, 3), (2, 3), (3, 3)]
+    assert progress[-1].failed == 1
+    assert progress[-1].rate > 0
+
+
+async def test_fail_fast_raises_the_first_error_and_cancels_the_rest() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {"slow": 30.0})
+    tasks_before = len(asyncio.all_tasks())
+    async with tv.Session(backend, max_concurrency=4) as session:
+        with anyio.fail_after(5), pytest.raises(tv.ServerError):
+            await collect(session.judge_many(["slow", "boom", "slow"], QUESTION, fail_fast=True))
+    assert len(asyncio.all_tasks()) == tasks_before
+
+
+async def test_memory_stays_bounded_by_the_window() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {"s0": 0.3})  # the first record holds up ordered output
+    pulled: list[int] = []
+
+    def records() -> Iterator[str]:
+        for n in range(1000):
+            pulled.append(n)
+            yield f"s{n}"
+
+    async with tv.Session(backend, max_concurrency=2) as session:
+        stream = session.judge_many(records(), QUESTION, window=8)
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            first = await anext(stream)
+            # While record 0 was slow, the producer could run at most a window ahead.
+            assert len(pulled) <= 8 + 2
+    assert first.index == 0
+
+
+async def test_async_iterable_input_and_early_exit_cancel_everything() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {f"s{n}": 30.0 for n in range(1, 50)})
+
+    async def records() -> AsyncIterator[str]:
+        for n in range(50):
+            yield f"s{n}"
+
+    tasks_before = len(asyncio.all_tasks())
+    async with tv.Session(backend, max_concurrency=4) as session:
+        stream = session.judge_many(records(), QUESTION)
+        with anyio.fail_after(5):
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    assert item.index == 0
+                    break
+    assert len(asyncio.all_tasks()) == tasks_before
+    assert backend.cancelled  # the in-flight reads were cancelled, not awaited
+
+
+async def test_cancelling_the_consumer_cancels_in_flight_reads() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {"s0": 30.0, "s1": 30.0})
+    async with tv.Session(backend, max_concurrency=2) as session:
+        with anyio.move_on_after(0.2):
+            await collect(session.judge_many(["s0", "s1"], QUESTION))
+    assert len(backend.cancelled) == 2
+
+
+async def test_bad_batch_settings() -> None:
+    session = tv.Session(InMemoryStubBackend())
+    with pytest.raises(tv.SessionStateError):
+        session.judge_many(["s"], QUESTION)
+
+
+async def test_window_smaller_than_concurrency_is_refused() -> None:
+    async with tv.Session(InMemoryStubBackend(), max_concurrency=4) as session:
+        with pytest.raises(tv.ConfigurationError, match="window"):
+            await collect(session.judge_many(["s"], QUESTION, window=2))
+
+
+del sleeping
