@@ -1,9 +1,11 @@
-"""The async session: one connection pool, the probe result, and bounded concurrent reads.
+"""The async session: one connection pool, the probe result, and bounded concurrent work.
 
 A judgment plans every question before any request (bad input fails with nothing sent), then
 reads the questions as tasks in one task group, each holding one slot of the session's
-semaphore, and gathers the answers in request order. The first error in question order fails
-the judgment; its sibling reads are cancelled with the task group, so no task outlives it.
+semaphore (in the order the prefix-reuse strategy picks), and gathers the answers in request
+order. The first error in question order fails the judgment; its sibling reads are cancelled
+with the task group, so no task outlives it. Generations share the same semaphore, and
+`Session.judge_many` streams batches through `typevet_async.batch`.
 """
 
 from __future__ import annotations
