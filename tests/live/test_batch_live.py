@@ -144,3 +144,36 @@ def test_cli_judge_and_generate(gemma3_url: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert bad.returncode == 2
     assert "QuestionError: no questions" in bad.stderr
+
+
+def test_cli_serve_local_prints_its_url_and_serves() -> None:
+    import urllib.request
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "typevet_async.cli", "serve-local", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = json.loads(server.stdout.readline())["url"]
+        assert url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    assert json.loads(response.read()) == {"status": "ok"}
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "serve-local never became healthy"
+                time.sleep(0.2)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
