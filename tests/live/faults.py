@@ -1,0 +1,130 @@
+"""A fault-injecting HTTP proxy, written for the tests, between the SDK and a real server.
+
+Every request is forwarded to the real llama.cpp server; a scripted fault may replace or
+damage the real response (or the connection) on its way back. Faults are consumed in order,
+one per request to the matching path; requests beyond the script pass through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+Fault = Callable[[web.Request, int, bytes], Any]
+
+
+def _mutate_top(body: bytes, change: Callable[[list[dict[str, Any]]], None]) -> bytes:
+    payload = json.loads(body)
+    change(payload["completion_probabilities"][0]["top_logprobs"])
+    return json.dumps(payload).encode()
+
+
+def _set_first_logprob(value: str) -> Callable[[bytes], bytes]:
+    def apply(body: bytes) -> bytes:
+        payload = json.loads(body)
+        payload["completion_probabilities"][0]["top_logprobs"][0]["logprob"] = "__X__"
+        return json.dumps(payload).replace('"__X__"', value).encode()
+
+    return apply
+
+
+#: Faults that rewrite a real /completion body.
+BODY_FAULTS: dict[str, Callable[[bytes], bytes]] = {
+    "invalid_json": lambda body: b"{not json" + body[:100],
+    "nan_logprob": _set_first_logprob("NaN"),
+    "infinite_logprob": _set_first_logprob("-Infinity"),
+    "positive_logprob": _set_first_logprob("0.75"),
+    "duplicated_id": lambda body: _mutate_top(body, lambda top: top.__setitem__(1, dict(top[0]))),
+    "missing_entries": lambda body: _mutate_top(body, lambda top: top.__delitem__(slice(10, None))),
+    "wrong_n_probs_echo": lambda body: json.dumps(
+        {**json.loads(body), "generation_settings": {"n_probs": 7}}
+    ).encode(),
+    "not_an_object": lambda body: b"[1, 2, 3]",
+}
+#: Faults answered without asking the real server: status codes.
+STATUS_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
+
+
+class FaultInjectingProxy:
+    """An aiohttp.web proxy on 127.0.0.1 in the test's event loop."""
+
+    def __init__(self, upstream: str, path: str = "/completion") -> None:
+        self.upstream = upstream.rstrip("/")
+        self.path = path
+        self.script: list[str] = []
+        self.seen: list[str] = []
+        #: Set when the client closes the connection of a request the proxy never answered.
+        self.client_hung_up = asyncio.Event()
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> FaultInjectingProxy:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._client = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._client is not None
+        assert self._runner is not None
+        await self._client.close()
+        await self._runner.cleanup()
+
+    async def _forward(self, request: web.Request) -> tuple[int, bytes]:
+        assert self._client is not None
+        data = await request.read()
+        async with self._client.request(
+            request.method,
+            f"{self.upstream}{request.rel_url}",
+            data=data or None,
+            headers={"Content-Type": "application/json"} if data else None,
+        ) as upstream:
+            return upstream.status, await upstream.read()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        fault = self.script.pop(0) if request.path == self.path and self.script else "pass"
+        self.seen.append(fault)
+        if fault in STATUS_FAULTS:
+            await request.read()
+            headers = {"Retry-After": "0"} if fault == "http_429" else {}
+            return web.json_response({"error": fault}, status=STATUS_FAULTS[fault], headers=headers)
+        if fault == "hang":
+            await request.read()
+            # Never answer; notice (within 50 ms) when the client gives up on the request.
+            for _ in range(600):  # bounded: 30 s at most
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    self.client_hung_up.set()
+                    break
+                await asyncio.sleep(0.05)
+            return web.Response(status=504)
+        if fault == "oversized":
+            await request.read()
+            return web.Response(body=b"[" + b"0," * (40 * 1024 * 1024) + b"0]")
+        status, body = await self._forward(request)
+        if fault in BODY_FAULTS:
+            return web.Response(status=status, body=BODY_FAULTS[fault](body))
+        if fault in ("reset_mid_body", "truncated_body"):
+            response = web.StreamResponse(status=status)
+            response.content_length = len(body)
+            await response.prepare(request)
+            await response.write(body[: len(body) // 2])
+            assert request.transport is not None
+            if fault == "reset_mid_body":
+                request.transport.abort()
+            else:
+                request.transport.close()
+            return response
+        return web.Response(status=status, body=body, content_type="application/json")

@@ -1,0 +1,101 @@
+"""Faults between the SDK and the real llama.cpp server: every question ends with an exact
+answer (equal to a clean read of the same prompt) or a typed error; no task, connection or
+file descriptor outlives the session; deadlines fire on time; cancelling the caller cancels
+the HTTP request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import anyio
+import pytest
+
+import typevet_async as tv
+
+from .faults import BODY_FAULTS, STATUS_FAULTS, FaultInjectingProxy
+from .test_llama_cpp_live import TICKET
+
+pytestmark = [pytest.mark.live, pytest.mark.asyncio]
+
+QUESTION = {"route": tv.Choice({"billing": None, "shipping": None}, instructions="Which team?")}
+TRANSIENT = ["http_500", "http_503", "http_429", "reset_mid_body", "truncated_body"]
+MALFORMED = sorted(BODY_FAULTS)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def clean_read(url: str) -> tv.Judgment:
+    async with tv.Session.llama_cpp(url, reproducible=True) as session:
+        return await session.judge(TICKET, QUESTION)
+
+
+@pytest.mark.parametrize("fault", TRANSIENT + MALFORMED + ["oversized"])
+async def test_a_fault_ends_in_an_exact_answer_or_a_typed_error(
+    gemma3_url: str, fault: str
+) -> None:
+    clean = await clean_read(gemma3_url)
+    tasks_before, fds_before = len(asyncio.all_tasks()), open_fds()
+    async with FaultInjectingProxy(gemma3_url) as proxy:
+        proxy.script = [fault]
+        async with tv.Session.llama_cpp(proxy.url, reproducible=True) as session:
+            try:
+                judgment = await session.judge(TICKET, QUESTION)
+            except tv.TypevetError as error:
+                outcome: tv.Judgment | tv.TypevetError = error
+            else:
+                outcome = judgment
+    assert fault in proxy.seen
+    if fault in TRANSIENT:  # retried, then exactly the clean answer
+        assert isinstance(outcome, tv.Judgment), outcome
+        assert outcome.diagnostics["route"].logprobs == clean.diagnostics["route"].logprobs
+        assert outcome["route"].probabilities == clean["route"].probabilities
+        assert outcome.diagnostics["route"].attempts == 2
+    else:  # never a wrong answer: a typed error naming the question
+        assert isinstance(outcome, tv.ProtocolError), outcome
+        assert outcome.question_id == "route"
+    assert len(asyncio.all_tasks()) == tasks_before
+    assert open_fds() <= fds_before
+
+
+async def test_status_faults_without_retries_are_typed_server_errors(gemma3_url: str) -> None:
+    async with FaultInjectingProxy(gemma3_url) as proxy:
+        for fault, status in STATUS_FAULTS.items():
+            proxy.script = [fault]
+            async with tv.Session.llama_cpp(proxy.url, max_retries=0) as session:
+                with pytest.raises(tv.ServerError) as caught:
+                    await session.judge(TICKET, QUESTION)
+            assert caught.value.status == status
+
+
+async def test_a_server_that_never_answers(gemma3_url: str) -> None:
+    async with FaultInjectingProxy(gemma3_url) as proxy:
+        proxy.script = ["hang"]
+        async with tv.Session.llama_cpp(proxy.url, read_timeout=1.0, max_retries=0) as session:
+            await session.probe()
+            with pytest.raises(tv.ReadTimeoutError):
+                await session.judge(TICKET, QUESTION)
+        # The whole-judgment deadline fires within 100 ms of its time.
+        proxy.script = ["hang"]
+        async with tv.Session.llama_cpp(proxy.url) as session:
+            await session.probe()
+            started = time.monotonic()
+            with pytest.raises(tv.JudgmentTimeoutError):
+                await session.judge(TICKET, QUESTION, timeout=0.5)
+            late = time.monotonic() - started - 0.5
+    assert 0.0 <= late < 0.1
+
+
+async def test_cancelling_the_caller_cancels_the_http_request(gemma3_url: str) -> None:
+    async with FaultInjectingProxy(gemma3_url) as proxy:
+        proxy.script = ["hang"]
+        async with tv.Session.llama_cpp(proxy.url) as session:
+            await session.probe()
+            with anyio.move_on_after(0.5):
+                await session.judge(TICKET, QUESTION)
+            # Cancelling the judgment closed that request's connection: the server sees it.
+            with anyio.fail_after(2.0):
+                await proxy.client_hung_up.wait()
