@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+import typevet_async as tv
 from typevet_async.core.readings import softmax
 from typevet_async.local import ServerOptions, ServerProcess, cache_dir
 
@@ -177,3 +178,20 @@ def assert_same_read(read: Sequence[float], whole_vocabulary: Sequence[float]) -
     assert abs(shift) <= 1e-3, f"normaliser shift {shift} is larger than float32 rounding"
     assert all(abs(d - shift) <= 1e-6 for d in differences), differences
     assert softmax(read) == pytest.approx(softmax(whole_vocabulary), abs=1e-6)
+
+
+@pytest.fixture(params=["llama_cpp", "vllm"])
+def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Runs a test once per backend: (name, URL) of the real server."""
+    fixture = "gemma3_url" if request.param == "llama_cpp" else "vllm_url"
+    return request.param, request.getfixturevalue(fixture)
+
+
+def make_session(backend: tuple[str, str], **settings: Any) -> tv.Session:
+    """A session on the backend the `backend` fixture picked."""
+    from .servers import VLLM_MODEL_ID
+
+    name, url = backend
+    if name == "vllm":
+        return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)
+    return tv.Session.llama_cpp(url, **settings)

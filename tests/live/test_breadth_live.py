@@ -3,14 +3,12 @@ variants and image refusals, against both real servers."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import typevet_async as tv
 from typevet_async.core.scoring import plan_question
 
-from .conftest import InFlightCounter, assert_same_read, whole_vocabulary_logprobs
+from .conftest import InFlightCounter, assert_same_read, make_session, whole_vocabulary_logprobs
 from .servers import VLLM_MODEL_ID
 from .test_llama_cpp_live import TICKET, assert_exact_softmax, questions
 
@@ -25,19 +23,6 @@ COLOUR = tv.Choice(
     {"red": "the colour red", "green": "the colour green"}, instructions="pick a colour"
 )
 A_IDS = (236776, 562)  # "A" and " A" on Gemma's tokenizer
-
-
-@pytest.fixture(params=["llama_cpp", "vllm"])
-def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
-    fixture = "gemma3_url" if request.param == "llama_cpp" else "vllm_url"
-    return request.param, request.getfixturevalue(fixture)
-
-
-def make_session(backend: tuple[str, str], **settings: Any) -> tv.Session:
-    name, url = backend
-    if name == "vllm":
-        return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)
-    return tv.Session.llama_cpp(url, **settings)
 
 
 async def test_twenty_options_use_digits_then_letters(backend: tuple[str, str]) -> None:

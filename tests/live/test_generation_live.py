@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 import pytest
@@ -11,7 +10,7 @@ import pytest_asyncio
 
 import typevet_async as tv
 
-from .conftest import InFlightCounter
+from .conftest import InFlightCounter, make_session
 from .servers import VLLM_MODEL_ID
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -23,19 +22,6 @@ COLOUR = {
     "additionalProperties": False,
 }
 PROMPT = 'Reply in JSON like {"colour": "red"}. The car is red.'
-
-
-@pytest.fixture(params=["llama_cpp", "vllm"])
-def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
-    fixture = "gemma3_url" if request.param == "llama_cpp" else "vllm_url"
-    return request.param, request.getfixturevalue(fixture)
-
-
-def make_session(backend: tuple[str, str], **settings: Any) -> tv.Session:
-    name, url = backend
-    if name == "vllm":
-        return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)
-    return tv.Session.llama_cpp(url, **settings)
 
 
 @pytest_asyncio.fixture
