@@ -99,3 +99,43 @@ async def test_cancelling_the_caller_cancels_the_http_request(gemma3_url: str) -
             # Cancelling the judgment closed that request's connection: the server sees it.
             with anyio.fail_after(2.0):
                 await proxy.client_hung_up.wait()
+
+
+async def test_the_real_server_killed_mid_batch_and_restarted(tmp_path: object) -> None:
+    """SIGKILL the llama.cpp server mid-batch, start it again on the same port: every record
+    ends answered (retries ride out the outage) or with a typed error; none lost or repeated."""
+    import signal
+    import socket
+
+    from typevet_async.local import ServerOptions, ServerProcess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = ServerProcess(ServerOptions(port=port, n_parallel=2, n_ctx=4096))
+    url = await anyio.to_thread.run_sync(first.start)
+    second = ServerProcess(ServerOptions(port=port, n_parallel=2, n_ctx=4096))
+    records = [(f"r{n}", f"Ticket {n}: {TICKET}") for n in range(24)]
+    items: list[tv.BatchItem] = []
+    try:
+        async with tv.Session.llama_cpp(url, max_concurrency=2, max_retries=6) as session:
+            async for item in session.judge_many(records, QUESTION):
+                items.append(item)
+                if len(items) == 6:  # mid-batch: kill it hard, then bring it back
+                    assert first.process is not None
+                    first.process.send_signal(signal.SIGKILL)
+                    await anyio.to_thread.run_sync(first.stop)
+                    await anyio.to_thread.run_sync(second.start)
+    finally:
+        await anyio.to_thread.run_sync(first.stop)
+        await anyio.to_thread.run_sync(second.stop)
+    assert [item.record_id for item in items] == [record_id for record_id, _ in records]
+    for item in items:
+        assert item.ok or isinstance(item.error, tv.TypevetError)
+    answered = sum(item.ok for item in items)
+    retried = sum(
+        item.judgment.diagnostics["route"].attempts > 1 for item in items if item.judgment
+    )
+    print(f"after a kill and restart: {answered} of {len(items)} answered, {retried} retried")
+    assert answered == len(items)  # the outage was shorter than the retries' backoff
+    assert retried >= 1

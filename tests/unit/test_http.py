@@ -292,3 +292,44 @@ async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubSer
     assert no_retry is None
     _, diagnostics = interpret_read(request, read)
     assert (read.reads, read.attempts, diagnostics.attempts) == (1, 2, 2)
+
+
+async def test_the_api_key_never_leaks(
+    stub: FaultInjectingStubServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent as a bearer header, and absent from reprs, logs, errors and their payloads."""
+    secret = "sk-SECRET-4f1c"
+    seen_headers: list[bytes] = []
+    original = stub._serve
+
+    async def capture(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen_headers.append(head)
+        feed = asyncio.StreamReader()
+        feed.feed_data(head + await reader.read(65536))
+        feed.feed_eof()
+        await original(feed, writer)
+
+    stub.server.close()  # type: ignore[union-attr]
+    await stub.server.wait_closed()  # type: ignore[union-attr]
+    stub.server = await asyncio.start_server(capture, "127.0.0.1", 0)
+    stub.url = f"http://127.0.0.1:{stub.server.sockets[0].getsockname()[1]}"
+    outcomes = iter([reply(401, b'{"error": "bad key"}'), reply(500, b"{}"), reply(200, b"{oops")])
+    stub.handler = lambda c, n: next(outcomes)
+    caplog.set_level("DEBUG")
+    errors: list[BaseException] = []
+    session = tv.Session.llama_cpp(stub.url, api_key=secret, max_retries=0)
+    async with session:
+        for _ in range(3):
+            try:
+                await session.backend.http.post_json("/completion", {})  # type: ignore[attr-defined]
+            except tv.TypevetError as error:
+                errors.append(error)
+    assert any(
+        f"authorization: bearer {secret}".lower().encode() in h.lower() for h in seen_headers
+    )
+    assert len(errors) == 3
+    shown = [repr(session), repr(session.backend), caplog.text]
+    for error in errors:
+        shown += [str(error), repr(error), repr(vars(error)), repr(error.__cause__)]
+    assert all(secret not in text for text in shown)
