@@ -89,9 +89,11 @@ class InFlightCounter:
         self.current = 0
         self.peak = 0
         self.started = 0
+        #: Requests that received a response (cancelled ones never do).
+        self.ended = 0
         self.config = aiohttp.TraceConfig()
         self.config.on_request_start.append(self._start)
-        self.config.on_request_end.append(self._end)
+        self.config.on_request_end.append(self._responded)
         self.config.on_request_exception.append(self._end)
 
     async def _start(self, _: Any, __: Any, params: aiohttp.TraceRequestStartParams) -> None:
@@ -103,6 +105,11 @@ class InFlightCounter:
     async def _end(self, _: Any, __: Any, params: Any) -> None:
         if params.url.path == self.path:
             self.current -= 1
+
+    async def _responded(self, _: Any, __: Any, params: Any) -> None:
+        if params.url.path == self.path:
+            self.ended += 1
+        await self._end(_, __, params)
 
 
 @pytest.fixture(scope="session")

@@ -116,28 +116,29 @@ async def test_fifty_judgments_never_exceed_the_cap(gemma3_url: str) -> None:
 
 
 async def test_failing_question_fails_the_judgment_and_cancels_siblings(gemma3_url: str) -> None:
-    long_state = " ".join(f"line {n}: the parcel is late and I am upset." for n in range(60))
+    # Siblings of about 1,400 prompt tokens each need several of llama.cpp's decode batches on
+    # this machine; the first question's prompt is over the per-slot context, an HTTP 400 as
+    # soon as the server admits it. The siblings' requests must be cancelled, not awaited:
+    # only the failing request ever gets a response.
+    long_state = " ".join(f"line {n}: the parcel is late and I am upset." for n in range(120))
     siblings = {f"q{n}": tv.Noul(instructions=f"Is point {n} raised?") for n in range(3)}
-    # This question's prompt exceeds the server's per-slot context: HTTP 400, quickly.
     failing = tv.Noul(instructions="Is this raised? " + "word " * 2500)
-    async with tv.Session.llama_cpp(gemma3_url, max_concurrency=4, prefix_reuse="off") as session:
+    responses = InFlightCounter("/completion")
+    async with tv.Session.llama_cpp(
+        gemma3_url, max_concurrency=4, prefix_reuse="off", trace_configs=[responses.config]
+    ) as session:
         await session.probe()
-        started = time.monotonic()
-        await session.judge(long_state, {"alone": siblings["q0"]})
-        one_sibling = time.monotonic() - started
-
         tasks_before = len(asyncio.all_tasks())
-        started = time.monotonic()
         with pytest.raises(tv.ServerError) as caught:
-            await session.judge(long_state + " again", {**siblings, "too_long": failing})
-        failed_after = time.monotonic() - started
+            await session.judge(long_state, {"too_long": failing, **siblings})
         assert len(asyncio.all_tasks()) == tasks_before
         # The session still works afterwards.
         again = await session.judge(TICKET, {"ok": siblings["q1"]})
     assert caught.value.question_id == "too_long"
     assert caught.value.status == 400
     assert "too_long" in str(caught.value)
-    assert failed_after < one_sibling, "siblings were awaited instead of cancelled"
+    assert responses.started == 4 + 1  # the judgment's four reads, then the one after it
+    assert responses.ended == 2, "a sibling read ran to completion instead of being cancelled"
     assert list(again) == ["ok"]
 
 
