@@ -28,7 +28,6 @@ from typevet_async.core.readings import (
     CandidateRead,
     TopLogprobs,
     clamp_candidates,
-    find_candidates,
     find_option_candidates,
 )
 from typevet_async.core.scoring import Probe, ScoringRequest
@@ -275,8 +274,7 @@ class AsyncLlamaCpp:
                 ids, logprobs = found
                 truncated = False
             else:
-                find_candidates(top, (), vocab_size)  # the read's own checks
-                logprobs, truncated = clamp_candidates(top, ids)
+                logprobs, truncated = clamp_candidates(top, ids, vocab_size)
                 if truncated and self.on_missing == "error":
                     present = {token for token, _ in top.entries}
                     missing = tuple(token for token in ids if token not in present)

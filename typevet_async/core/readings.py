@@ -21,6 +21,7 @@ __all__ = [
     "find_candidates",
     "find_option_candidates",
     "off_menu_mass",
+    "read_entries",
     "require_candidates",
     "softmax",
     "validated_entries",
@@ -76,73 +77,71 @@ def validated_entries(
     return logprobs
 
 
-def find_candidates(
-    top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
-) -> tuple[float, ...] | None:
-    """The candidates' logprobs from a top-K read; None when a larger read may find the rest.
+def read_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
+    """A top-K read's entries by token id, once it has the entries asked for and each is valid.
 
     :raises ProtocolError: the read has another number of entries than was asked for.
-    :raises InvalidLogprobsError: the read is malformed, or it already covered the whole
-        vocabulary and a candidate is still missing.
+    :raises InvalidLogprobsError: a repeated id, a non-finite or a positive logprob.
     """
     expected = min(top.requested, vocab_size)
     if len(top.entries) != expected:
         raise ProtocolError(
             f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
         )
-    logprobs = validated_entries(top.entries)
-    missing = [token_id for token_id in candidate_ids if token_id not in logprobs]
-    if not missing:
-        return tuple(logprobs[token_id] for token_id in candidate_ids)
-    if top.requested >= vocab_size:
-        raise InvalidLogprobsError(
-            f"candidate token ids {missing} are missing from a whole-vocabulary read"
-        )
-    return None
-
-
-def clamp_candidates(
-    top: TopLogprobs, candidate_ids: Sequence[int]
-) -> tuple[tuple[float, ...], bool]:
-    """Jev's policy: a candidate missing from the top-N gets the lowest logprob returned.
-
-    Returns the logprobs and whether any candidate was filled in (``truncated``).
-    """
-    logprobs = validated_entries(top.entries)
-    if not logprobs:
-        raise InvalidLogprobsError("the read returned no logprobs to clamp to")
-    floor = min(logprobs.values())
-    values = tuple(logprobs.get(token_id, floor) for token_id in candidate_ids)
-    return values, any(token_id not in logprobs for token_id in candidate_ids)
+    return validated_entries(top.entries)
 
 
 def find_option_candidates(
     top: TopLogprobs, groups: Sequence[Sequence[int]], vocab_size: int
 ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
-    """For options with several accepted tokens (Jev's ``A`` and ``" A"``): the ids present in
-    a top-K read and their logprobs, once every option has at least one of its tokens there.
+    """The ids present in a top-K read and their logprobs, once every option has at least one
+    of its accepted tokens there (an option may accept several: Jev's ``A`` and ``" A"``).
 
     An option's value is the maximum over its tokens; a token missing from the top-K is below
     every token read, so it cannot be that maximum when another of the option's tokens is
     present, and no larger read is needed for it. None: some option has no token in the read.
 
-    :raises InvalidLogprobsError: as `find_candidates`.
+    :raises ProtocolError: as `read_entries`.
+    :raises InvalidLogprobsError: as `read_entries`, or the read already covered the whole
+        vocabulary and an option still has no token in it.
     """
-    expected = min(top.requested, vocab_size)
-    if len(top.entries) != expected:
-        raise ProtocolError(
-            f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
-        )
-    logprobs = validated_entries(top.entries)
+    logprobs = read_entries(top, vocab_size)
     if all(any(token in logprobs for token in group) for group in groups):
         present = tuple(token for group in groups for token in group if token in logprobs)
         return present, tuple(logprobs[token] for token in present)
     if top.requested >= vocab_size:
-        missing = [list(group) for group in groups if not any(t in logprobs for t in group)]
+        missing = [t for group in groups if not any(t in logprobs for t in group) for t in group]
         raise InvalidLogprobsError(
             f"candidate token ids {missing} are missing from a whole-vocabulary read"
         )
     return None
+
+
+def find_candidates(
+    top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
+) -> tuple[float, ...] | None:
+    """`find_option_candidates` where every option accepts exactly one token: the candidates'
+    logprobs in candidate order; None when a larger read may find the rest."""
+    found = find_option_candidates(top, [(token,) for token in candidate_ids], vocab_size)
+    return None if found is None else found[1]
+
+
+def clamp_candidates(
+    top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
+) -> tuple[tuple[float, ...], bool]:
+    """Jev's policy: a candidate missing from the top-N gets the lowest logprob returned.
+
+    Returns the logprobs and whether any candidate was filled in (``truncated``).
+
+    :raises ProtocolError: as `read_entries`.
+    :raises InvalidLogprobsError: as `read_entries`, or the read returned nothing at all.
+    """
+    logprobs = read_entries(top, vocab_size)
+    if not logprobs:
+        raise InvalidLogprobsError("the read returned no logprobs to clamp to")
+    floor = min(logprobs.values())
+    values = tuple(logprobs.get(token_id, floor) for token_id in candidate_ids)
+    return values, any(token_id not in logprobs for token_id in candidate_ids)
 
 
 def require_candidates(
