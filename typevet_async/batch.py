@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sized
 from typing import Any
 
@@ -78,6 +79,26 @@ async def _records(records: Iterable[Record] | AsyncIterable[Record]) -> AsyncIt
             yield record
 
 
+def shed_frame_locals(error: BaseException) -> None:
+    """Clear the local variables of the finished frames in an error's traceback and in its
+    causes' and contexts': an item kept by the caller must not pin what the failed read held
+    (a parsed top-4096 response is about 2.5 MB of Python objects). File names and line
+    numbers stay, so the traceback still prints. The frame still running is left alone
+    (`traceback.clear_frames` skips it).
+    """
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+
+
 async def judge_stream(
     records: Iterable[Record] | AsyncIterable[Record],
     judge: Judge,
@@ -119,6 +140,7 @@ async def judge_stream(
                 try:
                     item = BatchItem(index, record_id, judgment=await judge(state))
                 except TypevetError as error:
+                    shed_frame_locals(error)
                     item = BatchItem(index, record_id, error=error)
                 counts["done"] += 1
                 counts["failed"] += item.error is not None

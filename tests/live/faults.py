@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import random
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection
 from typing import Any
 
 import aiohttp
@@ -50,13 +53,58 @@ BODY_FAULTS: dict[str, Callable[[bytes], bytes]] = {
 STATUS_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
 
 
+class RandomFaults:
+    """Faults drawn at random (seeded) for a share of the requests to some paths.
+
+    Each faulted request is attributed to the record whose id the request body names (the
+    first match of ``record_pattern``), so a test can say which records met which faults.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        faults_by_path: dict[str, Collection[str]],
+        *,
+        record_pattern: str = r"Record (\d+):",
+        seed: int = 0,
+    ) -> None:
+        self.rate = rate
+        self.faults_by_path = {path: sorted(faults) for path, faults in faults_by_path.items()}
+        self.record_pattern = re.compile(record_pattern.encode())
+        self.random = random.Random(seed)
+        #: Requests seen per path, and faults injected per record id.
+        self.requests: Counter[str] = Counter()
+        self.by_record: defaultdict[int, list[str]] = defaultdict(list)
+
+    def draw(self, path: str, body: bytes) -> str:
+        faults = self.faults_by_path.get(path)
+        if not faults:
+            return "pass"
+        self.requests[path] += 1
+        if self.random.random() >= self.rate:
+            return "pass"
+        fault = self.random.choice(faults)
+        match = self.record_pattern.search(body)
+        self.by_record[int(match.group(1)) if match else -1].append(fault)
+        return fault
+
+    @property
+    def injected(self) -> Counter[str]:
+        return Counter(fault for faults in self.by_record.values() for fault in faults)
+
+
 class FaultInjectingProxy:
-    """An aiohttp.web proxy on 127.0.0.1 in the test's event loop."""
+    """An aiohttp.web proxy on 127.0.0.1 in the test's event loop.
+
+    Faults come from ``script`` (in order, one per request to ``path``) or, when it is set,
+    from ``random_faults``.
+    """
 
     def __init__(self, upstream: str, path: str = "/completion") -> None:
         self.upstream = upstream.rstrip("/")
         self.path = path
         self.script: list[str] = []
+        self.random_faults: RandomFaults | None = None
         self.seen: list[str] = []
         #: Set when the client closes the connection of a request the proxy never answered.
         self.client_hung_up = asyncio.Event()
@@ -94,8 +142,11 @@ class FaultInjectingProxy:
             return upstream.status, await upstream.read()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        fault = self.script.pop(0) if request.path == self.path and self.script else "pass"
-        self.seen.append(fault)
+        if self.random_faults is not None:
+            fault = self.random_faults.draw(request.path, await request.read())
+        else:
+            fault = self.script.pop(0) if request.path == self.path and self.script else "pass"
+            self.seen.append(fault)
         if fault in STATUS_FAULTS:
             await request.read()
             headers = {"Retry-After": "0"} if fault == "http_429" else {}

@@ -148,3 +148,41 @@ async def test_window_smaller_than_concurrency_is_refused() -> None:
 
 
 del sleeping
+
+
+class _Response:
+    """Stands for a parsed response body a failed read had in a local variable."""
+
+
+async def test_a_kept_error_item_does_not_pin_what_the_failed_read_held() -> None:
+    import gc
+    import traceback
+    import weakref
+
+    from typevet_async.batch import judge_stream
+
+    held: list[weakref.ref[_Response]] = []
+
+    async def parse(response: _Response) -> tv.Judgment:
+        raise tv.ProtocolError("malformed")
+
+    async def judge(state: str) -> tv.Judgment:
+        response = _Response()
+        held.append(weakref.ref(response))
+        try:
+            return await parse(response)
+        except tv.ProtocolError as error:
+            raise tv.InvalidLogprobsError("bad read") from error
+
+    items = [item async for item in judge_stream(["a", "b"], judge, concurrency=2)]
+    gc.collect()
+    assert [type(item.error) for item in items] == [tv.InvalidLogprobsError] * 2
+    assert len(held) == 2
+    assert all(ref() is None for ref in held)
+    # The traceback still names where the error came from, through its cause.
+    error = items[0].error
+    assert error is not None
+    assert error.__cause__ is not None
+    printed = "".join(traceback.format_exception(error))
+    assert "in parse" in printed
+    assert "in judge" in printed
