@@ -47,7 +47,8 @@ TRANSIENT = {"http_500", "http_503", "http_429", "reset_mid_body", "truncated_bo
 MALFORMED = set(BODY_FAULTS)
 FAULTS_BY_PATH = {"/completion": TRANSIENT | MALFORMED, "/apply-template": TRANSIENT}
 #: Under load, llama.cpp's logits move with batch composition and prompt-cache reuse (README,
-#: "Reproducibility": up to 0.060 measured), so two passes agree to this, not bit for bit.
+#: "Reproducibility": up to 0.060 measured; 0.066 in a 10,000-question run), so two passes
+#: agree to this, not bit for bit.
 #: A faulted response leaking into an answer is caught exactly instead: see `unretryable`.
 SAME_ANSWER = 0.10
 #: Slack for the allocator and aiohttp's pools; a per-record leak of even 2 KiB is 10 MiB here.
@@ -82,7 +83,10 @@ class Run:
         #: Per record: P(billing), then P(route = each label); NaN until answered.
         self.answers = array.array("d", [float("nan")] * (RECORDS * 4))
         self.seen = array.array("i", [0] * RECORDS)
-        self.errors: dict[int, tv.TypevetError] = {}
+        #: Per failed record: the error's type and message, as a pipeline would log them.
+        #: Not the exception object: a kept exception pins ~50 KB of RSS through allocator
+        #: fragmentation (README, "Reliability"), which is the caller's choice, not the SDK's.
+        self.errors: dict[int, tuple[type[tv.TypevetError], str]] = {}
         self.out_of_order = 0
         self.rss: list[tuple[int, float]] = []
         self.figures: dict[str, Any] = {}
@@ -98,7 +102,7 @@ class Run:
                 self.answers[base + offset] = p
         else:
             assert item.error is not None
-            self.errors[item.record_id] = item.error
+            self.errors[item.record_id] = (type(item.error), str(item.error))
 
     def answer(self, record: int) -> list[float]:
         return list(self.answers[record * 4 : record * 4 + 4])
@@ -214,16 +218,16 @@ async def test_load_with_faults_in_five_percent_of_responses(
     unretryable = {record for record, hit in faults.by_record.items() if MALFORMED & set(hit)}
     largest_difference = 0.0
     for record in range(RECORDS):
-        error = run.errors.get(record)
-        if error is None:  # answered: never a wrong answer
-            assert record not in unretryable, f"record {record} answered through {error}"
+        failed = run.errors.get(record)
+        if failed is None:  # answered: never a wrong answer
+            assert record not in unretryable, (record, faults.by_record[record])
             for got, clean in zip(run.answer(record), clean_run.answer(record), strict=True):
                 largest_difference = max(largest_difference, abs(got - clean))
         elif record in unretryable:
-            assert isinstance(error, tv.ProtocolError), (record, error)
+            assert issubclass(failed[0], tv.ProtocolError), (record, failed)
         else:  # only when one request met more transient faults than its retries allow
-            assert isinstance(error, tv.ServerError | tv.TransportError), (record, error)
-            assert len(faults.by_record[record]) > 2, (record, error, faults.by_record[record])
+            assert issubclass(failed[0], tv.ServerError | tv.TransportError), (record, failed)
+            assert len(faults.by_record[record]) > 2, (record, failed, faults.by_record[record])
 
     injected = faults.injected
     figures.update(
@@ -235,7 +239,7 @@ async def test_load_with_faults_in_five_percent_of_responses(
             "records_hit": len(faults.by_record),
             "records_hit_unretryable": len(unretryable),
             "errors_after_exhausted_retries": len(set(run.errors) - unretryable),
-            "errors_by_type": dict(Counter(type(e).__name__ for e in run.errors.values())),
+            "errors_by_type": dict(Counter(kind.__name__ for kind, _ in run.errors.values())),
             "largest_probability_difference_vs_clean": largest_difference,
         }
     )
