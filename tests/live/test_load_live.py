@@ -47,8 +47,8 @@ TRANSIENT = {"http_500", "http_503", "http_429", "reset_mid_body", "truncated_bo
 MALFORMED = set(BODY_FAULTS)
 FAULTS_BY_PATH = {"/completion": TRANSIENT | MALFORMED, "/apply-template": TRANSIENT}
 #: Under load, llama.cpp's logits move with batch composition and prompt-cache reuse (README,
-#: "Reproducibility": up to 0.060 measured; 0.066 in a 10,000-question run), so two passes
-#: agree to this, not bit for bit.
+#: "Reproducibility": up to 0.060 measured; 0.066 and 0.075 in two 10,000-question runs), so
+#: two passes agree to this, not bit for bit.
 #: A faulted response leaking into an answer is caught exactly instead: see `unretryable`.
 SAME_ANSWER = 0.10
 #: Slack for the allocator and aiohttp's pools; a per-record leak of even 2 KiB is 10 MiB here.
