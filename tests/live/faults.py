@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
 from collections import Counter, defaultdict
@@ -179,3 +180,8 @@ class FaultInjectingProxy:
                 request.transport.close()
             return response
         return web.Response(status=status, body=body, content_type="application/json")
+
+
+def open_fds() -> int:
+    """File descriptors this process holds (sockets included), for leak checks."""
+    return len(os.listdir("/proc/self/fd"))

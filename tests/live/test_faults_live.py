@@ -6,7 +6,6 @@ the HTTP request."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import anyio
@@ -14,7 +13,7 @@ import pytest
 
 import typevet_async as tv
 
-from .faults import BODY_FAULTS, STATUS_FAULTS, FaultInjectingProxy
+from .faults import BODY_FAULTS, STATUS_FAULTS, FaultInjectingProxy, open_fds
 from .test_llama_cpp_live import TICKET
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -22,10 +21,6 @@ pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 QUESTION = {"route": tv.Choice({"billing": None, "shipping": None}, instructions="Which team?")}
 TRANSIENT = ["http_500", "http_503", "http_429", "reset_mid_body", "truncated_body"]
 MALFORMED = sorted(BODY_FAULTS)
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def clean_read(url: str) -> tv.Judgment:

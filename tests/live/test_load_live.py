@@ -28,7 +28,7 @@ import typevet_async as tv
 from typevet_async.local import cache_dir
 
 from .conftest import InFlightCounter
-from .faults import BODY_FAULTS, FaultInjectingProxy, RandomFaults
+from .faults import BODY_FAULTS, FaultInjectingProxy, RandomFaults, open_fds
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio, pytest.mark.timeout(3600)]
 
@@ -69,10 +69,6 @@ def rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS in /proc/self/status")
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 class Run:
