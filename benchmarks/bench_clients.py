@@ -36,9 +36,9 @@ import orjson
 from openai import AsyncOpenAI
 
 import typevet_async as tv
-from typevet_async.core.scoring import plan_question
-from typevet_async.local import ServerOptions, ServerProcess
-from typevet_async.session import compact_json
+from typevet_async._core.scoring import plan_question
+from typevet_async._backends.embedded import ServerOptions, ServerProcess
+from typevet_async._session import compact_json
 
 CONCURRENCIES = (1, 4, 16)
 CLIENTS = ("(a) SDK judge_many", "(b) raw aiohttp", "(c) openai chat")

@@ -20,8 +20,8 @@ import aiohttp
 import anyio
 
 import typevet_async as tv
-from typevet_async.backends.llama_cpp import DEFAULT_TOP_K
-from typevet_async.local import ServerProcess
+from typevet_async._backends.llama_cpp import DEFAULT_TOP_K
+from typevet_async._backends.embedded import ServerProcess
 
 TICKETS = [
     "I was charged twice for my order and need a refund today.",

@@ -20,7 +20,7 @@ import time
 import anyio
 
 import typevet_async as tv
-from typevet_async.local import ServerOptions, ServerProcess
+from typevet_async._backends.embedded import ServerOptions, ServerProcess
 
 BODY = " ".join(
     f"Update {n}: the customer wrote again about order 1182, a parcel that left the warehouse "

@@ -19,8 +19,8 @@ import aiohttp
 import anyio
 
 import typevet_async as tv
-from typevet_async.core.readings import softmax
-from typevet_async.local import ServerOptions, ServerProcess
+from typevet_async._core.readings import softmax
+from typevet_async._backends.embedded import ServerOptions, ServerProcess
 
 from .bench_llama_cpp_read import QUESTION, TICKETS
 

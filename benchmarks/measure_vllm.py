@@ -17,8 +17,8 @@ import aiohttp
 import anyio
 
 import typevet_async as tv
-from typevet_async.core.readings import softmax
-from typevet_async.local import ServerProcess
+from typevet_async._core.readings import softmax
+from typevet_async._backends.embedded import ServerProcess
 
 from .bench_llama_cpp_read import TICKETS
 from .measure_noise import QUESTIONS, largest_gap

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[local]"
-exec .venv/bin/python -m typevet_async.demo "$@"
+exec .venv/bin/python -m typevet_async._demo "$@"

@@ -5,16 +5,24 @@ import typevet_async as tv
 async with tv.Session.local() as session:
     judgment = await session.judge(ticket, {"refund": tv.Noul(instructions="Refund?")})
     judgment["refund"].noul
+
+``__all__`` is the public surface; every module under this package is private (its name starts
+with an underscore, or it sits in ``_core`` or ``_backends``).
 """
 
-from typevet_async.batch import BatchItem, Progress
-from typevet_async.convert import (
+from typevet_async._backends.base import Backend, Capabilities, Framing
+from typevet_async._backends.embedded import EmbeddedServer, ServerOptions, cache_dir, ensure_model
+from typevet_async._backends.http import HttpSettings, RetryPolicy
+from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
+from typevet_async._backends.vllm import AsyncVllm, VllmConfig
+from typevet_async._batch import BatchItem, Progress
+from typevet_async._convert import (
     converter,
     judgment_from_json,
     judgment_to_json,
     questions_from_json,
 )
-from typevet_async.core.answers import (
+from typevet_async._core.answers import (
     Answer,
     ChoiceAnswer,
     Diagnostics,
@@ -23,12 +31,14 @@ from typevet_async.core.answers import (
     ScoreAnswer,
     Usage,
 )
-from typevet_async.core.framing import TemplateFamily
-from typevet_async.core.generation import Generation
-from typevet_async.core.layouts import JEV_SYSTEM_PROMPT, Layout
-from typevet_async.core.questions import Choice, Noul, Question, Score
-from typevet_async.core.scoring import Probe
-from typevet_async.errors import (
+from typevet_async._core.framing import TemplateFamily
+from typevet_async._core.generation import ChatOutput, Generation, GenerationRequest
+from typevet_async._core.layouts import JEV_SYSTEM_PROMPT, Layout, Message
+from typevet_async._core.probe import Probe
+from typevet_async._core.questions import Choice, Noul, Question, Score
+from typevet_async._core.readings import CandidateRead
+from typevet_async._core.scoring import ScoringRequest
+from typevet_async._errors import (
     BackendError,
     CandidateMissingError,
     ConfigurationError,
@@ -37,12 +47,11 @@ from typevet_async.errors import (
     GenerationError,
     InvalidInputError,
     InvalidLogprobsError,
-    JudgmentTimeoutError,
     OffMenuError,
     OutputValidationError,
     ProtocolError,
     QuestionError,
-    ReadTimeoutError,
+    RequestTimeoutError,
     SchemaError,
     ServerError,
     SessionStateError,
@@ -52,31 +61,45 @@ from typevet_async.errors import (
     TypevetError,
     UnsupportedTemplateError,
 )
-from typevet_async.images import Image
-from typevet_async.session import Session
+from typevet_async._images import Image
+from typevet_async._options import UNSET, Unset
+from typevet_async._session import Session
+from typevet_async._settings import SessionSettings
 
 __version__ = "0.1.0"
 
 __all__ = [
     "JEV_SYSTEM_PROMPT",
+    "UNSET",
     "Answer",
+    "AsyncLlamaCpp",
+    "AsyncVllm",
+    "Backend",
     "BackendError",
     "BatchItem",
     "CandidateMissingError",
+    "CandidateRead",
+    "Capabilities",
+    "ChatOutput",
     "Choice",
     "ChoiceAnswer",
     "ConfigurationError",
     "ControlTokenError",
     "DeadlineExceededError",
     "Diagnostics",
+    "EmbeddedServer",
+    "Framing",
     "Generation",
     "GenerationError",
+    "GenerationRequest",
+    "HttpSettings",
     "Image",
     "InvalidInputError",
     "InvalidLogprobsError",
     "Judgment",
-    "JudgmentTimeoutError",
     "Layout",
+    "LlamaCppConfig",
+    "Message",
     "Noul",
     "NoulAnswer",
     "OffMenuError",
@@ -86,21 +109,29 @@ __all__ = [
     "ProtocolError",
     "Question",
     "QuestionError",
-    "ReadTimeoutError",
+    "RequestTimeoutError",
+    "RetryPolicy",
     "SchemaError",
     "Score",
     "ScoreAnswer",
+    "ScoringRequest",
     "ServerError",
+    "ServerOptions",
     "Session",
+    "SessionSettings",
     "SessionStateError",
     "TemplateFamily",
     "TooManyOptionsError",
     "TransportError",
     "TruncatedOutputError",
     "TypevetError",
+    "Unset",
     "UnsupportedTemplateError",
     "Usage",
+    "VllmConfig",
+    "cache_dir",
     "converter",
+    "ensure_model",
     "judgment_from_json",
     "judgment_to_json",
     "questions_from_json",

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.readings import softmax
-from typevet_async.local import ServerOptions, ServerProcess, cache_dir
+from typevet_async._core.readings import softmax
+from typevet_async._backends.embedded import ServerOptions, ServerProcess, cache_dir
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from typevet_async.local import cache_dir
+from typevet_async._backends.embedded import cache_dir
 
 VLLM_MODEL_ID = "gemma3-270m"
 GEMMA3_TEMPLATE = (

@@ -74,7 +74,7 @@ async def test_fail_fast_and_cancellation(gemma3_url: str) -> None:
 
 
 def cli(*args: str, url: str) -> list[str]:
-    return [sys.executable, "-m", "typevet_async.cli", *args, "--base-url", url]
+    return [sys.executable, "-m", "typevet_async._cli", *args, "--base-url", url]
 
 
 def test_cli_batch_resumes_after_a_kill_without_loss_or_duplicates(
@@ -150,7 +150,7 @@ def test_cli_serve_local_prints_its_url_and_serves() -> None:
     import urllib.request
 
     server = subprocess.Popen(
-        [sys.executable, "-m", "typevet_async.cli", "serve-local", "--port", "0"],
+        [sys.executable, "-m", "typevet_async._cli", "serve-local", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.scoring import plan_question
+from typevet_async._core.scoring import plan_question
 
 from .conftest import InFlightCounter, assert_same_read, make_session, whole_vocabulary_logprobs
 from .servers import VLLM_MODEL_ID

@@ -102,7 +102,7 @@ async def test_the_real_server_killed_mid_batch_and_restarted(tmp_path: object) 
     import signal
     import socket
 
-    from typevet_async.local import ServerOptions, ServerProcess
+    from typevet_async._backends.embedded import ServerOptions, ServerProcess
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.readings import softmax
+from typevet_async._core.readings import softmax
 
 from .conftest import InFlightCounter, assert_same_read, whole_vocabulary_logprobs
 

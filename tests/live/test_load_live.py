@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async.local import cache_dir
+from typevet_async._backends.embedded import cache_dir
 
 from .conftest import InFlightCounter
 from .faults import BODY_FAULTS, FaultInjectingProxy, RandomFaults, open_fds

@@ -7,9 +7,9 @@ import math
 import pytest
 
 import typevet_async as tv
-from typevet_async.backends.vllm import AsyncVllm
-from typevet_async.core.readings import softmax
-from typevet_async.core.scoring import ScoringRequest
+from typevet_async._backends.vllm import AsyncVllm
+from typevet_async._core.readings import softmax
+from typevet_async._core.scoring import ScoringRequest
 
 from .conftest import InFlightCounter, vllm_candidate_read
 from .servers import VLLM_MODEL_ID

@@ -5,7 +5,7 @@ import math
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.answers import build_answer, entropy_confidence
+from typevet_async._core.answers import build_answer, entropy_confidence
 
 
 def test_noul_answer_is_p_true() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async.backends import llama_cpp, vllm
-from typevet_async.backends.openai_chat import parse_chat_output, user_message
-from typevet_async.core.layouts import Message
+from typevet_async._backends import llama_cpp, vllm
+from typevet_async._backends.openai_chat import parse_chat_output, user_message
+from typevet_async._core.layouts import Message
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 24

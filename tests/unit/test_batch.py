@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.scoring import ScoringRequest
+from typevet_async._core.scoring import ScoringRequest
 
 from .test_session_orchestration import InMemoryStubBackend, sleeping
 
@@ -159,7 +159,7 @@ async def test_a_kept_error_item_does_not_pin_what_the_failed_read_held() -> Non
     import traceback
     import weakref
 
-    from typevet_async.batch import judge_stream
+    from typevet_async._batch import judge_stream
 
     held: list[weakref.ref[_Response]] = []
 

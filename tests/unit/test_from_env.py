@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 import typevet_async as tv
-from typevet_async.backends.http import HttpClient
-from typevet_async.backends.llama_cpp import AsyncLlamaCpp
-from typevet_async.backends.vllm import AsyncVllm
+from typevet_async._backends.http import HttpClient
+from typevet_async._backends.llama_cpp import AsyncLlamaCpp
+from typevet_async._backends.vllm import AsyncVllm
 
 
 def test_llama_cpp_from_env() -> None:

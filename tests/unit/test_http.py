@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 import typevet_async as tv
-from typevet_async.backends.http import Attempts, HttpClient, RetryPolicy
+from typevet_async._backends.http import Attempts, HttpClient, RetryPolicy
 
 pytestmark = pytest.mark.asyncio
 
@@ -265,8 +265,8 @@ async def test_a_dropped_connection_is_retried(stub: FaultInjectingStubServer) -
 
 
 async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubServer) -> None:
-    from typevet_async.backends.llama_cpp import AsyncLlamaCpp
-    from typevet_async.core.scoring import ScoringRequest, interpret_read
+    from typevet_async._backends.llama_cpp import AsyncLlamaCpp
+    from typevet_async._core.scoring import ScoringRequest, interpret_read
 
     top = [{"id": 10, "logprob": -1.0}, {"id": 11, "logprob": -2.0}]
     canned = json.dumps({"completion_probabilities": [{"top_logprobs": top}],

@@ -39,4 +39,4 @@ def test_an_injected_io_import_breaks_the_contract(tmp_path: Path) -> None:
     answers.write_text("import aiohttp  # injected\n" + answers.read_text())
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "typevet_async.core.answers -> aiohttp" in result.stdout
+    assert "typevet_async._core.answers -> aiohttp" in result.stdout

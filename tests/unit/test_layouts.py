@@ -6,10 +6,10 @@ import orjson
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.controls import PROBED_CONTROLS
-from typevet_async.core.framing import TemplateFamily
-from typevet_async.core.layouts import Layout
-from typevet_async.core.scoring import plan_question
+from typevet_async._core.controls import PROBED_CONTROLS
+from typevet_async._core.framing import TemplateFamily
+from typevet_async._core.layouts import Layout
+from typevet_async._core.scoring import plan_question
 
 IDS = {control: 1000 + n for n, control in enumerate(PROBED_CONTROLS)}
 FUSED = (

@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import typevet_async as tv
-from typevet_async.core.controls import DIGITS, bind_controls, control_token_ids
-from typevet_async.core.fields import render_field_block, render_user_content
-from typevet_async.core.framing import TemplateFamily, classify_template, frame_prefix
-from typevet_async.core.markers import neutralise, neutralise_line
-from typevet_async.core.scoring import plan_question
+from typevet_async._core.controls import DIGITS, bind_controls, control_token_ids
+from typevet_async._core.fields import render_field_block, render_user_content
+from typevet_async._core.framing import TemplateFamily, classify_template, frame_prefix
+from typevet_async._core.markers import neutralise, neutralise_line
+from typevet_async._core.scoring import plan_question
 
 IDS = {digit: 1000 + int(digit) for digit in DIGITS}
 

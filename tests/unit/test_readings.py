@@ -5,7 +5,7 @@ import math
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.readings import TopLogprobs, find_candidates, off_menu_mass, softmax
+from typevet_async._core.readings import TopLogprobs, find_candidates, off_menu_mass, softmax
 
 VOCAB = 100
 

@@ -17,10 +17,10 @@ import anyio.lowlevel
 import pytest
 
 import typevet_async as tv
-from typevet_async.core.controls import DIGITS
-from typevet_async.core.generation import ChatOutput
-from typevet_async.core.readings import CandidateRead
-from typevet_async.core.scoring import ScoringRequest
+from typevet_async._core.controls import DIGITS
+from typevet_async._core.generation import ChatOutput
+from typevet_async._core.readings import CandidateRead
+from typevet_async._core.scoring import ScoringRequest
 
 pytestmark = pytest.mark.asyncio
 

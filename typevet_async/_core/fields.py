@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from typevet_async.core.controls import BoundOption
-from typevet_async.core.markers import neutralise, neutralise_line
-from typevet_async.core.questions import Choice, Noul, Question, Score
+from typevet_async._core.controls import BoundOption
+from typevet_async._core.markers import neutralise, neutralise_line
+from typevet_async._core.questions import Choice, Noul, Question, Score
 
 __all__ = ["render_field_block", "render_user_content"]
 

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,7 +20,8 @@ import orjson
 from tqdm import tqdm
 
 import typevet_async as tv
-from typevet_async.convert import converter, questions_from_json
+from typevet_async._backends import embedded
+from typevet_async._convert import converter, questions_from_json
 
 EXAMPLES = {
     "judge": """example:
@@ -100,11 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate = command("generate", "Generate one JSON value that passes a JSON Schema.")
     generate.add_argument("prompt")
     generate.add_argument("--schema", type=Path, required=True)
-    generate.add_argument("--max-tokens", type=int, default=512)
+    generate.add_argument(
+        "--max-tokens", type=int, default=None, help="the token limit (default: the session's)"
+    )
     _connection_flags(generate)
 
     serve = command("serve-local", "Run the embedded llama.cpp server in the foreground.")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "options", nargs=argparse.REMAINDER, help="serving flags: see serve-local --help"
+    )
     return parser
 
 
@@ -228,11 +233,6 @@ def _records(path: Path, skip: set[Any]) -> Iterator[tuple[Any, Any]]:
                 yield record_id, state
 
 
-async def _aiter_records(records: Iterator[tuple[Any, Any]]) -> AsyncIterator[tuple[Any, Any]]:
-    for record in records:
-        yield record
-
-
 def _line(item: tv.BatchItem) -> bytes:
     if item.judgment is not None:
         data = converter.unstructure(item.judgment)
@@ -277,19 +277,19 @@ async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
 
 async def run_generate(args: argparse.Namespace, out: TextIO) -> int:
     schema = json.loads(args.schema.read_text())
+    max_tokens = tv.UNSET if args.max_tokens is None else args.max_tokens
     async with session_from_args(args, os.environ) as session:
-        result = await session.generate(args.prompt, schema=schema, max_tokens=args.max_tokens)
+        result = await session.generate(args.prompt, schema=schema, max_tokens=max_tokens)
     print(json.dumps(result.value, indent=2, ensure_ascii=False), file=out)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "serve-local":
-        from typevet_async import local
-
-        local.main(["--port", str(args.port)])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve-local"]:  # its flags are the embedded server's own
+        embedded.main(argv[1:], prog="typevet-async serve-local")
         return 0
+    args = build_parser().parse_args(argv)
     runner = {"judge": run_judge, "batch": run_batch, "generate": run_generate}[args.command]
     try:
         return anyio.run(runner, args, sys.stdout)

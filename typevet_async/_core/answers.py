@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from typevet_async.core.questions import Choice, Noul, Question, Score
+from typevet_async._core.questions import Choice, Noul, Question, Score
 
 __all__ = [
     "Answer",

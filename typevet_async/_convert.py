@@ -16,7 +16,7 @@ from typing import Any
 import cattrs.preconf.orjson
 from cattrs.strategies import configure_tagged_union
 
-from typevet_async.core.answers import (
+from typevet_async._core.answers import (
     Answer,
     ChoiceAnswer,
     Diagnostics,
@@ -25,15 +25,14 @@ from typevet_async.core.answers import (
     ScoreAnswer,
     Usage,
 )
-from typevet_async.core.questions import Choice, Noul, Question, Score
-from typevet_async.errors import QuestionError
+from typevet_async._core.questions import Choice, Noul, Question, Score
+from typevet_async._errors import QuestionError
 
 __all__ = [
     "converter",
     "judgment_from_json",
     "judgment_to_json",
     "question_from_json",
-    "question_to_json",
     "questions_from_json",
 ]
 
@@ -78,21 +77,6 @@ def judgment_from_json(data: bytes | str) -> Judgment:
 #                  "route": {"type": "choice", "instructions": "...",
 #                            "criteria": {"billing": "Money matters", "shipping": null}},
 #                  "urgency": {"type": "score", "instructions": "...", "levels": ["low", ...]}}}
-
-
-def question_to_json(question: Question) -> dict[str, Any]:
-    if isinstance(question, Noul):
-        data: dict[str, Any] = {"type": "noul", "instructions": question.instructions}
-        if question.criteria:
-            data["criteria"] = dict(question.criteria)
-        return data
-    if isinstance(question, Choice):
-        return {
-            "type": "choice",
-            "instructions": question.instructions,
-            "criteria": dict(question.criteria),
-        }
-    return {"type": "score", "instructions": question.instructions, "levels": list(question.levels)}
 
 
 def question_from_json(data: Any, question_id: str = "?") -> Question:

@@ -11,9 +11,9 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from typevet_async.errors import QuestionError
+from typevet_async._errors import QuestionError
 
-__all__ = ["Choice", "Noul", "Option", "Question", "Score"]
+__all__ = ["Choice", "Noul", "Option", "Question", "Score", "check_questions"]
 
 
 @attrs.frozen
@@ -133,3 +133,25 @@ class Score:
 
 
 Question: TypeAlias = Noul | Choice | Score
+
+
+def check_questions(questions: Any) -> tuple[tuple[str, Question], ...]:
+    """A call's questions as ``(id, question)`` pairs in request order, once each is valid.
+
+    :raises QuestionError: not a non-empty mapping, an id that is not a non-empty string, or a
+        value that is not a question (``question_id`` names it).
+    """
+    if not isinstance(questions, Mapping) or not questions:
+        raise QuestionError("questions must be a non-empty mapping of id to question")
+    checked: list[tuple[str, Question]] = []
+    for question_id, question in questions.items():
+        if not isinstance(question_id, str) or not question_id.strip():
+            raise QuestionError(f"question ids must be non-empty strings, got {question_id!r}")
+        if not isinstance(question, Noul | Choice | Score):
+            error = QuestionError(
+                f"expected a Noul, Choice or Score, got {type(question).__name__}"
+            )
+            error.question_id = question_id
+            raise error
+        checked.append((question_id, question))
+    return tuple(checked)

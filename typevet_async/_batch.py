@@ -1,7 +1,7 @@
 """Streaming batches: ``session.judge_many(records, questions)`` as an async iterator.
 
 Memory and work stay bounded whatever the input size: a producer pulls one record at a time
-from the (async) iterable, and only after a window slot is free; ``concurrency`` workers
+from the (async) iterable, and only after a window slot is free; ``max_in_flight`` workers
 judge them; a record holds its window slot until its item is yielded. So at most ``window``
 records are in flight or waiting to be yielded, and no task is created per record.
 
@@ -25,8 +25,9 @@ from typing import Any
 import anyio
 import attrs
 
-from typevet_async.core.answers import Judgment
-from typevet_async.errors import ConfigurationError, TypevetError
+from typevet_async._core.answers import Judgment
+from typevet_async._errors import TypevetError
+from typevet_async._settings import BatchOptions
 
 __all__ = ["BatchItem", "Progress", "judge_stream"]
 
@@ -102,20 +103,15 @@ def shed_frame_locals(error: BaseException) -> None:
 async def judge_stream(
     records: Iterable[Record] | AsyncIterable[Record],
     judge: Judge,
+    options: BatchOptions,
     *,
-    concurrency: int,
     ordered: bool = True,
     fail_fast: bool = False,
-    window: int | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> AsyncIterator[BatchItem]:
     """The batch engine behind `Session.judge_many` (``judge`` judges one state)."""
-    if window is None:
-        window = 4 * concurrency
-    if not isinstance(window, int) or window < concurrency:
-        raise ConfigurationError(f"window must be an integer >= concurrency, got {window!r}")
     total = len(records) if isinstance(records, Sized) else None
-    slots = anyio.Semaphore(window)
+    slots = anyio.Semaphore(options.window)
     jobs_send, jobs_receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](0)
     # Unbounded buffer, but never more than ``window`` items: each holds a window slot.
     done_send, done_receive = anyio.create_memory_object_stream[BatchItem](math.inf)
@@ -153,7 +149,7 @@ async def judge_stream(
     closed = False
     async with anyio.create_task_group() as group:
         group.start_soon(produce)
-        for _ in range(concurrency):
+        for _ in range(options.max_in_flight):
             group.start_soon(work, jobs_receive.clone(), done_send.clone())
         jobs_receive.close()
         done_send.close()

@@ -12,20 +12,22 @@ The tree::
     ├── BackendError                                  talking to the server failed
     │   ├── TransportError (also ConnectionError)     refused, reset, disconnected
     │   ├── ServerError                               an HTTP error status (carries status, body)
-    │   ├── ReadTimeoutError (also TimeoutError)      one HTTP request took longer than allowed
-    │   ├── ProtocolError                             the response is not what the protocol says
-    │   │   ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
-    │   │   │   └── CandidateMissingError             on_missing="error": a candidate outside top-N
-    │   │   └── ControlTokenError                     a control is not exactly one token
-    │   └── GenerationError                           generated output is empty or not JSON
-    │       ├── TruncatedOutputError                  output cut off by the token limit
-    │       └── OutputValidationError                 output does not pass the schema
+    │   ├── RequestTimeoutError (also TimeoutError)   one HTTP request outlived request_timeout
+    │   └── ProtocolError                             the response is not what the protocol says
+    │       ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
+    │       │   └── CandidateMissingError             on_missing="error": a candidate outside top-K
+    │       └── ControlTokenError                     a control is not exactly one token
+    ├── GenerationError                               the server's output is empty or not JSON
+    │   ├── TruncatedOutputError                      output cut off by the token limit
+    │   └── OutputValidationError                     output does not pass the schema
     ├── OffMenuError                                  off-menu mass above the threshold (if asked)
-    ├── DeadlineExceededError (also TimeoutError)     a whole call's deadline passed
-    │   └── JudgmentTimeoutError                      ... of a judgment
+    ├── DeadlineExceededError (also TimeoutError)     a call's ``timeout`` passed
     └── SessionStateError (also RuntimeError)         used before opening or after closing
 
-Errors raised while reading one question carry its id in ``question_id``.
+A `GenerationError` is the client's verdict on what the server sent (checked on the client),
+not a failure to talk to it, so it is not a `BackendError`. Errors raised while reading one
+question carry its id in ``question_id``; errors of one prompt of a generation carry the
+prompt's index in ``prompt_index``.
 """
 
 from __future__ import annotations
@@ -41,12 +43,11 @@ __all__ = [
     "GenerationError",
     "InvalidInputError",
     "InvalidLogprobsError",
-    "JudgmentTimeoutError",
     "OffMenuError",
     "OutputValidationError",
     "ProtocolError",
     "QuestionError",
-    "ReadTimeoutError",
+    "RequestTimeoutError",
     "SchemaError",
     "ServerError",
     "SessionStateError",
@@ -63,11 +64,15 @@ class TypevetError(Exception):
 
     #: The id of the question being read when the error happened, if any.
     question_id: str | None = None
+    #: The index of the prompt being generated when the error happened, if any.
+    prompt_index: int | None = None
 
     def __str__(self) -> str:
         message = super().__str__()
         if self.question_id is not None:
             return f"question {self.question_id!r}: {message}"
+        if self.prompt_index is not None:
+            return f"prompt {self.prompt_index}: {message}"
         return message
 
 
@@ -130,8 +135,11 @@ class ServerError(BackendError):
         self.retry_after = retry_after
 
 
-class ReadTimeoutError(BackendError, TimeoutError):
-    """One HTTP request took longer than the session's read timeout."""
+class RequestTimeoutError(BackendError, TimeoutError):
+    """One HTTP request (sending it and reading the whole response) outlived ``request_timeout``.
+
+    Waiting for a free pooled connection does not count against it.
+    """
 
 
 class ProtocolError(BackendError):
@@ -167,7 +175,7 @@ class ControlTokenError(ProtocolError):
     """A control does not tokenize to exactly one token on the served tokenizer."""
 
 
-class GenerationError(BackendError):
+class GenerationError(TypevetError):
     """Schema-bound generation returned nothing usable; ``raw`` is the text the server sent."""
 
     def __init__(self, message: str, *, raw: str = "", payload: Any = None) -> None:
@@ -190,11 +198,7 @@ class OutputValidationError(GenerationError):
 
 
 class DeadlineExceededError(TypevetError, TimeoutError):
-    """A whole call (judgment, generations) did not finish before its deadline."""
-
-
-class JudgmentTimeoutError(DeadlineExceededError):
-    """The whole judgment did not finish before its deadline."""
+    """A whole call (``judge``, ``generate``, ``generate_many``) outlived its ``timeout``."""
 
 
 class SessionStateError(TypevetError, RuntimeError):

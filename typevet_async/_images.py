@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
-from typevet_async.errors import InvalidInputError
+from typevet_async._errors import InvalidInputError
 
-__all__ = ["DEFAULT_MAX_IMAGE_BYTES", "Image"]
+__all__ = ["DEFAULT_MAX_IMAGES", "DEFAULT_MAX_IMAGE_BYTES", "Image", "check_images"]
 
 #: Default cap on one image's size, checked before anything is encoded.
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024
+#: Default cap on the images one judgment or generation takes.
+DEFAULT_MAX_IMAGES = 8
 
 _SUPPORTED = ("image/jpeg", "image/png", "image/webp")
 
@@ -73,3 +76,27 @@ class Image:
 
     def data_uri(self) -> str:
         return f"data:{self.mime_type};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+def check_images(
+    images: Image | Sequence[Image], *, max_images: int, max_bytes: int
+) -> tuple[Image, ...]:
+    """The images of one call, once their count, type and sizes pass the session's caps.
+
+    The one check of a call's images: judgments and generations both use it.
+
+    :raises InvalidInputError: too many images, one that is not an `Image`, or one too large.
+    """
+    checked = (images,) if isinstance(images, Image) else tuple(images)
+    if len(checked) > max_images:
+        raise InvalidInputError(
+            f"{len(checked)} images, but this session takes at most {max_images}"
+        )
+    for image in checked:
+        if not isinstance(image, Image):
+            raise InvalidInputError(f"images must be tv.Image, got {type(image).__name__}")
+        if len(image.data) > max_bytes:
+            raise InvalidInputError(
+                f"an image of {len(image.data)} bytes exceeds this session's {max_bytes}-byte cap"
+            )
+    return checked

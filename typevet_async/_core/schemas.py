@@ -2,7 +2,8 @@
 
 No check ever touches the network: every ``$ref`` must resolve inside the schema itself (a
 local ``#...`` pointer or an ``$id`` the schema declares); anything else is refused, not
-fetched. Depth limits stop pathological schemas and outputs before they reach jsonschema.
+fetched. A depth limit stops pathological schemas before they reach jsonschema (outputs: see
+`typevet_async._core.generation`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from jsonschema.exceptions import SchemaError as JsonSchemaError
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
-from typevet_async.errors import OutputValidationError, SchemaError
+from typevet_async._core.jsonvalues import json_depth
+from typevet_async._errors import OutputValidationError, SchemaError
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SCHEMA_DEPTH", "check_schema", "json_depth", "validate_output"]
+__all__ = ["MAX_SCHEMA_DEPTH", "check_schema", "validate_output"]
 
 MAX_SCHEMA_DEPTH = 64
-MAX_JSON_DEPTH = 128
 
 
 def _refuse_retrieval(uri: str) -> Resource[Any]:
@@ -29,20 +30,6 @@ def _refuse_retrieval(uri: str) -> Resource[Any]:
 
 #: A registry that knows no documents and refuses to fetch any.
 _OFFLINE = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
-
-
-def json_depth(value: Any) -> int:
-    """Nesting depth of a JSON value (a scalar is 0), without recursion."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return deepest
 
 
 def _refs(schema: Any, path: str = "$") -> Iterator[tuple[str, str]]:
@@ -107,15 +94,11 @@ def check_schema(schema: Any) -> Draft202012Validator:
 
 
 def validate_output(validator: Draft202012Validator, value: Any, raw: str) -> None:
-    """:raises OutputValidationError: with the first failing path, when ``value`` does not pass."""
-    depth = json_depth(value)
-    if depth > MAX_JSON_DEPTH:
-        raise OutputValidationError(
-            f"output nesting depth {depth} exceeds the limit of {MAX_JSON_DEPTH}",
-            raw=raw,
-            value=value,
-            path="$",
-        )
+    """:raises OutputValidationError: with the first failing path, when ``value`` does not pass.
+
+    ``value`` comes from `typevet_async._core.generation.interpret_output`, which has already
+    refused values nested deeper than `MAX_JSON_DEPTH`.
+    """
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
         first = errors[0]

@@ -12,29 +12,39 @@ but the off-menu mass is unknown and is reported as such.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-from typevet_async.backends.http import Attempts, HttpClient
-from typevet_async.backends.openai_chat import NO_THINKING, parse_chat_output, user_message
-from typevet_async.core.controls import PROBED_CONTROLS, control_token_ids
-from typevet_async.core.framing import PROBE_MESSAGE, classify_template
-from typevet_async.core.generation import ChatOutput
-from typevet_async.core.layouts import Message
-from typevet_async.core.readings import CandidateRead, TopLogprobs, require_candidates
-from typevet_async.core.scoring import Probe, ScoringRequest
-from typevet_async.errors import (
+import attrs
+
+from typevet_async._backends.base import Capabilities
+from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
+from typevet_async._backends.openai_chat import NO_THINKING, parse_chat_output, user_message
+from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
+from typevet_async._core.framing import PROBE_MESSAGE, classify_template
+from typevet_async._core.generation import ChatOutput, GenerationRequest
+from typevet_async._core.layouts import Message
+from typevet_async._core.probe import Probe, check_served_model
+from typevet_async._core.readings import (
+    CandidateRead,
+    TopLogprobs,
+    missing_options,
+    validated_entries,
+)
+from typevet_async._core.scoring import ScoringRequest
+from typevet_async._errors import (
     ConfigurationError,
-    InvalidInputError,
     InvalidLogprobsError,
     ProtocolError,
+    SessionStateError,
 )
-from typevet_async.fanout import gather_in_order
-from typevet_async.images import Image
+from typevet_async._fanout import gather_in_order
+from typevet_async._options import Unset, one_of
 
 __all__ = [
     "MAX_LOGPROB_TOKEN_IDS",
     "AsyncVllm",
     "LogprobsMode",
+    "VllmConfig",
     "parse_scoring_response",
     "scoring_body",
 ]
@@ -46,11 +56,37 @@ LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "proc
 _TOKEN_ID_PREFIX = "token_id:"
 
 
+def _non_empty(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"a vLLM backend needs {attribute.name} (the served model id, a non-empty string), "
+            f"got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class VllmConfig:
+    """A vLLM backend's settings; checked when built.
+
+    :param model: the served model id; every request names it.
+    :param logprobs_mode: the server's ``--logprobs-mode``. With ``raw_logprobs`` (the
+        default, and what we recommend) or ``processed_logprobs`` the off-menu mass is exact;
+        with a ``*_logits`` mode it is reported as unknown (None).
+    """
+
+    base_url: str = attrs.field(validator=_non_empty)
+    model: str = attrs.field(validator=_non_empty)
+    logprobs_mode: LogprobsMode = attrs.field(
+        default="raw_logprobs", validator=one_of(LogprobsMode)
+    )
+    http: HttpSettings = attrs.field(factory=HttpSettings)
+
+
 def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """OpenAI chat messages; a message's images go before its text as data-URI parts."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        entry = user_message(message.content, message.images)  # type: ignore[arg-type]
+        entry = user_message(message.content, message.images)
         entry["role"] = message.role
         out.append(entry)
     return out
@@ -74,15 +110,13 @@ def scoring_body(
     }
 
 
-def generation_body(
-    model: str, prompt: str, schema: Any, images: Sequence[Image], max_tokens: int
-) -> dict[str, Any]:
+def generation_body(model: str, request: GenerationRequest) -> dict[str, Any]:
     return {
         "model": model,
-        "messages": [user_message(prompt, images)],
-        "structured_outputs": {"json": schema},
+        "messages": [user_message(request.prompt, request.images)],
+        "structured_outputs": {"json": request.schema},
         "temperature": 0.0,
-        "max_tokens": max_tokens,
+        "max_tokens": request.max_tokens,
         "chat_template_kwargs": NO_THINKING,
     }
 
@@ -98,6 +132,8 @@ def _token_id(token: Any) -> int:
 
 def parse_scoring_response(payload: Any, token_ids: Sequence[int]) -> tuple[TopLogprobs, int, int]:
     """The candidates' entries (the sampled token may come along; nothing else may).
+
+    Repeated ids and bad values are `validated_entries`' to refuse.
 
     :raises ProtocolError: the shape is wrong.
     :raises InvalidLogprobsError: an entry that is neither a candidate nor the sampled token.
@@ -115,9 +151,6 @@ def parse_scoring_response(payload: Any, token_ids: Sequence[int]) -> tuple[TopL
     if unexpected:
         raise InvalidLogprobsError(f"unexpected token ids {unexpected} in a logprob_token_ids read")
     kept = tuple((tid, lp) for tid, lp in entries if tid in wanted)
-    duplicated = len(kept) != len({tid for tid, _ in kept})
-    if duplicated:
-        raise InvalidLogprobsError("a candidate token id appears twice in one read")
     usage = payload.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     return (
@@ -130,30 +163,49 @@ def parse_scoring_response(payload: Any, token_ids: Sequence[int]) -> tuple[TopL
 class AsyncVllm:
     """Scoring and generation client for vLLM's ``POST /v1/chat/completions``."""
 
-    #: The server applies its own chat template to plain user content.
-    frames_prompt = False
-    accepts_images = True
-
-    def __init__(
-        self,
-        http: HttpClient,
-        model: str,
-        *,
-        logprobs_mode: LogprobsMode = "raw_logprobs",
-        on_missing: str = "exact",
-    ) -> None:
-        self.http = http
-        self.model = model
-        self.logprobs_mode = logprobs_mode
-        #: Recorded in diagnostics; it never fires here, since the read names its candidates.
-        self.on_missing = on_missing
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        self._capabilities = Capabilities(
+            framing="server",
+            prefix_reuse=False,
+            max_candidates=MAX_LOGPROB_TOKEN_IDS,
+            generation_images=True,
+        )
+        self._http: HttpClient | None = None
+        self._closed = False
 
     def __repr__(self) -> str:
-        return f"AsyncVllm({self.http!r}, model={self.model!r})"
+        return f"AsyncVllm({self.config.base_url!r}, model={self.config.model!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def model(self) -> str:
+        return self.config.model
 
     @property
     def off_menu_known(self) -> bool:
-        return self.logprobs_mode.endswith("logprobs")
+        return self.config.logprobs_mode.endswith("logprobs")
+
+    async def open(self) -> None:
+        if self._closed:
+            raise SessionStateError("cannot reopen a closed backend")
+        if self._http is None:
+            self._http = HttpClient(self.config.base_url, self.config.http)
+            await self._http.open()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._http is not None:
+            await self._http.aclose()
+
+    @property
+    def http(self) -> HttpClient:
+        if self._http is None:
+            raise SessionStateError("the vLLM backend is not open")
+        return self._http
 
     async def probe(self) -> Probe:
         """Served models, the template's family (rendered via /tokenize), and control ids."""
@@ -162,21 +214,15 @@ class AsyncVllm:
             model_ids = tuple(str(m["id"]) for m in models["data"])
         except (KeyError, TypeError):
             raise ProtocolError("/v1/models has no data[].id", payload=models) from None
-        if self.model not in model_ids:  # before anything else names the model
-            raise ConfigurationError(
-                f"the session is pinned to model {self.model!r}, the server serves "
-                f"{list(model_ids)!r}"
-            )
+        check_served_model(self.model, model_ids)  # before anything else names the model
         tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
         rendered = await self._render_probe()
-        ordered = {c: cast(list[int], t) for c, t in zip(PROBED_CONTROLS, tokens, strict=True)}
         return Probe(
             classify_template(rendered),
             rendered,
-            control_token_ids(ordered),
+            control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True))),
             vocab_size=0,  # not needed: a logprob_token_ids read names its candidates
             model_ids=model_ids,
-            max_candidates=MAX_LOGPROB_TOKEN_IDS,
             vision=True,  # vLLM does not declare it; a text-only model refuses images itself
         )
 
@@ -205,44 +251,36 @@ class AsyncVllm:
         return [int(token) for token in tokens]
 
     async def read(
-        self, request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None
+        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
     ) -> CandidateRead:
-        """The candidates' logprobs from one read; nothing is sent for more than 128 ids."""
+        """The candidates' logprobs from one read that names every one of them."""
         ids = request.read_ids
-        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
-            raise InvalidInputError(
-                f"{len(ids)} candidates, but vLLM reads at most "
-                f"{MAX_LOGPROB_TOKEN_IDS} logprob_token_ids; nothing was sent"
-            )
         body = scoring_body(self.model, request.messages, ids)
         attempts = Attempts()
         payload = await self.http.post_json(
             "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
         )
         top, prompt_tokens, cached = parse_scoring_response(payload, ids)
-        logprobs = require_candidates(top.entries, ids, allow_positive=not self.off_menu_known)
+        logprobs = validated_entries(top.entries, allow_positive=not self.off_menu_known)
+        # A read that names its ids returns every one of them, variants included.
+        missing = missing_options(logprobs, [(token,) for token in ids])
+        if missing:
+            raise InvalidLogprobsError(
+                f"candidate token ids {[g[0] for g in missing]} are missing from the read"
+            )
         return CandidateRead(
             ids,
-            logprobs,
+            tuple(logprobs[token] for token in ids),
             len(ids),
             1,
             prompt_tokens,
             cached,
             off_menu_known=self.off_menu_known,
             prompt=request.user_text,
-            policy=self.on_missing,
             attempts=attempts.count,
         )
 
-    async def generate(
-        self,
-        prompt: str,
-        schema: Any,
-        images: Sequence[Image],
-        max_tokens: int,
-        *,
-        max_retries: int | None = None,
-    ) -> ChatOutput:
-        body = generation_body(self.model, prompt, schema, images, max_tokens)
+    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        body = generation_body(self.model, request)
         payload = await self.http.post_json("/v1/chat/completions", body, max_retries=max_retries)
         return parse_chat_output(payload)

@@ -1,6 +1,6 @@
 """From a question to a scoring request, and from a candidate read back to an answer.
 
-These two pure steps sit either side of the one `await` in the session.
+These two pure steps sit either side of the one ``await`` of a read (``typevet_async._judging``).
 """
 
 from __future__ import annotations
@@ -9,37 +9,33 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from typevet_async.core.answers import Answer, Diagnostics, build_answer
-from typevet_async.core.controls import DEFAULT_ALPHABET, JEV_LETTERS, bind_controls, space_variant
-from typevet_async.core.fields import render_user_content
-from typevet_async.core.framing import TemplateFamily, answer_prefill, frame_prefix
-from typevet_async.core.layouts import ImagePart, JsonEncoder, Layout, Message, jev_messages
-from typevet_async.core.questions import Question
-from typevet_async.core.readings import CandidateRead, off_menu_mass, softmax
-from typevet_async.errors import (
+from typevet_async._core.answers import Answer, Diagnostics, build_answer
+from typevet_async._core.controls import (
+    DEFAULT_ALPHABET,
+    JEV_LETTERS,
+    BoundOption,
+    bind_controls,
+    space_variant,
+)
+from typevet_async._core.fields import render_user_content
+from typevet_async._core.framing import TemplateFamily, answer_prefill, frame_prefix
+from typevet_async._core.layouts import ImagePart, Layout, Message, jev_messages
+from typevet_async._core.questions import Question
+from typevet_async._core.readings import (
+    CandidateRead,
+    missing_options,
+    off_menu_mass,
+    softmax,
+    validated_entries,
+)
+from typevet_async._errors import (
     InvalidLogprobsError,
     OffMenuError,
     TooManyOptionsError,
     TypevetError,
 )
 
-__all__ = ["Probe", "ScoringRequest", "interpret_read", "plan_question"]
-
-
-@attrs.frozen
-class Probe:
-    """What a session learns about its server once: template family, controls, vocabulary."""
-
-    family: TemplateFamily
-    rendered_template: str
-    control_ids: Mapping[str, int]
-    vocab_size: int
-    model_ids: tuple[str, ...] = ()
-    #: Most candidates one read can take (vLLM: 128); None for no limit.
-    max_candidates: int | None = None
-    #: Whether the server declares it takes images, and the text that marks where one goes.
-    vision: bool = False
-    media_marker: str | None = None
+__all__ = ["ScoringRequest", "interpret_read", "plan_question"]
 
 
 @attrs.frozen
@@ -78,40 +74,44 @@ class ScoringRequest:
         return "\n\n".join(m.content for m in self.messages if m.role == "user")
 
 
+@attrs.frozen
+class _Binding:
+    """A question's options bound to controls: what the prompt shows and the read asks for."""
+
+    bound: tuple[BoundOption, ...]
+    #: Each option's other accepted tokens (Jev's space variants); empty when none.
+    variant_ids: tuple[tuple[int, ...], ...]
+
+    @property
+    def controls(self) -> tuple[str, ...]:
+        return tuple(b.control for b in self.bound)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(b.token_id for b in self.bound)
+
+
 def _bind(
-    question_id: str,
-    question: Question,
-    layout: Layout,
-    control_ids: Mapping[str, int],
-    max_candidates: int | None,
-) -> tuple[tuple[str, ...], tuple[int, ...], tuple[tuple[int, ...], ...], list[object]]:
-    try:
-        options = question.options()
-        alphabet = JEV_LETTERS if layout.is_jev else DEFAULT_ALPHABET
-        bound = bind_controls(options, control_ids, alphabet)
-        variants = tuple(
-            (control_ids[space_variant(b.control)],)
-            if layout.is_jev and space_variant(b.control) in control_ids
-            else ()
-            for b in bound
-        )
-        reads = len(bound) + sum(len(v) for v in variants)
-        if max_candidates is not None and reads > max_candidates:
-            raise TooManyOptionsError(
-                f"{len(options)} options need {reads} candidate tokens, but one read takes at "
-                f"most {max_candidates}",
-                count=len(options),
-                limit=max_candidates,
-            )
-    except TypevetError as error:
-        error.question_id = question_id
-        raise
-    return (
-        tuple(b.control for b in bound),
-        tuple(b.token_id for b in bound),
-        variants if any(variants) else (),
-        list(bound),
+    question: Question, layout: Layout, control_ids: Mapping[str, int], max_candidates: int | None
+) -> _Binding:
+    options = question.options()
+    alphabet = JEV_LETTERS if layout.is_jev else DEFAULT_ALPHABET
+    bound = tuple(bind_controls(options, control_ids, alphabet))
+    variants = tuple(
+        (control_ids[space_variant(b.control)],)
+        if layout.is_jev and space_variant(b.control) in control_ids
+        else ()
+        for b in bound
     )
+    reads = len(bound) + sum(len(v) for v in variants)
+    if max_candidates is not None and reads > max_candidates:
+        raise TooManyOptionsError(
+            f"{len(options)} options need {reads} candidate tokens, but one read takes at "
+            f"most {max_candidates}",
+            count=len(options),
+            limit=max_candidates,
+        )
+    return _Binding(bound, variants if any(variants) else ())
 
 
 def plan_question(
@@ -122,27 +122,28 @@ def plan_question(
     family: TemplateFamily | None,
     control_ids: Mapping[str, int],
     layout: Layout = Layout.TYPEVET,
-    encode: JsonEncoder | None = None,
     images: Sequence[ImagePart] = (),
     media_marker: str | None = None,
     max_candidates: int | None = None,
 ) -> ScoringRequest:
     """Bind controls and render one question in ``layout``.
 
-    With a ``family`` the SDK frames the raw prefix itself (the default layout on llama.cpp);
-    with a ``media_marker`` one marker per image goes before the state text.
+    With a ``family`` the SDK frames the raw prefix itself (the default layout where the
+    backend frames prompts); with a ``media_marker`` one marker per image goes before the
+    state text. ``max_candidates`` is the backend's limit of candidate tokens per read.
 
-    :raises TooManyOptionsError: more options than controls, or than one read can take.
+    :raises TooManyOptionsError: more options than controls, or than one read can take
+        (``question_id`` names the question).
     """
-    controls, token_ids, variant_ids, bound = _bind(
-        question_id, question, layout, control_ids, max_candidates
-    )
+    try:
+        binding = _bind(question, layout, control_ids, max_candidates)
+    except TypevetError as error:
+        error.question_id = question_id
+        raise
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
-    prefill = answer_prefill(family) if family is not None else ""
+    controls, token_ids = binding.controls, binding.token_ids
     if layout.is_jev:
-        if encode is None:
-            raise ValueError("a Jev layout needs a JSON encoder")
-        messages = jev_messages(layout, state_text, question, bound, encode, images)  # type: ignore[arg-type]
+        messages = jev_messages(layout, state_text, question, binding.bound, images)
         if markers:
             first = messages[1]
             messages = (
@@ -150,10 +151,11 @@ def plan_question(
                 Message(first.role, markers + first.content, first.images),
                 *messages[2:],
             )
+        prefill = answer_prefill(family) if family is not None else ""
         return ScoringRequest(
-            question_id, question, messages, None, controls, token_ids, variant_ids, prefill
+            question_id, question, messages, None, controls, token_ids, binding.variant_ids, prefill
         )
-    content = render_user_content(state_text, question, bound)  # type: ignore[arg-type]
+    content = render_user_content(state_text, question, binding.bound)
     messages = (Message("user", markers + content, tuple(images)),)
     prompt = frame_prefix(family, markers + content) if family is not None else None
     return ScoringRequest(question_id, question, messages, prompt, controls, token_ids, (), "")
@@ -173,16 +175,20 @@ def interpret_read(
     :raises OffMenuError: ``raise_off_menu`` and the off-menu mass exceeds the threshold.
     """
     unexpected = set(read.token_ids) - set(request.read_ids)
-    if unexpected or len(set(read.token_ids)) != len(read.token_ids):
+    if unexpected:
         raise InvalidLogprobsError(
-            f"read returned token ids {read.token_ids}, expected some of {request.read_ids}"
+            f"read returned token ids {sorted(unexpected)} that the request did not ask for"
         )
-    logprob = dict(zip(read.token_ids, read.logprobs, strict=True))
+    logprob = validated_entries(
+        tuple(zip(read.token_ids, read.logprobs, strict=True)),
+        allow_positive=not read.off_menu_known,
+    )
+    missing = missing_options(logprob, request.option_groups)
+    if missing:
+        raise InvalidLogprobsError(f"no logprob was read for any of the tokens {list(missing[0])}")
     chosen: list[int] = []
     for group in request.option_groups:
         present = [token for token in group if token in logprob]
-        if not present:
-            raise InvalidLogprobsError(f"no logprob was read for any of the tokens {list(group)}")
         # The most probable accepted token; ties go to the control itself (first in group).
         chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
     chosen_logprobs = tuple(logprob[token] for token in chosen)
@@ -191,11 +197,11 @@ def interpret_read(
     flagged = (
         off_menu is not None and off_menu_threshold is not None and (off_menu > off_menu_threshold)
     )
-    if flagged and raise_off_menu:
+    if flagged and raise_off_menu and off_menu is not None and off_menu_threshold is not None:
         raise OffMenuError(
             f"off-menu mass {off_menu:.4f} exceeds the threshold {off_menu_threshold}",
-            off_menu_mass=off_menu,  # type: ignore[arg-type]
-            threshold=off_menu_threshold,  # type: ignore[arg-type]
+            off_menu_mass=off_menu,
+            threshold=off_menu_threshold,
         )
     diagnostics = Diagnostics(
         prompt=read.prompt or (request.prompt or request.user_text),

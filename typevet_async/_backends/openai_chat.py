@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from typevet_async.core.generation import ChatOutput
-from typevet_async.errors import ProtocolError
-from typevet_async.images import Image
+from typevet_async._core.generation import ChatOutput
+from typevet_async._core.layouts import ImagePart
+from typevet_async._errors import ProtocolError
 
 __all__ = ["json_schema_response_format", "parse_chat_output", "user_message"]
 
@@ -15,7 +15,7 @@ __all__ = ["json_schema_response_format", "parse_chat_output", "user_message"]
 NO_THINKING = {"enable_thinking": False}
 
 
-def user_message(text: str, images: Sequence[Image] = ()) -> dict[str, Any]:
+def user_message(text: str, images: Sequence[ImagePart] = ()) -> dict[str, Any]:
     """One user message; images come first as ``image_url`` data URIs, then the text."""
     if not images:
         return {"role": "user", "content": text}

@@ -7,22 +7,21 @@ id, a non-finite or positive logprob are typed errors. A missing value is never 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
-from typevet_async.errors import InvalidLogprobsError, ProtocolError
+from typevet_async._errors import InvalidLogprobsError, ProtocolError
 
 __all__ = [
     "LOGPROB_SLACK",
     "CandidateRead",
     "TopLogprobs",
-    "clamp_candidates",
-    "find_candidates",
-    "find_option_candidates",
+    "clamp_missing",
+    "missing_options",
     "off_menu_mass",
+    "present_candidates",
     "read_entries",
-    "require_candidates",
     "softmax",
     "validated_entries",
 ]
@@ -64,7 +63,10 @@ class CandidateRead:
 def validated_entries(
     entries: Sequence[tuple[int, float]], *, allow_positive: bool = False
 ) -> dict[int, float]:
-    """Entries by token id; a repeated id, a non-finite value or a positive logprob is refused."""
+    """Entries by token id; a repeated id, a non-finite value or a positive logprob is refused.
+
+    The one check of a read's entries, whichever backend returned them.
+    """
     logprobs: dict[int, float] = {}
     for token_id, logprob in entries:
         if token_id in logprobs:
@@ -91,71 +93,42 @@ def read_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
     return validated_entries(top.entries)
 
 
-def find_option_candidates(
-    top: TopLogprobs, groups: Sequence[Sequence[int]], vocab_size: int
-) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
-    """The ids present in a top-K read and their logprobs, once every option has at least one
-    of its accepted tokens there (an option may accept several: Jev's ``A`` and ``" A"``).
+def missing_options(
+    logprobs: Mapping[int, float], groups: Sequence[Sequence[int]]
+) -> list[tuple[int, ...]]:
+    """The options none of whose accepted tokens was read (an option may accept several:
+    Jev's ``A`` and ``" A"``); empty when every option has a value.
 
-    An option's value is the maximum over its tokens; a token missing from the top-K is below
-    every token read, so it cannot be that maximum when another of the option's tokens is
-    present, and no larger read is needed for it. None: some option has no token in the read.
-
-    :raises ProtocolError: as `read_entries`.
-    :raises InvalidLogprobsError: as `read_entries`, or the read already covered the whole
-        vocabulary and an option still has no token in it.
+    This is the one rule for a missing candidate. An option's value is the maximum over its
+    tokens, and a token missing from a top-K read is below every token read, so an option with
+    one token present needs no larger read for the others.
     """
-    logprobs = read_entries(top, vocab_size)
-    if all(any(token in logprobs for token in group) for group in groups):
-        present = tuple(token for group in groups for token in group if token in logprobs)
-        return present, tuple(logprobs[token] for token in present)
-    if top.requested >= vocab_size:
-        missing = [t for group in groups if not any(t in logprobs for t in group) for t in group]
-        raise InvalidLogprobsError(
-            f"candidate token ids {missing} are missing from a whole-vocabulary read"
-        )
-    return None
+    return [tuple(group) for group in groups if not any(token in logprobs for token in group)]
 
 
-def find_candidates(
-    top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
-) -> tuple[float, ...] | None:
-    """`find_option_candidates` where every option accepts exactly one token: the candidates'
-    logprobs in candidate order; None when a larger read may find the rest."""
-    found = find_option_candidates(top, [(token,) for token in candidate_ids], vocab_size)
-    return None if found is None else found[1]
+def present_candidates(
+    logprobs: Mapping[int, float], groups: Sequence[Sequence[int]]
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The options' tokens that were read, in option order, and their logprobs."""
+    present = tuple(token for group in groups for token in group if token in logprobs)
+    return present, tuple(logprobs[token] for token in present)
 
 
-def clamp_candidates(
-    top: TopLogprobs, candidate_ids: Sequence[int], vocab_size: int
-) -> tuple[tuple[float, ...], bool]:
-    """Jev's policy: a candidate missing from the top-N gets the lowest logprob returned.
+def clamp_missing(
+    logprobs: Mapping[int, float], groups: Sequence[Sequence[int]]
+) -> tuple[tuple[int, ...], tuple[float, ...], bool]:
+    """Jev's policy: an option none of whose tokens is in the top-K gets the lowest logprob
+    returned, on its control's token. Returns the ids, their logprobs and whether any option
+    was filled in (``truncated``).
 
-    Returns the logprobs and whether any candidate was filled in (``truncated``).
-
-    :raises ProtocolError: as `read_entries`.
-    :raises InvalidLogprobsError: as `read_entries`, or the read returned nothing at all.
+    :raises InvalidLogprobsError: the read returned nothing at all.
     """
-    logprobs = read_entries(top, vocab_size)
     if not logprobs:
         raise InvalidLogprobsError("the read returned no logprobs to clamp to")
     floor = min(logprobs.values())
-    values = tuple(logprobs.get(token_id, floor) for token_id in candidate_ids)
-    return values, any(token_id not in logprobs for token_id in candidate_ids)
-
-
-def require_candidates(
-    entries: Sequence[tuple[int, float]],
-    candidate_ids: Sequence[int],
-    *,
-    allow_positive: bool = False,
-) -> tuple[float, ...]:
-    """The candidates' values from a read that names them explicitly: all must be there."""
-    logprobs = validated_entries(entries, allow_positive=allow_positive)
-    missing = [token_id for token_id in candidate_ids if token_id not in logprobs]
-    if missing:
-        raise InvalidLogprobsError(f"candidate token ids {missing} are missing from the read")
-    return tuple(logprobs[token_id] for token_id in candidate_ids)
+    filled = {group[0]: floor for group in missing_options(logprobs, groups)}
+    ids, values = present_candidates({**logprobs, **filled}, groups)
+    return ids, values, bool(filled)
 
 
 def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:

@@ -1,0 +1,102 @@
+"""The one protocol every backend implements, and the capabilities it declares.
+
+A session never asks which backend it holds: what differs between servers is either inside the
+backend (its configuration, its HTTP client, its server's lifecycle, the request bodies) or
+declared here as a `Capabilities` record that the judgment and generation pipelines read.
+The README's "Writing a backend" section walks through a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import attrs
+
+from typevet_async._core.generation import ChatOutput, GenerationRequest
+from typevet_async._core.probe import Probe
+from typevet_async._core.readings import CandidateRead
+from typevet_async._core.scoring import ScoringRequest
+from typevet_async._options import Unset, boolean, one_of, optional, positive_int
+
+__all__ = ["Backend", "Capabilities", "Framing"]
+
+#: ``"sdk"``: the SDK frames the raw prefix in the served family's own turn markers and the
+#: backend scores ``ScoringRequest.prompt`` (llama.cpp ``/completion``); the served template
+#: must then be a native Gemma family. ``"server"``: the server applies its own chat template
+#: to ``ScoringRequest.messages`` (vLLM ``/v1/chat/completions``).
+Framing = Literal["sdk", "server"]
+
+
+@attrs.frozen(kw_only=True)
+class Capabilities:
+    """What a backend can do, declared once, read by the pipelines (never by the session)."""
+
+    framing: Framing = attrs.field(validator=one_of(Framing))
+    #: Whether the server keeps a read's prompt in a slot cache that the next read of the same
+    #: prefix reuses, so that the session's ``prefix_reuse`` scheduling applies.
+    prefix_reuse: bool = attrs.field(validator=boolean)
+    #: Most candidate tokens one read can take (vLLM: 128); None for no limit.
+    max_candidates: int | None = attrs.field(default=None, validator=optional(positive_int))
+    #: Whether schema-bound generation may take images.
+    generation_images: bool = attrs.field(validator=boolean)
+    #: Most requests the backend takes at once from this client whatever the session's
+    #: ``max_concurrency`` (llama.cpp with ``reproducible=True``: 1); None for no limit.
+    max_concurrency: int | None = attrs.field(default=None, validator=optional(positive_int))
+
+
+class Backend(Protocol):
+    """What a session needs from a backend.
+
+    A backend owns its configuration, its HTTP client and, where it has one, its server's
+    lifecycle. The session calls `open` once before anything else and `aclose` once at the end;
+    `probe` once, then any number of concurrent `read` and `generate` calls (the session's
+    semaphore bounds them).
+    """
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can do (constant for its lifetime)."""
+        ...
+
+    @property
+    def model(self) -> str | None:
+        """The model every request is pinned to, if any."""
+        ...
+
+    async def open(self) -> None:
+        """Open the connection pool (and start the server, for an embedded one).
+
+        :raises SessionStateError: the backend was closed.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Close the pool (and stop an embedded server). Safe to call twice."""
+        ...
+
+    async def probe(self) -> Probe:
+        """Classify the served template, find the controls' token ids and the vocabulary size.
+
+        :raises ConfigurationError: the server does not serve the pinned model.
+        :raises BackendError: the server could not be read.
+        """
+        ...
+
+    async def read(
+        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
+    ) -> CandidateRead:
+        """The candidates' full-vocabulary logprobs at the answer position of ``request``.
+
+        ``max_retries`` `UNSET`: the backend's retry policy.
+
+        :raises BackendError: the read failed, or its logprobs failed validation.
+        """
+        ...
+
+    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        """One schema-bound chat completion, as the server returned it (the pipeline parses
+        and validates it).
+
+        :raises BackendError: the request failed.
+        """
+        ...

@@ -1,0 +1,409 @@
+"""llama.cpp's HTTP server: template probe, control tokenization and exact top-K scoring reads.
+
+Pure functions build each request body and interpret each response; `AsyncLlamaCpp` only
+awaits between them. A scoring read asks for the top K logprobs at the answer position
+(``n_predict: 0``, pre-sampling probabilities, so they are full-vocabulary log-softmax values).
+If every candidate is among them the read is exact; otherwise it reads again with a larger K,
+up to the whole vocabulary. A missing candidate is never estimated.
+
+The backend owns its configuration (`LlamaCppConfig`), its HTTP client and, with no URL, the
+embedded server's lifecycle (`typevet_async._backends.embedded`).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import anyio
+import attrs
+
+from typevet_async._backends.base import Capabilities
+from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
+from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
+from typevet_async._backends.openai_chat import (
+    NO_THINKING,
+    json_schema_response_format,
+    parse_chat_output,
+    user_message,
+)
+from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
+from typevet_async._core.framing import PROBE_MESSAGE, classify_template
+from typevet_async._core.generation import ChatOutput, GenerationRequest
+from typevet_async._core.layouts import ImagePart, Message
+from typevet_async._core.probe import Probe, check_served_model
+from typevet_async._core.readings import (
+    CandidateRead,
+    TopLogprobs,
+    clamp_missing,
+    missing_options,
+    present_candidates,
+    read_entries,
+)
+from typevet_async._core.scoring import ScoringRequest
+from typevet_async._errors import (
+    CandidateMissingError,
+    ConfigurationError,
+    InvalidLogprobsError,
+    ProtocolError,
+    SessionStateError,
+)
+from typevet_async._fanout import gather_in_order
+from typevet_async._options import Unset, boolean, one_of, optional, positive_int
+
+__all__ = [
+    "DEFAULT_CLAMP_TOP_K",
+    "DEFAULT_TOP_K",
+    "AsyncLlamaCpp",
+    "LlamaCppConfig",
+    "OnMissing",
+    "completion_body",
+    "next_top_k",
+    "parse_completion",
+]
+
+#: The first read under ``on_missing="exact"``. The size of a read does not change an answer:
+#: llama.cpp's float32 normaliser shifts every logprob of a top-K read by one common amount
+#: (measured: up to 4.7e-4 at K=4,096 against a whole-vocabulary read), which cancels in the
+#: answer's softmax. 4,096 finds every candidate of this model's questions in one read.
+DEFAULT_TOP_K = 4096
+#: The one read under ``on_missing="clamp"`` and ``"error"``: the Jev gateway reads 20.
+DEFAULT_CLAMP_TOP_K = 20
+#: Each escalation asks for this many times more entries (capped at the vocabulary).
+ESCALATION_FACTOR = 32
+
+OnMissing = Literal["exact", "clamp", "error"]
+
+
+def _url_or_none(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or "://" not in value):
+        raise ConfigurationError(f"{attribute.name} must be an http(s) URL, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class LlamaCppConfig:
+    """A llama.cpp backend's settings; checked when built.
+
+    :param base_url: the server's URL; None starts the embedded server (``server``).
+    :param model: if given, the server must serve a model of that id or alias.
+    :param top_k: logprobs asked for on the first read (default: 4,096 under ``exact``, 20
+        under ``clamp`` and ``error``). Under ``exact`` a read that misses a candidate is
+        repeated with a larger K, up to the whole vocabulary; under ``clamp`` and ``error`` it
+        is the only read.
+    :param on_missing: ``"exact"`` (escalate until every option is read), ``"clamp"`` (Jev:
+        a missing option gets the lowest logprob returned and the answer is flagged
+        ``truncated``) or ``"error"`` (`CandidateMissingError`).
+    :param reproducible: bit-identical answers under the same server: no prompt cache and one
+        read at a time. See the README for the cost.
+    :param server: how to start the embedded server, when ``base_url`` is None.
+    """
+
+    base_url: str | None = attrs.field(default=None, validator=_url_or_none)
+    model: str | None = None
+    top_k: int | None = attrs.field(default=None, validator=optional(positive_int))
+    on_missing: OnMissing = attrs.field(default="exact", validator=one_of(OnMissing))
+    reproducible: bool = attrs.field(default=False, validator=boolean)
+    http: HttpSettings = attrs.field(factory=HttpSettings)
+    server: ServerOptions | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.base_url is None) == (self.server is None):
+            raise ConfigurationError(
+                "a llama.cpp backend needs either base_url or embedded server options, not both"
+            )
+
+    @property
+    def first_top_k(self) -> int:
+        if self.top_k is not None:
+            return self.top_k
+        return DEFAULT_TOP_K if self.on_missing == "exact" else DEFAULT_CLAMP_TOP_K
+
+
+def completion_body(
+    prompt: str, top_k: int, *, cache_prompt: bool, images: Sequence[ImagePart] = ()
+) -> dict[str, Any]:
+    """A one-position read: no tokens generated, the top-K full-vocabulary logprobs returned.
+
+    With images the prompt becomes ``{"prompt_string", "multimodal_data"}``; the prefix holds
+    one media marker per image, in order.
+    """
+    body_prompt: Any = prompt
+    if images:
+        body_prompt = {
+            "prompt_string": prompt,
+            "multimodal_data": [base64.b64encode(image.data).decode("ascii") for image in images],
+        }
+    return {
+        "prompt": body_prompt,
+        "n_predict": 0,
+        "n_probs": top_k,
+        "post_sampling_probs": False,
+        "cache_prompt": cache_prompt,
+        "return_tokens": False,
+    }
+
+
+def template_body(messages: Sequence[Message]) -> dict[str, Any]:
+    """Render messages through the served template, thinking off, ending at the answer."""
+    return {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def parse_props(payload: Any) -> tuple[bool, str | None]:
+    """Whether the server declares vision, and its media marker."""
+    if not isinstance(payload, dict):
+        raise ProtocolError("/props is not an object", payload=payload)
+    vision = bool((payload.get("modalities") or {}).get("vision", False))
+    marker = payload.get("media_marker")
+    return vision, marker if isinstance(marker, str) and marker else None
+
+
+def _field(payload: Any, *path: str | int) -> Any:
+    value = payload
+    for key in path:
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            dotted = ".".join(str(part) for part in path)
+            raise ProtocolError(f"response has no {dotted}", payload=payload) from None
+    return value
+
+
+def parse_completion(payload: Any, requested: int) -> tuple[TopLogprobs, int, int]:
+    """The top logprobs at the first position, prompt tokens and cached prompt tokens."""
+    echoed = (
+        payload.get("generation_settings", {}).get("n_probs") if isinstance(payload, dict) else None
+    )
+    if echoed is not None and echoed != requested:
+        raise ProtocolError(f"asked for n_probs {requested}, server echoed {echoed}")
+    top = _field(payload, "completion_probabilities", 0, "top_logprobs")
+    if not isinstance(top, list):
+        raise ProtocolError("top_logprobs is not a list", payload=payload)
+    try:
+        entries = tuple((int(item["id"]), float(item["logprob"])) for item in top)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ProtocolError(f"malformed top_logprobs entry: {error}") from None
+    prompt_tokens = int(payload.get("tokens_evaluated", 0))
+    cached = int(payload.get("timings", {}).get("cache_n", 0))
+    return TopLogprobs(entries, requested), prompt_tokens, cached
+
+
+def next_top_k(top_k: int, vocab_size: int) -> int:
+    """The next, larger read: never below DEFAULT_TOP_K (capped at the vocabulary)."""
+    return min(max(top_k * ESCALATION_FACTOR, DEFAULT_TOP_K), vocab_size)
+
+
+def generation_body(request: GenerationRequest) -> dict[str, Any]:
+    """Schema-bound chat completion: llama.cpp compiles the schema into a grammar."""
+    return {
+        "messages": [user_message(request.prompt)],
+        "response_format": json_schema_response_format(request.schema),
+        "temperature": 0.0,
+        "max_tokens": request.max_tokens,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def tokenize_body(text: str) -> dict[str, Any]:
+    return {"content": text, "add_special": False}
+
+
+def parse_tokens(payload: Any) -> list[int]:
+    tokens = _field(payload, "tokens")
+    if not isinstance(tokens, list):
+        raise ProtocolError("tokens is not a list", payload=payload)
+    return [int(token["id"] if isinstance(token, dict) else token) for token in tokens]
+
+
+def parse_models(payload: Any) -> tuple[int, tuple[str, ...]]:
+    """The vocabulary size and every id and alias the server answers to, from /v1/models."""
+    vocab_size = int(_field(payload, "data", 0, "meta", "n_vocab"))
+    names: list[str] = []
+    for model in _field(payload, "data"):
+        names.append(str(model.get("id", "")))
+        names.extend(str(alias) for alias in model.get("aliases", ()))
+    return vocab_size, tuple(name for name in names if name)
+
+
+def probe_template_body() -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": PROBE_MESSAGE}]}
+
+
+class AsyncLlamaCpp:
+    """Scoring (``POST /completion``) and generation client for llama.cpp's server."""
+
+    def __init__(self, config: LlamaCppConfig) -> None:
+        self.config = config
+        self._capabilities = Capabilities(
+            framing="sdk",
+            prefix_reuse=True,
+            generation_images=False,
+            max_concurrency=1 if config.reproducible else None,
+        )
+        self._server = EmbeddedServer(config.server) if config.server is not None else None
+        self._http: HttpClient | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        where = self.config.base_url or "embedded"
+        return (
+            f"AsyncLlamaCpp({where!r}, top_k={self.config.first_top_k}, "
+            f"on_missing={self.config.on_missing!r}, reproducible={self.config.reproducible})"
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def model(self) -> str | None:
+        return self.config.model
+
+    @property
+    def base_url(self) -> str | None:
+        """Where the server listens (for the embedded server: once open)."""
+        if self._http is not None:
+            return self._http.base_url
+        return self.config.base_url
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this backend starts and stops its own (embedded) server."""
+        return self._server is not None
+
+    async def open(self) -> None:
+        if self._closed:
+            raise SessionStateError("cannot reopen a closed backend")
+        if self._http is not None:
+            return
+        url = self.config.base_url
+        if self._server is not None:
+            url = await anyio.to_thread.run_sync(self._server.start)
+        assert url is not None  # the config holds a URL or server options
+        self._http = HttpClient(url, self.config.http)
+        await self._http.open()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if self._http is not None:
+                await self._http.aclose()
+            if self._server is not None:
+                await anyio.to_thread.run_sync(self._server.stop)
+
+    @property
+    def http(self) -> HttpClient:
+        if self._http is None:
+            raise SessionStateError("the llama.cpp backend is not open")
+        return self._http
+
+    async def probe(self) -> Probe:
+        """Classify the served template, tokenize every control, read vocabulary and vision."""
+        vocab_size, model_ids = parse_models(await self.http.get_json("/v1/models"))
+        check_served_model(self.config.model, model_ids)
+        template = await self.http.post_json("/apply-template", probe_template_body())
+        rendered = str(_field(template, "prompt"))
+        tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
+        vision, marker = parse_props(await self.http.get_json("/props"))
+        return Probe(
+            classify_template(rendered),
+            rendered,
+            control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True))),
+            vocab_size,
+            model_ids,
+            vision=vision,
+            media_marker=marker,
+        )
+
+    async def tokenize(self, text: str) -> list[int]:
+        return parse_tokens(await self.http.post_json("/tokenize", tokenize_body(text)))
+
+    async def _render(
+        self, request: ScoringRequest, max_retries: int | Unset, attempts: Attempts
+    ) -> str:
+        """The served template's rendering of the request's messages, ending at the answer."""
+        payload = await self.http.post_json(
+            "/apply-template",
+            template_body(request.messages),
+            max_retries=max_retries,
+            attempts=attempts,
+        )
+        rendered = str(_field(payload, "prompt"))
+        if request.answer_prefill and not rendered.endswith(request.answer_prefill):
+            rendered += request.answer_prefill
+        return rendered
+
+    async def read(
+        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
+    ) -> CandidateRead:
+        """The candidates' logprobs at the answer position, under the truncation policy.
+
+        ``exact`` escalates K until every option is present (never estimates); ``clamp`` and
+        ``error`` read the top K once and fill in, or refuse, a missing option.
+        """
+        attempts = Attempts()
+        prompt = (
+            request.prompt
+            if request.prompt is not None
+            else await self._render(request, max_retries, attempts)
+        )
+        images = [image for message in request.messages for image in message.images]
+        groups = request.option_groups
+        policy = self.config.on_missing
+        vocab_size = probe.vocab_size
+        top_k = min(self.config.first_top_k, vocab_size)
+        reads = prompt_tokens = cached_tokens = 0
+        while True:
+            body = completion_body(
+                prompt, top_k, cache_prompt=not self.config.reproducible, images=images
+            )
+            payload = await self.http.post_json(
+                "/completion", body, max_retries=max_retries, attempts=attempts
+            )
+            top, read_tokens, read_cached = parse_completion(payload, top_k)
+            reads, prompt_tokens, cached_tokens = (
+                reads + 1, prompt_tokens + read_tokens, cached_tokens + read_cached
+            )  # fmt: skip
+            entries = read_entries(top, vocab_size)
+            missing = missing_options(entries, groups)
+            if missing and policy == "exact":
+                if top_k >= vocab_size:
+                    raise InvalidLogprobsError(
+                        f"candidate token ids {[t for g in missing for t in g]} are missing "
+                        "from a whole-vocabulary read"
+                    )
+                top_k = next_top_k(top_k, vocab_size)
+                continue
+            if missing and policy == "error":
+                tokens = tuple(token for group in missing for token in group)
+                raise CandidateMissingError(
+                    f"candidate token ids {list(tokens)} are outside the top {top_k} "
+                    "(on_missing='error')",
+                    missing=tokens,
+                )
+            ids, logprobs = present_candidates(entries, groups)
+            truncated = False
+            if missing:  # clamp
+                ids, logprobs, truncated = clamp_missing(entries, groups)
+            return CandidateRead(
+                ids,
+                logprobs,
+                top_k,
+                reads,
+                prompt_tokens,
+                cached_tokens,
+                prompt=prompt,
+                policy=policy,
+                truncated=truncated,
+                attempts=attempts.count,
+            )
+
+    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        payload = await self.http.post_json(
+            "/v1/chat/completions", generation_body(request), max_retries=max_retries
+        )
+        return parse_chat_output(payload)

@@ -1,0 +1,78 @@
+"""Schema-bound generation: the request, the server's output, and turning that output into a
+`Generation` (or a typed error)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from jsonschema import Draft202012Validator
+
+from typevet_async._core.jsonvalues import MAX_JSON_DEPTH, json_depth, parse_json
+from typevet_async._core.layouts import ImagePart
+from typevet_async._core.schemas import validate_output
+from typevet_async._errors import GenerationError, TruncatedOutputError
+
+__all__ = ["ChatOutput", "Generation", "GenerationRequest", "interpret_output"]
+
+
+@attrs.frozen
+class GenerationRequest:
+    """One schema-bound generation, checked: what a backend sends."""
+
+    prompt: str
+    #: The JSON Schema, already checked against Draft 2020-12.
+    schema: Any
+    images: tuple[ImagePart, ...]
+    max_tokens: int
+
+
+@attrs.frozen
+class ChatOutput:
+    """The first choice of a chat completion, as the server returned it."""
+
+    content: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@attrs.frozen
+class Generation:
+    """A schema-bound generation: ``value`` passed the schema; ``raw`` is the text returned."""
+
+    value: Any
+    raw: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def interpret_output(output: ChatOutput, validator: Draft202012Validator) -> Generation:
+    """The generation, once the output is complete, parses as JSON and passes the schema.
+
+    :raises TruncatedOutputError: the token limit stopped the output.
+    :raises GenerationError: empty content, not JSON (NaN and Infinity included), or nested
+        deeper than `MAX_JSON_DEPTH`.
+    :raises OutputValidationError: the value does not pass the schema.
+    """
+    if output.finish_reason == "length":
+        raise TruncatedOutputError(
+            f"output cut off by the token limit after {output.completion_tokens} tokens",
+            raw=output.content,
+        )
+    if not output.content.strip():
+        raise GenerationError(
+            f"the server returned empty content (finish_reason {output.finish_reason!r})",
+            raw=output.content,
+        )
+    try:
+        value = parse_json(output.content)
+    except ValueError as error:
+        raise GenerationError(f"output is not valid JSON: {error}", raw=output.content) from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise GenerationError(f"output nests deeper than {MAX_JSON_DEPTH}", raw=output.content)
+    validate_output(validator, value, output.content)
+    return Generation(
+        value, output.content, output.finish_reason, output.prompt_tokens, output.completion_tokens
+    )

@@ -1,0 +1,43 @@
+"""What a session learns about its server once, and the model pin checked against it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from typevet_async._core.framing import TemplateFamily
+from typevet_async._errors import ConfigurationError
+
+__all__ = ["Probe", "check_requested_model", "check_served_model"]
+
+
+@attrs.frozen
+class Probe:
+    """The served template's family, the controls' token ids, the vocabulary and vision."""
+
+    family: TemplateFamily
+    rendered_template: str
+    control_ids: Mapping[str, int]
+    vocab_size: int
+    model_ids: tuple[str, ...] = ()
+    #: Whether the server declares it takes images, and the text that marks where one goes.
+    vision: bool = False
+    media_marker: str | None = None
+
+
+def check_served_model(pinned: str | None, served: tuple[str, ...]) -> None:
+    """:raises ConfigurationError: the session is pinned to a model the server does not serve."""
+    if pinned is not None and pinned not in served:
+        raise ConfigurationError(
+            f"the session is pinned to model {pinned!r}, the server serves {list(served)!r}"
+        )
+
+
+def check_requested_model(pinned: str | None, requested: str | None) -> None:
+    """:raises ConfigurationError: a call names a model other than the session's pin."""
+    if requested is not None and requested != pinned:
+        raise ConfigurationError(
+            f"this session is pinned to model {pinned!r}; a call for {requested!r} was "
+            "refused before any request"
+        )

@@ -1,0 +1,152 @@
+"""The judgment pipeline: plan every question, schedule the reads, interpret, gather in order.
+
+Planning is pure and happens before any request, so bad input fails with nothing sent. The
+reads then run as tasks, each holding one slot of the session's semaphore, in the order the
+prefix-reuse strategy picks (where the backend declares prefix reuse). The first error in
+question order fails the judgment; its sibling reads are cancelled with the task group, so no
+task outlives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import attrs
+
+from typevet_async._backends.base import Backend
+from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
+from typevet_async._core.probe import Probe
+from typevet_async._core.questions import Question
+from typevet_async._core.scoring import ScoringRequest, interpret_read, plan_question
+from typevet_async._errors import InvalidInputError, TypevetError, UnsupportedTemplateError
+from typevet_async._fanout import gather_in_order
+from typevet_async._images import Image
+from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
+
+__all__ = ["plan_judgment", "read_judgment"]
+
+
+@attrs.frozen
+class _Scored:
+    answer: Answer
+    diagnostics: Diagnostics
+    usage: Usage
+
+
+def plan_judgment(
+    backend: Backend,
+    probe: Probe,
+    settings: SessionSettings,
+    state_text: str,
+    questions: Sequence[tuple[str, Question]],
+    images: tuple[Image, ...],
+) -> list[ScoringRequest]:
+    """Every question's scoring request, or the error that refuses the judgment unsent.
+
+    :raises UnsupportedTemplateError: the SDK frames prompts and the served template is not a
+        native Gemma family.
+    :raises InvalidInputError: images for a server that does not declare vision.
+    :raises TooManyOptionsError: a question needs more controls or candidates than there are.
+    """
+    capabilities = backend.capabilities
+    family = probe.family if capabilities.framing == "sdk" else None
+    if family is not None and not family.is_native:
+        raise UnsupportedTemplateError(
+            f"the served chat template is {family.value}, not a native Gemma 4 or "
+            f"Gemma 3 template; judgments need the model's own turn markers",
+            family=family.value,
+            rendered=probe.rendered_template,
+        )
+    if images and not probe.vision:
+        raise InvalidInputError(
+            "the server does not declare vision (/props modalities); images were refused "
+            "before any scoring read"
+        )
+    return [
+        plan_question(
+            question_id,
+            question,
+            state_text,
+            family=family,
+            control_ids=probe.control_ids,
+            layout=settings.layout,
+            images=images,
+            media_marker=probe.media_marker,
+            max_candidates=capabilities.max_candidates,
+        )
+        for question_id, question in questions
+    ]
+
+
+def _from_cache(usage: Usage) -> bool:
+    """Most of the read's prompt came from the server's cache (so it reuses prefixes)."""
+    return usage.cached_tokens * 2 >= usage.prompt_tokens > 0
+
+
+async def read_judgment(
+    backend: Backend,
+    probe: Probe,
+    slots: anyio.Semaphore,
+    requests: list[ScoringRequest],
+    strategy: PrefixReuse,
+    options: ReadOptions,
+) -> Judgment:
+    """Read every request (under ``strategy`` where the backend reuses prefixes) and gather
+    the answers in request order."""
+
+    async def score(request: ScoringRequest) -> _Scored:
+        async with slots:
+            read = await backend.read(request, probe, max_retries=options.max_retries)
+        answer, diagnostics = interpret_read(
+            request,
+            read,
+            off_menu_threshold=options.off_menu_threshold,
+            raise_off_menu=options.raise_off_menu,
+        )
+        usage = Usage(read.prompt_tokens, read.cached_tokens, read.reads)
+        return _Scored(answer, diagnostics, usage)
+
+    def tag(error: TypevetError, index: int) -> None:
+        if error.question_id is None:
+            error.question_id = requests[index].question_id
+
+    async def read_all(batch: list[ScoringRequest], offset: int) -> list[_Scored]:
+        return await gather_in_order(batch, score, tag=lambda e, i: tag(e, offset + i))
+
+    if not backend.capabilities.prefix_reuse or len(requests) < 2:
+        strategy = "off"
+    scored = await _schedule(requests, strategy, read_all)
+    usage = Usage()
+    for item in scored:
+        usage += item.usage
+    return Judgment(
+        {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},
+        usage,
+        {r.question_id: s.diagnostics for r, s in zip(requests, scored, strict=True)},
+    )
+
+
+ReadAll = Callable[[list[ScoringRequest], int], Awaitable[list[_Scored]]]
+
+
+async def _schedule(
+    requests: list[ScoringRequest], strategy: PrefixReuse, read_all: ReadAll
+) -> list[_Scored]:
+    """The reads in the order ``strategy`` picks (``read_all(batch, offset)`` reads a batch
+    at once); results in request order."""
+    if strategy == "off":
+        return await read_all(requests, 0)
+    alone = 2 if strategy in ("auto", "sequential") else 1
+    scored: list[_Scored] = []
+    for index in range(alone):
+        scored += await read_all(requests[index : index + 1], index)
+    if strategy == "auto":
+        strategy = "sequential" if _from_cache(scored[-1].usage) else "first"
+    if strategy == "sequential":
+        # Each read finds the state in the slot the previous one left it in.
+        for index in range(alone, len(requests)):
+            scored += await read_all(requests[index : index + 1], index)
+    elif len(requests) > alone:
+        scored += await read_all(requests[alone:], alone)
+    return scored

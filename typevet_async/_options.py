@@ -1,0 +1,131 @@
+"""The vocabulary of settings: the `UNSET` sentinel and the validators every config record uses.
+
+Each rule about a setting's value is written here once; the attrs records (`SessionSettings`,
+the backends' configs, `HttpSettings`, `RetryPolicy`) and the per-call overrides all use these
+validators, so a value is refused in the same words wherever it is given.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import typing
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import attrs
+
+from typevet_async._errors import ConfigurationError
+
+__all__ = [
+    "UNSET",
+    "Unset",
+    "boolean",
+    "non_negative_int",
+    "non_negative_number",
+    "one_of",
+    "optional",
+    "positive_int",
+    "positive_number",
+    "probability_or_none",
+    "resolve",
+    "unset_or",
+]
+
+T = TypeVar("T")
+Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+
+class Unset(enum.Enum):
+    """The type of `UNSET`: "not given, use the session's setting" (distinct from None)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: The default of every per-call override: fall back to the session's (or backend's) setting.
+UNSET: Final = Unset.UNSET
+
+
+def resolve(value: T | Unset, default: T) -> T:
+    """``value``, or ``default`` where the caller left it `UNSET`."""
+    return default if isinstance(value, Unset) else value
+
+
+def _refuse(attribute: attrs.Attribute[Any], wanted: str, value: Any) -> None:
+    raise ConfigurationError(f"{attribute.name} must be {wanted}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_int(value) or value < 1:
+        _refuse(attribute, "a positive integer", value)
+
+
+def non_negative_int(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_int(value) or value < 0:
+        _refuse(attribute, "an integer >= 0", value)
+
+
+def _is_finite_number(value: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value)
+
+
+def positive_number(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_finite_number(value) or not value > 0:
+        _refuse(attribute, "a positive, finite number", value)
+
+
+def non_negative_number(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_finite_number(value) or value < 0:
+        _refuse(attribute, "a finite number >= 0", value)
+
+
+def probability_or_none(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if not _is_finite_number(value) or not 0.0 <= value <= 1.0:
+        _refuse(attribute, "in [0, 1] or None", value)
+
+
+def boolean(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        _refuse(attribute, "True or False", value)
+
+
+def one_of(kind: Any) -> Validator:
+    """A validator for the values of a ``Literal`` type, read from the type itself."""
+    allowed = typing.get_args(kind)
+    wanted = "one of " + ", ".join(repr(value) for value in allowed)
+
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, str) or value not in allowed:
+            _refuse(attribute, wanted, value)
+
+    return check
+
+
+def optional(validator: Validator) -> Validator:
+    """``validator``, or None."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None:
+            validator(instance, attribute, value)
+
+    return check
+
+
+def unset_or(validator: Validator) -> Validator:
+    """``validator``, or `UNSET`."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, Unset):
+            validator(instance, attribute, value)
+
+    return check

@@ -1,0 +1,486 @@
+"""The async session: a facade over one backend that orchestrates and delegates.
+
+It holds the backend (which owns its configuration, HTTP pool and, for the embedded server,
+the server's lifecycle), the session's settings, the probe result (read once) and the one
+semaphore every read and generation of the session shares. Judgments run through
+`typevet_async._judging`, generations through `typevet_async._generating`, batches through
+`typevet_async._batch`. Nothing here knows which backend it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from types import TracebackType
+from typing import Any, Literal, overload
+
+import aiohttp
+import anyio
+
+from typevet_async._backends.base import Backend
+from typevet_async._backends.embedded import ServerOptions
+from typevet_async._backends.http import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_REQUEST_TIMEOUT,
+    HttpSettings,
+    RetryPolicy,
+)
+from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
+from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
+from typevet_async._batch import BatchItem, Progress, judge_stream
+from typevet_async._core.answers import Judgment
+from typevet_async._core.generation import Generation
+from typevet_async._core.jsonvalues import render_state
+from typevet_async._core.probe import Probe, check_requested_model
+from typevet_async._core.questions import Question, check_questions
+from typevet_async._errors import (
+    ConfigurationError,
+    DeadlineExceededError,
+    SessionStateError,
+    TypevetError,
+)
+from typevet_async._generating import generate_in_order, generate_settled, plan_generations
+from typevet_async._images import Image, check_images
+from typevet_async._judging import plan_judgment, read_judgment
+from typevet_async._options import UNSET, Unset
+from typevet_async._settings import (
+    DEFAULT_MAX_CONCURRENCY,
+    BatchOptions,
+    GenerationOptions,
+    ReadOptions,
+    SessionSettings,
+)
+
+__all__ = ["Session"]
+
+
+def _http(
+    api_key: str | None,
+    request_timeout: float,
+    max_retries: int,
+    trace_configs: Sequence[aiohttp.TraceConfig],
+) -> HttpSettings:
+    return HttpSettings(
+        api_key=api_key,
+        request_timeout=request_timeout,
+        retry=RetryPolicy(max_retries=max_retries),
+        trace_configs=trace_configs,
+    )
+
+
+@contextlib.contextmanager
+def _deadline(timeout: float | None, what: str) -> Iterator[None]:
+    """``timeout`` seconds for a whole call; past it, `DeadlineExceededError`."""
+    try:
+        with anyio.fail_after(timeout):
+            yield
+    except TypevetError:
+        raise  # a RequestTimeoutError is a TimeoutError too: it stays what it is
+    except TimeoutError:
+        raise DeadlineExceededError(
+            f"{what} did not finish within {timeout} s; its requests were cancelled"
+        ) from None
+
+
+class Session:
+    """An open connection to one model server, for judgments and schema-bound generations.
+
+    Build one with `Session.llama_cpp`, `Session.vllm`, `Session.local` or `Session.from_env`
+    (or from any `Backend` and `SessionSettings`), and use it as an async context manager.
+    Every call of the session shares its ``max_concurrency``.
+    """
+
+    def __init__(self, backend: Backend, settings: SessionSettings | None = None) -> None:
+        self._backend = backend
+        self._settings = settings if settings is not None else SessionSettings()
+        limit = backend.capabilities.max_concurrency
+        slots = self._settings.max_concurrency
+        self._slots = anyio.Semaphore(slots if limit is None else min(slots, limit))
+        self._state: Literal["unopened", "open", "closed"] = "unopened"
+        self._probe: Probe | None = None
+        self._probe_lock = anyio.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"Session({self._backend!r}, max_concurrency={self._settings.max_concurrency}, "
+            f"state={self._state!r})"
+        )
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def settings(self) -> SessionSettings:
+        return self._settings
+
+    # -- the ways in -------------------------------------------------------------------------
+
+    @classmethod
+    def llama_cpp(
+        cls,
+        base_url: str | None,
+        *,
+        model: str | None = None,
+        top_k: int | None = None,
+        on_missing: OnMissing = "exact",
+        reproducible: bool = False,
+        server: ServerOptions | None = None,
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        **settings: Any,
+    ) -> Session:
+        """A session on a llama.cpp server at ``base_url`` (None: the embedded ``server``).
+
+        ``model``, ``top_k``, ``on_missing``, ``reproducible`` and ``server``: see
+        `LlamaCppConfig`. ``reproducible`` reads one question at a time whatever
+        ``max_concurrency`` says.
+
+        :param request_timeout: seconds for one HTTP request (waiting for a pooled connection
+            excluded).
+        :param max_retries: retries of a transient failure (connection errors, timeouts,
+            HTTP 408, 429, 5xx), with exponential backoff and jitter, honouring Retry-After;
+            0 turns retries off; a call may override it.
+        :param trace_configs: aiohttp trace hooks.
+        :param settings: `SessionSettings` by name (``max_concurrency``, ``layout``, the
+            off-menu guard, image caps, ``prefix_reuse``, ``max_tokens``).
+        """
+        config = LlamaCppConfig(
+            base_url=base_url,
+            model=model,
+            top_k=top_k,
+            on_missing=on_missing,
+            reproducible=reproducible,
+            server=server,
+            http=_http(api_key, request_timeout, max_retries, trace_configs),
+        )
+        return cls(AsyncLlamaCpp(config), SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def vllm(
+        cls,
+        base_url: str,
+        *,
+        model: str,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        **settings: Any,
+    ) -> Session:
+        """A session on a vLLM server, pinned to ``model`` (every request names it).
+
+        ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
+        """
+        config = VllmConfig(
+            base_url=base_url,
+            model=model,
+            logprobs_mode=logprobs_mode,
+            http=_http(api_key, request_timeout, max_retries, trace_configs),
+        )
+        return cls(AsyncVllm(config), SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def local(cls, *, server: ServerOptions | None = None, **options: Any) -> Session:
+        """A session on the embedded llama.cpp server with the bundled Gemma 3 270M model.
+
+        The server starts when the session opens and stops when it closes. ``options`` are
+        those of `Session.llama_cpp`.
+        """
+        return cls.llama_cpp(None, server=server or ServerOptions(), **options)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
+        """A session configured by ``TYPEVET_*`` variables.
+
+        ``TYPEVET_BACKEND`` (``llama_cpp``, the default, or ``vllm``), ``TYPEVET_BASE_URL``
+        (unset with llama_cpp: the embedded server), ``TYPEVET_MODEL`` (required for vllm),
+        ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
+        """
+        env = os.environ if environ is None else environ
+        backend = env.get("TYPEVET_BACKEND", "llama_cpp").strip() or "llama_cpp"
+        raw_concurrency = env.get("TYPEVET_MAX_CONCURRENCY", str(DEFAULT_MAX_CONCURRENCY))
+        try:
+            concurrency = int(raw_concurrency)
+        except ValueError:
+            raise ConfigurationError(
+                f"TYPEVET_MAX_CONCURRENCY must be a positive integer, got {raw_concurrency!r}"
+            ) from None
+        model = env.get("TYPEVET_MODEL") or None
+        api_key = env.get("TYPEVET_API_KEY") or None
+        base_url = env.get("TYPEVET_BASE_URL") or None
+        if backend == "vllm":
+            if base_url is None or model is None:
+                raise ConfigurationError(
+                    "TYPEVET_BACKEND=vllm needs TYPEVET_BASE_URL and TYPEVET_MODEL"
+                )
+            return cls.vllm(base_url, model=model, max_concurrency=concurrency, api_key=api_key)
+        if backend != "llama_cpp":
+            raise ConfigurationError(
+                f"TYPEVET_BACKEND must be 'llama_cpp' or 'vllm', got {backend!r}"
+            )
+        server = ServerOptions() if base_url is None else None
+        return cls.llama_cpp(
+            base_url, server=server, max_concurrency=concurrency, model=model, api_key=api_key
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Session:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Open the backend (its pool; the embedded server, if any). Safe to call twice."""
+        if self._state == "closed":
+            raise SessionStateError("cannot reopen a closed session")
+        if self._state == "open":
+            return
+        await self._backend.open()
+        self._state = "open"
+
+    async def aclose(self) -> None:
+        """Close the backend. Safe to call twice."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        with anyio.CancelScope(shield=True):
+            await self._backend.aclose()
+
+    def _require_open(self) -> None:
+        if self._state != "open":
+            raise SessionStateError(f"the session is {self._state}; use 'async with' to open it")
+
+    async def probe(self) -> Probe:
+        """The served template's family, the controls' token ids and the vocabulary size.
+
+        Read once per session, however many calls start at the same moment.
+        """
+        self._require_open()
+        async with self._probe_lock:
+            if self._probe is None:
+                self._probe = await self._backend.probe()
+            return self._probe
+
+    # -- judging -------------------------------------------------------------------------
+
+    async def judge(
+        self,
+        state: Any,
+        questions: Mapping[str, Question],
+        *,
+        images: Image | Sequence[Image] = (),
+        timeout: float | None = None,
+        model: str | None = None,
+        off_menu_threshold: float | Unset | None = UNSET,
+        raise_off_menu: bool | Unset = UNSET,
+        max_retries: int | Unset = UNSET,
+    ) -> Judgment:
+        """Ask every question about ``state``; answers come back in request order.
+
+        :param state: a string, or any JSON value (rendered as compact JSON).
+        :param images: images the questions are about (the server must declare vision).
+        :param timeout: seconds for the whole judgment, probe included (None: no deadline).
+        :param model: if given, must be the session's pinned model.
+        :param off_menu_threshold: overrides the session's for this judgment (None: off);
+            ``raise_off_menu`` and ``max_retries`` likewise (`UNSET`: the session's).
+        :raises InvalidInputError: bad questions, state, images, model or option; nothing was
+            sent.
+        :raises UnsupportedTemplateError: the SDK frames prompts and the server's template is
+            not native Gemma 4 or 3.
+        :raises DeadlineExceededError: ``timeout`` passed; every read was cancelled.
+        :raises BackendError: the first failing question's error, in question order.
+        """
+        self._require_open()
+        check_requested_model(self._backend.model, model)
+        checked = check_questions(questions)
+        state_text = render_state(state)
+        settings = self._settings
+        images = check_images(
+            images, max_images=settings.max_images, max_bytes=settings.max_image_bytes
+        )
+        options = ReadOptions.for_call(
+            settings,
+            off_menu_threshold=off_menu_threshold,
+            raise_off_menu=raise_off_menu,
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+        with _deadline(options.timeout, "the judgment"):
+            probe = await self.probe()
+            requests = plan_judgment(self._backend, probe, settings, state_text, checked, images)
+            return await read_judgment(
+                self._backend, probe, self._slots, requests, settings.prefix_reuse, options
+            )
+
+    def judge_many(
+        self,
+        records: Iterable[Any] | AsyncIterable[Any],
+        questions: Mapping[str, Question],
+        *,
+        ordered: bool = True,
+        fail_fast: bool = False,
+        max_in_flight: int | Unset = UNSET,
+        window: int | Unset = UNSET,
+        on_progress: Callable[[Progress], None] | None = None,
+        timeout: float | None = None,
+        max_retries: int | Unset = UNSET,
+    ) -> AsyncIterator[BatchItem]:
+        """Judge every record, streaming `BatchItem`s.
+
+        :param records: states, or ``(id, state)`` tuples; any iterable or async iterable.
+            Nothing materialises the input: memory stays bounded by ``window``.
+        :param ordered: yield in input order (default) or as completed.
+        :param fail_fast: raise the first error and cancel the rest, instead of yielding it.
+        :param max_in_flight: records judged at once (`UNSET`: the session's
+            ``max_concurrency``); their reads still share the session's cap.
+        :param window: records in flight or waiting to be yielded (`UNSET`: 4 x
+            ``max_in_flight``).
+        :param on_progress: called with a `Progress` after every record.
+        :param timeout: seconds per record's judgment.
+        :raises InvalidInputError: bad questions or options, at the call (nothing was sent).
+        """
+        self._require_open()
+        checked = dict(check_questions(questions))
+        batch = BatchOptions.for_call(self._settings, max_in_flight=max_in_flight, window=window)
+        ReadOptions.for_call(  # checked here, at the call, not at the first record
+            self._settings,
+            off_menu_threshold=UNSET,
+            raise_off_menu=UNSET,
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+
+        async def judge_one(state: Any) -> Judgment:
+            return await self.judge(state, checked, timeout=timeout, max_retries=max_retries)
+
+        return judge_stream(
+            records, judge_one, batch, ordered=ordered, fail_fast=fail_fast, on_progress=on_progress
+        )
+
+    # -- schema-bound generation ---------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        schema: Any,
+        images: Image | Sequence[Image] = (),
+        max_tokens: int | Unset = UNSET,
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | Unset = UNSET,
+    ) -> Generation:
+        """Generate one JSON value that passes ``schema`` (JSON Schema Draft 2020-12).
+
+        The schema is checked before any request; the output is always parsed and validated
+        on the client, since server grammars do not enforce every keyword.
+
+        :param max_tokens: the token limit (`UNSET`: the session's ``max_tokens``).
+        :raises SchemaError: the schema is malformed or needs a remote document.
+        :raises TruncatedOutputError: the token limit cut the output off.
+        :raises OutputValidationError: the output does not pass the schema (``.path``,
+            ``.value``, ``.raw``).
+        :raises GenerationError: empty output, or output that is not JSON.
+        :raises DeadlineExceededError: ``timeout`` passed.
+        """
+        [generation] = await self.generate_many(
+            [prompt],
+            schema=schema,
+            images=images,
+            max_tokens=max_tokens,
+            timeout=timeout,
+            model=model,
+            max_retries=max_retries,
+        )
+        return generation
+
+    @overload
+    async def generate_many(
+        self,
+        prompts: Sequence[str],
+        *,
+        schema: Any,
+        images: Image | Sequence[Image] = (),
+        max_tokens: int | Unset = UNSET,
+        max_in_flight: int | Unset = UNSET,
+        return_exceptions: Literal[False] = False,
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | Unset = UNSET,
+    ) -> list[Generation]: ...
+
+    @overload
+    async def generate_many(
+        self,
+        prompts: Sequence[str],
+        *,
+        schema: Any,
+        images: Image | Sequence[Image] = (),
+        max_tokens: int | Unset = UNSET,
+        max_in_flight: int | Unset = UNSET,
+        return_exceptions: Literal[True],
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | Unset = UNSET,
+    ) -> list[Generation | TypevetError]: ...
+
+    async def generate_many(
+        self,
+        prompts: Sequence[str],
+        *,
+        schema: Any,
+        images: Image | Sequence[Image] = (),
+        max_tokens: int | Unset = UNSET,
+        max_in_flight: int | Unset = UNSET,
+        return_exceptions: bool = False,
+        timeout: float | None = None,
+        model: str | None = None,
+        max_retries: int | Unset = UNSET,
+    ) -> list[Generation] | list[Generation | TypevetError]:
+        """One generation per prompt, in request order, under the session's concurrency cap.
+
+        :param max_in_flight: this call's generations at once (`UNSET`: the session's cap,
+            which holds in any case).
+        :param return_exceptions: put each failure in its place (its ``prompt_index`` says
+            which) instead of raising the first (in request order) and cancelling the rest.
+        """
+        self._require_open()
+        check_requested_model(self._backend.model, model)
+        options = GenerationOptions.for_call(
+            self._settings,
+            max_tokens=max_tokens,
+            max_in_flight=max_in_flight,
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+        requests, validator = plan_generations(
+            self._backend, self._settings, prompts, schema, images, options
+        )
+        with _deadline(options.timeout, "the generations"):
+            await self.probe()
+            if return_exceptions:
+                return await generate_settled(
+                    self._backend, self._slots, requests, validator, options
+                )
+            return await generate_in_order(self._backend, self._slots, requests, validator, options)

@@ -1,0 +1,176 @@
+"""What a session decides whatever its backend: concurrency, layout, the off-menu guard, caps.
+
+`SessionSettings` is validated once, when it is built (by a factory from its keywords, or by
+the caller). A call's overrides become a `ReadOptions` through the same validators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+from typevet_async._core.layouts import Layout
+from typevet_async._errors import ConfigurationError
+from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
+from typevet_async._options import (
+    Unset,
+    boolean,
+    non_negative_int,
+    one_of,
+    optional,
+    positive_int,
+    positive_number,
+    probability_or_none,
+    resolve,
+    unset_or,
+)
+
+__all__ = [
+    "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_MAX_TOKENS",
+    "BatchOptions",
+    "GenerationOptions",
+    "PrefixReuse",
+    "ReadOptions",
+    "SessionSettings",
+]
+
+DEFAULT_MAX_CONCURRENCY = 4
+#: Tokens a schema-bound generation may produce, unless the session or the call says otherwise.
+DEFAULT_MAX_TOKENS = 512
+
+PrefixReuse = Literal["auto", "first", "sequential", "off"]
+
+
+def _layout(value: Any) -> Layout:
+    try:
+        return Layout(value)
+    except ValueError:
+        allowed = ", ".join(repr(layout.value) for layout in Layout)
+        raise ConfigurationError(f"layout must be one of {allowed}, got {value!r}") from None
+
+
+@attrs.frozen(kw_only=True)
+class SessionSettings:
+    """A session's own settings; every field is checked when the record is built.
+
+    :param max_concurrency: requests (reads and generations) in flight to the server at once,
+        across every call of the session.
+    :param layout: ``"typevet"`` (the default framing), or the Jev gateway's ``"fused"`` or
+        ``"split"``.
+    :param off_menu_threshold: flag answers whose off-menu mass exceeds it (and with
+        ``raise_off_menu`` raise `OffMenuError`); a judgment may override both.
+    :param max_images: most images one judgment or generation may take; ``max_image_bytes``
+        per image.
+    :param prefix_reuse: where the backend reuses a cached prefix (llama.cpp), how a
+        judgment's questions share it: ``"auto"`` (default) reads the first two alone and goes
+        on one at a time if the second came from the server's prompt cache, else reads the rest
+        at once; ``"sequential"``, ``"first"`` (first alone, rest at once) and ``"off"`` (all
+        at once) force a strategy. The README has the figures.
+    :param max_tokens: the token limit of a generation, unless the call gives one.
+    """
+
+    max_concurrency: int = attrs.field(default=DEFAULT_MAX_CONCURRENCY, validator=positive_int)
+    layout: Layout = attrs.field(default=Layout.TYPEVET, converter=_layout)
+    off_menu_threshold: float | None = attrs.field(default=None, validator=probability_or_none)
+    raise_off_menu: bool = attrs.field(default=False, validator=boolean)
+    max_images: int = attrs.field(default=DEFAULT_MAX_IMAGES, validator=positive_int)
+    max_image_bytes: int = attrs.field(default=DEFAULT_MAX_IMAGE_BYTES, validator=positive_int)
+    prefix_reuse: PrefixReuse = attrs.field(default="auto", validator=one_of(PrefixReuse))
+    max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=positive_int)
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, Any]) -> SessionSettings:
+        """The settings a factory's ``**settings`` name; an unknown name is refused."""
+        known = {field.name for field in attrs.fields(cls)}
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown session setting(s) {unknown}; the settings are {sorted(known)}"
+            )
+        return cls(**keywords)
+
+
+@attrs.frozen(kw_only=True)
+class ReadOptions:
+    """One judgment's settings: the session's, where the call leaves them `UNSET`."""
+
+    off_menu_threshold: float | None = attrs.field(validator=probability_or_none)
+    raise_off_menu: bool = attrs.field(validator=boolean)
+    #: `UNSET`: the backend's retry policy.
+    max_retries: int | Unset = attrs.field(validator=unset_or(non_negative_int))
+    #: Seconds for the whole judgment, probe included; None: no deadline.
+    timeout: float | None = attrs.field(default=None, validator=optional(positive_number))
+
+    @classmethod
+    def for_call(
+        cls,
+        settings: SessionSettings,
+        *,
+        off_menu_threshold: float | Unset | None,
+        raise_off_menu: bool | Unset,
+        max_retries: int | Unset,
+        timeout: float | None,
+    ) -> ReadOptions:
+        return cls(
+            off_menu_threshold=resolve(off_menu_threshold, settings.off_menu_threshold),
+            raise_off_menu=resolve(raise_off_menu, settings.raise_off_menu),
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class GenerationOptions:
+    """One generation call's settings: the session's, where the call leaves them `UNSET`."""
+
+    max_tokens: int = attrs.field(validator=positive_int)
+    #: This call's generations in flight at once (the session's ``max_concurrency`` holds too).
+    max_in_flight: int = attrs.field(validator=positive_int)
+    max_retries: int | Unset = attrs.field(validator=unset_or(non_negative_int))
+    #: Seconds for the whole call; None: no deadline.
+    timeout: float | None = attrs.field(default=None, validator=optional(positive_number))
+
+    @classmethod
+    def for_call(
+        cls,
+        settings: SessionSettings,
+        *,
+        max_tokens: int | Unset,
+        max_in_flight: int | Unset,
+        max_retries: int | Unset,
+        timeout: float | None,
+    ) -> GenerationOptions:
+        return cls(
+            max_tokens=resolve(max_tokens, settings.max_tokens),
+            max_in_flight=resolve(max_in_flight, settings.max_concurrency),
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class BatchOptions:
+    """One `judge_many` call's bounds: the session's, where the call leaves them `UNSET`."""
+
+    #: Records being judged at once (their reads share the session's ``max_concurrency``).
+    max_in_flight: int = attrs.field(validator=positive_int)
+    #: Records in flight or waiting to be yielded (the reorder buffer); at least
+    #: ``max_in_flight``, by default 4 times it.
+    window: int = attrs.field(validator=positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        if self.window < self.max_in_flight:
+            raise ConfigurationError(
+                f"window must be >= max_in_flight ({self.max_in_flight}), got {self.window!r}"
+            )
+
+    @classmethod
+    def for_call(
+        cls, settings: SessionSettings, *, max_in_flight: int | Unset, window: int | Unset
+    ) -> BatchOptions:
+        in_flight = resolve(max_in_flight, settings.max_concurrency)
+        default_window = 4 * in_flight if isinstance(in_flight, int) else in_flight
+        return cls(max_in_flight=in_flight, window=resolve(window, default_window))
