@@ -16,15 +16,8 @@ from typing import Any
 import cattrs.preconf.orjson
 from cattrs.strategies import configure_tagged_union
 
-from typevet_async._core.answers import (
-    Answer,
-    ChoiceAnswer,
-    Diagnostics,
-    Judgment,
-    NoulAnswer,
-    ScoreAnswer,
-    Usage,
-)
+from typevet_async._core import answers
+from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.questions import Choice, Noul, Question, Score
 from typevet_async._errors import QuestionError
 
@@ -36,7 +29,11 @@ __all__ = [
     "questions_from_json",
 ]
 
-_TAGS: dict[type, str] = {NoulAnswer: "noul", ChoiceAnswer: "choice", ScoreAnswer: "score"}
+_TAGS: dict[type, str] = {
+    answers.NoulAnswer: "noul",
+    answers.ChoiceAnswer: "choice",
+    answers.ScoreAnswer: "score",
+}
 
 #: The converter; ``converter.unstructure(judgment)`` gives the JSON-ready dict.
 converter = cattrs.preconf.orjson.make_converter()

@@ -21,7 +21,7 @@ from collections.abc import (
     Sequence,
 )
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypedDict, Unpack, overload
 
 import aiohttp
 import anyio
@@ -75,6 +75,17 @@ def _http(
         retry=RetryPolicy(max_retries=max_retries),
         trace_configs=trace_configs,
     )
+
+
+class _GenerationKeywords(TypedDict, total=False):
+    """The keywords of `Session.generate_many` besides ``schema`` and ``return_exceptions``."""
+
+    images: Image | Sequence[Image]
+    max_tokens: int | Unset
+    max_in_flight: int | Unset
+    timeout: float | None
+    model: str | None
+    max_retries: int | Unset
 
 
 @contextlib.contextmanager
@@ -158,12 +169,12 @@ class Session:
         """
         config = LlamaCppConfig(
             base_url=base_url,
+            server=server,
             model=model,
+            http=_http(api_key, request_timeout, max_retries, trace_configs),
             top_k=top_k,
             on_missing=on_missing,
             reproducible=reproducible,
-            server=server,
-            http=_http(api_key, request_timeout, max_retries, trace_configs),
         )
         return cls(AsyncLlamaCpp(config), SessionSettings.from_keywords(settings))
 
@@ -184,12 +195,8 @@ class Session:
 
         ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
         """
-        config = VllmConfig(
-            base_url=base_url,
-            model=model,
-            logprobs_mode=logprobs_mode,
-            http=_http(api_key, request_timeout, max_retries, trace_configs),
-        )
+        http = _http(api_key, request_timeout, max_retries, trace_configs)
+        config = VllmConfig(base_url=base_url, model=model, logprobs_mode=logprobs_mode, http=http)
         return cls(AsyncVllm(config), SessionSettings.from_keywords(settings))
 
     @classmethod
@@ -363,7 +370,8 @@ class Session:
         self._require_open()
         checked = dict(check_questions(questions))
         batch = BatchOptions.for_call(self._settings, max_in_flight=max_in_flight, window=window)
-        ReadOptions.for_call(  # checked here, at the call, not at the first record
+        # Checked here, at the call, not at the first record.
+        ReadOptions.for_call(
             self._settings,
             off_menu_threshold=UNSET,
             raise_off_menu=UNSET,
@@ -421,13 +429,8 @@ class Session:
         prompts: Sequence[str],
         *,
         schema: Any,
-        images: Image | Sequence[Image] = (),
-        max_tokens: int | Unset = UNSET,
-        max_in_flight: int | Unset = UNSET,
         return_exceptions: Literal[False] = False,
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | Unset = UNSET,
+        **options: Unpack[_GenerationKeywords],
     ) -> list[Generation]: ...
 
     @overload
@@ -436,13 +439,8 @@ class Session:
         prompts: Sequence[str],
         *,
         schema: Any,
-        images: Image | Sequence[Image] = (),
-        max_tokens: int | Unset = UNSET,
-        max_in_flight: int | Unset = UNSET,
         return_exceptions: Literal[True],
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | Unset = UNSET,
+        **options: Unpack[_GenerationKeywords],
     ) -> list[Generation | TypevetError]: ...
 
     async def generate_many(

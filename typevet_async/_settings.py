@@ -7,7 +7,7 @@ the caller). A call's overrides become a `ReadOptions` through the same validato
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import attrs
 
@@ -15,6 +15,7 @@ from typevet_async._core.layouts import Layout
 from typevet_async._errors import ConfigurationError
 from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
 from typevet_async._options import (
+    UNSET,
     Unset,
     boolean,
     non_negative_int,
@@ -94,61 +95,54 @@ class SessionSettings:
 
 
 @attrs.frozen(kw_only=True)
-class ReadOptions:
-    """One judgment's settings: the session's, where the call leaves them `UNSET`."""
+class _CallOptions:
+    """A call's own settings, checked by the same validators as the session's."""
 
-    off_menu_threshold: float | None = attrs.field(validator=probability_or_none)
-    raise_off_menu: bool = attrs.field(validator=boolean)
+    #: Which of the call's options fall back to which session setting when left `UNSET`.
+    _session_fields: ClassVar[Mapping[str, str]] = {}
+
     #: `UNSET`: the backend's retry policy.
-    max_retries: int | Unset = attrs.field(validator=unset_or(non_negative_int))
-    #: Seconds for the whole judgment, probe included; None: no deadline.
+    max_retries: int | Unset = attrs.field(default=UNSET, validator=unset_or(non_negative_int))
+    #: Seconds for the whole call (a judgment: probe included); None: no deadline.
     timeout: float | None = attrs.field(default=None, validator=optional(positive_number))
 
     @classmethod
-    def for_call(
-        cls,
-        settings: SessionSettings,
-        *,
-        off_menu_threshold: float | Unset | None,
-        raise_off_menu: bool | Unset,
-        max_retries: int | Unset,
-        timeout: float | None,
-    ) -> ReadOptions:
-        return cls(
-            off_menu_threshold=resolve(off_menu_threshold, settings.off_menu_threshold),
-            raise_off_menu=resolve(raise_off_menu, settings.raise_off_menu),
-            max_retries=max_retries,
-            timeout=timeout,
-        )
+    def for_call(cls, settings: SessionSettings, **given: Any) -> Self:
+        """The call's options, each `UNSET` one replaced by the session's setting."""
+        resolved = {
+            name: resolve(value, getattr(settings, cls._session_fields[name]))
+            if name in cls._session_fields
+            else value
+            for name, value in given.items()
+        }
+        return cls(**resolved)
 
 
 @attrs.frozen(kw_only=True)
-class GenerationOptions:
-    """One generation call's settings: the session's, where the call leaves them `UNSET`."""
+class ReadOptions(_CallOptions):
+    """One judgment's settings."""
+
+    _session_fields: ClassVar[Mapping[str, str]] = {
+        "off_menu_threshold": "off_menu_threshold",
+        "raise_off_menu": "raise_off_menu",
+    }
+
+    off_menu_threshold: float | None = attrs.field(validator=probability_or_none)
+    raise_off_menu: bool = attrs.field(validator=boolean)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationOptions(_CallOptions):
+    """One generation call's settings."""
+
+    _session_fields: ClassVar[Mapping[str, str]] = {
+        "max_tokens": "max_tokens",
+        "max_in_flight": "max_concurrency",
+    }
 
     max_tokens: int = attrs.field(validator=positive_int)
     #: This call's generations in flight at once (the session's ``max_concurrency`` holds too).
     max_in_flight: int = attrs.field(validator=positive_int)
-    max_retries: int | Unset = attrs.field(validator=unset_or(non_negative_int))
-    #: Seconds for the whole call; None: no deadline.
-    timeout: float | None = attrs.field(default=None, validator=optional(positive_number))
-
-    @classmethod
-    def for_call(
-        cls,
-        settings: SessionSettings,
-        *,
-        max_tokens: int | Unset,
-        max_in_flight: int | Unset,
-        max_retries: int | Unset,
-        timeout: float | None,
-    ) -> GenerationOptions:
-        return cls(
-            max_tokens=resolve(max_tokens, settings.max_tokens),
-            max_in_flight=resolve(max_in_flight, settings.max_concurrency),
-            max_retries=max_retries,
-            timeout=timeout,
-        )
 
 
 @attrs.frozen(kw_only=True)

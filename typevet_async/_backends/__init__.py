@@ -1,1 +1,2 @@
-"""I/O shells: one module per backend, and the HTTP client they share."""
+"""I/O shells: one module per backend behind one protocol (``base.py``), and the HTTP client
+they share."""

@@ -172,8 +172,9 @@ def map_client_error(error: BaseException, method: str, url: str) -> TypevetErro
 class HttpClient:
     """A pooled JSON-over-HTTP client for one server (lifecycle: unopened, open, closed)."""
 
-    def __init__(self, base_url: str, settings: HttpSettings | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str | None, settings: HttpSettings | None = None) -> None:
+        """``base_url`` None: given to `open` (an embedded server's URL is known only then)."""
+        self.base_url = base_url.rstrip("/") if base_url is not None else None
         self.settings = settings or HttpSettings()
         self._connections = anyio.CapacityLimiter(self.settings.max_connections)
         self._session: aiohttp.ClientSession | None = None
@@ -183,11 +184,15 @@ class HttpClient:
         key = "set" if self.settings.api_key else "none"
         return f"HttpClient(base_url={self.base_url!r}, api_key=<{key}>)"
 
-    async def open(self) -> None:
+    async def open(self, base_url: str | None = None) -> None:
         if self._closed:
             raise SessionStateError("cannot reopen a closed client")
         if self._session is not None:
             return
+        if base_url is not None:
+            self.base_url = base_url.rstrip("/")
+        if self.base_url is None:
+            raise SessionStateError("the HTTP client was opened without a base URL")
         settings = self.settings
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         connector = aiohttp.TCPConnector(

@@ -47,7 +47,6 @@ from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
     ProtocolError,
-    SessionStateError,
 )
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
@@ -245,8 +244,7 @@ class AsyncLlamaCpp:
             max_concurrency=1 if config.reproducible else None,
         )
         self._server = EmbeddedServer(config.server) if config.server is not None else None
-        self._http: HttpClient | None = None
-        self._closed = False
+        self.http = HttpClient(config.base_url, config.http)
 
     def __repr__(self) -> str:
         where = self.config.base_url or "embedded"
@@ -266,9 +264,7 @@ class AsyncLlamaCpp:
     @property
     def base_url(self) -> str | None:
         """Where the server listens (for the embedded server: once open)."""
-        if self._http is not None:
-            return self._http.base_url
-        return self.config.base_url
+        return self.http.base_url
 
     @property
     def embedded(self) -> bool:
@@ -276,30 +272,17 @@ class AsyncLlamaCpp:
         return self._server is not None
 
     async def open(self) -> None:
-        if self._closed:
-            raise SessionStateError("cannot reopen a closed backend")
-        if self._http is not None:
-            return
-        url = self.config.base_url
-        if self._server is not None:
+        """Start the embedded server, if this backend has one, then open the pool."""
+        url = None
+        if self._server is not None and not self._server.url:
             url = await anyio.to_thread.run_sync(self._server.start)
-        assert url is not None  # the config holds a URL or server options
-        self._http = HttpClient(url, self.config.http)
-        await self._http.open()
+        await self.http.open(url)
 
     async def aclose(self) -> None:
-        self._closed = True
         with anyio.CancelScope(shield=True):
-            if self._http is not None:
-                await self._http.aclose()
+            await self.http.aclose()
             if self._server is not None:
                 await anyio.to_thread.run_sync(self._server.stop)
-
-    @property
-    def http(self) -> HttpClient:
-        if self._http is None:
-            raise SessionStateError("the llama.cpp backend is not open")
-        return self._http
 
     async def probe(self) -> Probe:
         """Classify the served template, tokenize every control, read vocabulary and vision."""

@@ -35,7 +35,6 @@ from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
     ProtocolError,
-    SessionStateError,
 )
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, one_of
@@ -51,6 +50,15 @@ __all__ = [
 
 #: vLLM refuses more ``logprob_token_ids`` than this.
 MAX_LOGPROB_TOKEN_IDS = 128
+
+#: The server applies its own template; a read names at most 128 candidates; generation takes
+#: images (a text-only model refuses them itself).
+_CAPABILITIES = Capabilities(
+    framing="server",
+    prefix_reuse=False,
+    max_candidates=MAX_LOGPROB_TOKEN_IDS,
+    generation_images=True,
+)
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
 _TOKEN_ID_PREFIX = "token_id:"
@@ -165,21 +173,14 @@ class AsyncVllm:
 
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
-        self._capabilities = Capabilities(
-            framing="server",
-            prefix_reuse=False,
-            max_candidates=MAX_LOGPROB_TOKEN_IDS,
-            generation_images=True,
-        )
-        self._http: HttpClient | None = None
-        self._closed = False
+        self.http = HttpClient(config.base_url, config.http)
 
     def __repr__(self) -> str:
         return f"AsyncVllm({self.config.base_url!r}, model={self.config.model!r})"
 
     @property
     def capabilities(self) -> Capabilities:
-        return self._capabilities
+        return _CAPABILITIES
 
     @property
     def model(self) -> str:
@@ -190,22 +191,10 @@ class AsyncVllm:
         return self.config.logprobs_mode.endswith("logprobs")
 
     async def open(self) -> None:
-        if self._closed:
-            raise SessionStateError("cannot reopen a closed backend")
-        if self._http is None:
-            self._http = HttpClient(self.config.base_url, self.config.http)
-            await self._http.open()
+        await self.http.open()
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._http is not None:
-            await self._http.aclose()
-
-    @property
-    def http(self) -> HttpClient:
-        if self._http is None:
-            raise SessionStateError("the vLLM backend is not open")
-        return self._http
+        await self.http.aclose()
 
     async def probe(self) -> Probe:
         """Served models, the template's family (rendered via /tokenize), and control ids."""
