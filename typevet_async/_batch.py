@@ -19,7 +19,15 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sized
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sized,
+)
 from typing import Any
 
 import anyio
@@ -108,7 +116,7 @@ async def judge_stream(
     ordered: bool = True,
     fail_fast: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
-) -> AsyncIterator[BatchItem]:
+) -> AsyncGenerator[BatchItem, None]:
     """The batch engine behind `Session.judge_many` (``judge`` judges one state)."""
     total = len(records) if isinstance(records, Sized) else None
     slots = anyio.Semaphore(options.window)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterable,
-    AsyncIterator,
     Callable,
     Iterable,
     Iterator,
@@ -352,8 +352,9 @@ class Session:
         on_progress: Callable[[Progress], None] | None = None,
         timeout: float | None = None,
         max_retries: int | Unset = UNSET,
-    ) -> AsyncIterator[BatchItem]:
-        """Judge every record, streaming `BatchItem`s.
+    ) -> AsyncGenerator[BatchItem, None]:
+        """Judge every record, streaming `BatchItem`s (close it with ``contextlib.aclosing``
+        if you may stop early).
 
         :param records: states, or ``(id, state)`` tuples; any iterable or async iterable.
             Nothing materialises the input: memory stays bounded by ``window``.

@@ -25,6 +25,7 @@ __all__ = [
     "SLACK",
     "Behaviour",
     "FaultInjectingStubServer",
+    "Handler",
     "InMemoryStubBackend",
     "Stopwatch",
     "assert_takes_about",
@@ -32,6 +33,7 @@ __all__ = [
     "noul",
     "reply",
     "sleeping",
+    "state_of",
     "stopwatch",
 ]
 

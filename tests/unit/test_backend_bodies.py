@@ -12,6 +12,7 @@ import typevet_async as tv
 from typevet_async._backends import llama_cpp, vllm
 from typevet_async._backends.openai_chat import parse_chat_output, user_message
 from typevet_async._core.layouts import Message
+from typevet_async._core.readings import validated_entries
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 24
@@ -36,7 +37,7 @@ def test_llama_cpp_escalation_never_goes_below_the_exact_floor() -> None:
 
 
 def test_llama_cpp_generation_body() -> None:
-    body = llama_cpp.generation_body("Extract", {"type": "object"}, 64)
+    body = llama_cpp.generation_body(tv.GenerationRequest("Extract", {"type": "object"}, (), 64))
     assert body == {
         "messages": [{"role": "user", "content": "Extract"}],
         "response_format": {
@@ -63,7 +64,9 @@ def test_vllm_scoring_body() -> None:
 
 def test_vllm_generation_body_puts_images_before_the_text() -> None:
     image = tv.Image.from_bytes(PNG, "image/png")
-    body = vllm.generation_body("m", "Describe", {"type": "string"}, [image], 32)
+    body = vllm.generation_body(
+        "m", tv.GenerationRequest("Describe", {"type": "string"}, (image,), 32)
+    )
     assert body["structured_outputs"] == {"json": {"type": "string"}}
     content = body["messages"][0]["content"]
     assert content[0]["type"] == "image_url"
@@ -94,8 +97,6 @@ def test_vllm_parse_keeps_candidates_and_tolerates_the_sampled_token() -> None:
     [
         (vllm_payload([("token_id:11", -1.0), ("token_id:99", -1.0)]), tv.InvalidLogprobsError,
          "unexpected token ids"),
-        (vllm_payload([("token_id:11", -1.0), ("token_id:11", -1.5)]), tv.InvalidLogprobsError,
-         "twice"),
         (vllm_payload([("eleven", -1.0)]), tv.ProtocolError, "token_id:N"),
         ({"choices": []}, tv.ProtocolError, "top_logprobs"),
     ],
@@ -103,6 +104,14 @@ def test_vllm_parse_keeps_candidates_and_tolerates_the_sampled_token() -> None:
 def test_vllm_parse_failures(payload: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         vllm.parse_scoring_response(payload, [11, 12])
+
+
+def test_vllm_repeated_ids_are_left_to_the_one_entries_check() -> None:
+    payload = vllm_payload([("token_id:11", -1.0), ("token_id:11", -1.5)])
+    top, _, _ = vllm.parse_scoring_response(payload, [11, 12])
+    assert top.entries == ((11, -1.0), (11, -1.5))
+    with pytest.raises(tv.InvalidLogprobsError, match="appears twice"):
+        validated_entries(top.entries)
 
 
 def test_llama_cpp_parse_checks_the_n_probs_echo() -> None:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._settings import BatchOptions
 
-from .test_session_orchestration import InMemoryStubBackend, sleeping
+from .stubs import InMemoryStubBackend, failing_after, sleeping
 
 pytestmark = pytest.mark.asyncio
 
@@ -20,22 +21,15 @@ QUESTION = {"q": tv.Noul(instructions="Is it?")}
 
 
 def delays_by_state(backend: InMemoryStubBackend, delays: dict[str, float]) -> None:
-    """The stub reads by question id; route each state's delay through its prompt instead."""
-    original = backend.read
+    """Each state's read sleeps its delay; the state "boom" fails with a ServerError."""
+    backend.state_behaviours = {state: sleeping(delay) for state, delay in delays.items()}
+    backend.state_behaviours["boom"] = failing_after(
+        0.0, tv.ServerError("boom", status=500, body="")
+    )
 
-    async def read(request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None):  # type: ignore[no-untyped-def]
-        for state, delay in delays.items():
-            if request.prompt and f"\n{state}\n" in request.prompt:
-                try:
-                    await anyio.sleep(delay)
-                except anyio.get_cancelled_exc_class():
-                    backend.cancelled.append(state)
-                    raise
-        if request.prompt and "\nboom\n" in request.prompt:
-            raise tv.ServerError("boom", status=500, body="")
-        return await original(request, vocab_size)
 
-    backend.read = read  # type: ignore[method-assign]
+def session(backend: InMemoryStubBackend, max_concurrency: int = 4) -> tv.Session:
+    return tv.Session(backend, tv.SessionSettings(max_concurrency=max_concurrency))
 
 
 async def collect(stream: AsyncIterator[tv.BatchItem]) -> list[tv.BatchItem]:
@@ -45,8 +39,8 @@ async def collect(stream: AsyncIterator[tv.BatchItem]) -> list[tv.BatchItem]:
 async def test_ordered_yields_in_input_order_whatever_the_completion_order() -> None:
     backend = InMemoryStubBackend()
     delays_by_state(backend, {"s0": 0.06, "s1": 0.03, "s2": 0.0, "s3": 0.01})
-    async with tv.Session(backend, max_concurrency=4) as session:
-        items = await collect(session.judge_many(["s0", "s1", "s2", "s3"], QUESTION))
+    async with session(backend, 4) as s:
+        items = await collect(s.judge_many(["s0", "s1", "s2", "s3"], QUESTION))
     assert [i.index for i in items] == [0, 1, 2, 3]
     assert [i.record_id for i in items] == [0, 1, 2, 3]
     assert all(i.ok and i.judgment is not None for i in items)
@@ -55,8 +49,8 @@ async def test_ordered_yields_in_input_order_whatever_the_completion_order() -> 
 async def test_unordered_yields_as_completed() -> None:
     backend = InMemoryStubBackend()
     delays_by_state(backend, {"s0": 0.2, "s1": 0.0})
-    async with tv.Session(backend, max_concurrency=4) as session:
-        items = await collect(session.judge_many(["s0", "s1"], QUESTION, ordered=False))
+    async with session(backend, 4) as s:
+        items = await collect(s.judge_many(["s0", "s1"], QUESTION, ordered=False))
     assert [i.index for i in items] == [1, 0]
 
 
@@ -65,8 +59,8 @@ async def test_a_failing_record_yields_its_error_and_the_batch_goes_on() -> None
     delays_by_state(backend, {})
     records = [("a", "s0"), ("b", "boom"), ("c", "s2")]
     progress: list[tv.Progress] = []
-    async with tv.Session(backend, max_concurrency=2) as session:
-        items = await collect(session.judge_many(records, QUESTION, on_progress=progress.append))
+    async with session(backend, 2) as s:
+        items = await collect(s.judge_many(records, QUESTION, on_progress=progress.append))
     assert [i.record_id for i in items] == ["a", "b", "c"]
     assert isinstance(items[1].error, tv.ServerError)
     assert items[1].error.question_id == "q"
@@ -81,9 +75,9 @@ async def test_fail_fast_raises_the_first_error_and_cancels_the_rest() -> None:
     backend = InMemoryStubBackend()
     delays_by_state(backend, {"slow": 30.0})
     tasks_before = len(asyncio.all_tasks())
-    async with tv.Session(backend, max_concurrency=4) as session:
+    async with session(backend, 4) as s:
         with anyio.fail_after(5), pytest.raises(tv.ServerError):
-            await collect(session.judge_many(["slow", "boom", "slow"], QUESTION, fail_fast=True))
+            await collect(s.judge_many(["slow", "boom", "slow"], QUESTION, fail_fast=True))
     assert len(asyncio.all_tasks()) == tasks_before
 
 
@@ -97,9 +91,9 @@ async def test_memory_stays_bounded_by_the_window() -> None:
             pulled.append(n)
             yield f"s{n}"
 
-    async with tv.Session(backend, max_concurrency=2) as session:
-        stream = session.judge_many(records(), QUESTION, window=8)
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+    async with session(backend, 2) as s:
+        stream = s.judge_many(records(), QUESTION, window=8)
+        async with contextlib.aclosing(stream):
             first = await anext(stream)
             # While record 0 was slow, the producer could run at most a window ahead.
             assert len(pulled) <= 8 + 2
@@ -115,10 +109,10 @@ async def test_async_iterable_input_and_early_exit_cancel_everything() -> None:
             yield f"s{n}"
 
     tasks_before = len(asyncio.all_tasks())
-    async with tv.Session(backend, max_concurrency=4) as session:
-        stream = session.judge_many(records(), QUESTION)
+    async with session(backend, 4) as s:
+        stream = s.judge_many(records(), QUESTION)
         with anyio.fail_after(5):
-            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async with contextlib.aclosing(stream):
                 async for item in stream:
                     assert item.index == 0
                     break
@@ -129,25 +123,49 @@ async def test_async_iterable_input_and_early_exit_cancel_everything() -> None:
 async def test_cancelling_the_consumer_cancels_in_flight_reads() -> None:
     backend = InMemoryStubBackend()
     delays_by_state(backend, {"s0": 30.0, "s1": 30.0})
-    async with tv.Session(backend, max_concurrency=2) as session:
+    async with session(backend, 2) as s:
         with anyio.move_on_after(0.2):
-            await collect(session.judge_many(["s0", "s1"], QUESTION))
+            await collect(s.judge_many(["s0", "s1"], QUESTION))
     assert len(backend.cancelled) == 2
 
 
-async def test_bad_batch_settings() -> None:
-    session = tv.Session(InMemoryStubBackend())
-    with pytest.raises(tv.SessionStateError):
-        session.judge_many(["s"], QUESTION)
+async def test_judge_many_on_an_unopened_session_is_refused_at_the_call() -> None:
+    backend = InMemoryStubBackend()
+    with pytest.raises(tv.SessionStateError, match="unopened"):
+        session(backend).judge_many(["s"], QUESTION)
+    assert backend.reads == []
 
 
-async def test_window_smaller_than_concurrency_is_refused() -> None:
-    async with tv.Session(InMemoryStubBackend(), max_concurrency=4) as session:
-        with pytest.raises(tv.ConfigurationError, match="window"):
-            await collect(session.judge_many(["s"], QUESTION, window=2))
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"max_in_flight": 4, "window": 2}, "window must be >= max_in_flight"),
+        ({"window": 2}, "window must be >= max_in_flight"),  # the session's cap is 4
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"timeout": 0}, "timeout"),
+    ],
+)
+async def test_bad_batch_settings_are_refused_at_the_call(
+    override: dict[str, Any], message: str
+) -> None:
+    backend = InMemoryStubBackend()
+    async with session(backend, 4) as s:
+        with pytest.raises(tv.ConfigurationError, match=message):
+            s.judge_many(["s"], QUESTION, **override)  # raised before iterating
+    assert backend.reads == []
+    assert backend.probes == 0
 
 
-del sleeping
+async def test_max_in_flight_bounds_the_records_judged_at_once() -> None:
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {f"s{n}": 0.02 for n in range(12)})
+    async with session(backend, 8) as s:
+        items = await collect(
+            s.judge_many([f"s{n}" for n in range(12)], QUESTION, max_in_flight=2, window=4)
+        )
+    assert [i.index for i in items] == list(range(12))
+    assert backend.peak == 2
 
 
 class _Response:
@@ -174,7 +192,10 @@ async def test_a_kept_error_item_does_not_pin_what_the_failed_read_held() -> Non
         except tv.ProtocolError as error:
             raise tv.InvalidLogprobsError("bad read") from error
 
-    items = [item async for item in judge_stream(["a", "b"], judge, concurrency=2)]
+    items = [
+        item
+        async for item in judge_stream(["a", "b"], judge, BatchOptions(max_in_flight=2, window=8))
+    ]
     gc.collect()
     assert [type(item.error) for item in items] == [tv.InvalidLogprobsError] * 2
     assert len(held) == 2

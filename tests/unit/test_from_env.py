@@ -3,9 +3,6 @@ from __future__ import annotations
 import pytest
 
 import typevet_async as tv
-from typevet_async._backends.http import HttpClient
-from typevet_async._backends.llama_cpp import AsyncLlamaCpp
-from typevet_async._backends.vllm import AsyncVllm
 
 
 def test_llama_cpp_from_env() -> None:
@@ -17,26 +14,32 @@ def test_llama_cpp_from_env() -> None:
             "TYPEVET_API_KEY": "k",
         }
     )
-    assert isinstance(session.backend, AsyncLlamaCpp)
-    assert session.backend.http.base_url == "http://127.0.0.1:8080"
-    assert session.max_concurrency == 7
-    assert session.model == "gemma"
-    assert session._server is None
+    backend = session.backend
+    assert isinstance(backend, tv.AsyncLlamaCpp)
+    assert backend.base_url == "http://127.0.0.1:8080"
+    assert not backend.embedded
+    assert backend.model == "gemma"
+    assert backend.config.http.api_key == "k"
+    assert session.settings.max_concurrency == 7
 
 
 def test_vllm_from_env() -> None:
     session = tv.Session.from_env(
         {"TYPEVET_BACKEND": "vllm", "TYPEVET_BASE_URL": "http://h:8000", "TYPEVET_MODEL": "m"}
     )
-    assert isinstance(session.backend, AsyncVllm)
-    assert session.backend.model == "m"
-    assert session.model == "m"
+    backend = session.backend
+    assert isinstance(backend, tv.AsyncVllm)
+    assert backend.model == "m"
+    assert backend.config.base_url == "http://h:8000"
 
 
 def test_no_base_url_means_the_embedded_server() -> None:
     session = tv.Session.from_env({})
-    assert session._server is not None
-    assert session.max_concurrency == 4
+    backend = session.backend
+    assert isinstance(backend, tv.AsyncLlamaCpp)
+    assert backend.embedded
+    assert backend.config.server == tv.ServerOptions()
+    assert session.settings.max_concurrency == 4
 
 
 @pytest.mark.parametrize(
@@ -54,10 +57,9 @@ def test_bad_environment(env: dict[str, str], message: str) -> None:
         tv.Session.from_env(env)
 
 
-def test_bad_session_settings() -> None:
-    with pytest.raises(tv.ConfigurationError, match="max_concurrency"):
-        tv.Session(AsyncLlamaCpp(HttpClient("http://127.0.0.1:1")), max_concurrency=0)
-    with pytest.raises(tv.ConfigurationError, match="top_k"):
-        tv.Session.llama_cpp("http://127.0.0.1:1", top_k=0)
+def test_reproducible_reads_one_question_at_a_time_whatever_max_concurrency() -> None:
     reproducible = tv.Session.llama_cpp("http://127.0.0.1:1", max_concurrency=8, reproducible=True)
-    assert reproducible.max_concurrency == 1
+    assert reproducible.settings.max_concurrency == 8
+    assert reproducible.backend.capabilities.max_concurrency == 1
+    default = tv.Session.llama_cpp("http://127.0.0.1:1", max_concurrency=8)
+    assert default.backend.capabilities.max_concurrency is None

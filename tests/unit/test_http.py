@@ -5,70 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
 import typevet_async as tv
-from typevet_async._backends.http import Attempts, HttpClient, RetryPolicy
+from typevet_async._backends.http import Attempts, HttpClient
+from typevet_async._backends.llama_cpp import OnMissing
+
+from .stubs import (
+    IDS,
+    FaultInjectingStubServer,
+    assert_takes_about,
+    noul,
+    reply,
+    stopwatch,
+)
 
 pytestmark = pytest.mark.asyncio
-
-Handler = Callable[[int, int], bytes | None]  # (connection number, request number) -> reply
-
-
-def reply(status: int, body: bytes, extra: str = "") -> bytes:
-    head = (
-        f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{extra}"
-        "Connection: keep-alive\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-class FaultInjectingStubServer:
-    """A raw asyncio HTTP/1.1 server whose replies a test scripts per connection and request."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.requests: list[tuple[int, int]] = []
-        self.connections = 0
-        self.server: asyncio.Server | None = None
-        self.url = ""
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        connection = self.connections
-        number = 0
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                await reader.readexactly(length)
-                number += 1
-                self.requests.append((connection, number))
-                data = self.handler(connection, number)
-                if data is None:  # drop the connection without answering
-                    break
-                writer.write(data)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
 
 
 @pytest_asyncio.fixture
@@ -107,8 +62,10 @@ async def test_a_second_drop_is_a_transport_error(stub: FaultInjectingStubServer
     assert len(stub.requests) == 2  # the request, and its one replay on a fresh connection
 
 
-async def client_for(stub: FaultInjectingStubServer, **settings: object) -> HttpClient:
-    client = HttpClient(stub.url, **settings)  # type: ignore[arg-type]
+async def client_for(
+    stub: FaultInjectingStubServer, settings: tv.HttpSettings | None = None
+) -> HttpClient:
+    client = HttpClient(stub.url, settings)
     await client.open()
     return client
 
@@ -152,7 +109,7 @@ async def test_invalid_json_is_a_protocol_error(
 
 async def test_oversized_body_is_refused(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(200, b"[" + b"0," * 5000 + b"0]")
-    client = await client_for(stub, max_response_bytes=1000)
+    client = await client_for(stub, tv.HttpSettings(max_response_bytes=1000))
     try:
         with pytest.raises(tv.ProtocolError, match="exceeds the 1000-byte cap"):
             await client.post_json("/x", {})
@@ -160,11 +117,15 @@ async def test_oversized_body_is_refused(stub: FaultInjectingStubServer) -> None
         await client.aclose()
 
 
-async def test_api_key_is_sent_but_never_shown(stub: FaultInjectingStubServer) -> None:
-    client = HttpClient(stub.url, api_key="sk-secret-123")
-    assert "sk-secret-123" not in repr(client)
+async def test_api_key_is_never_shown_in_a_repr(stub: FaultInjectingStubServer) -> None:
+    settings = tv.HttpSettings(api_key="sk-secret-123")
+    client = HttpClient(stub.url, settings)
     session = tv.Session.llama_cpp(stub.url, api_key="sk-secret-123")
-    assert "sk-secret-123" not in repr(session)
+    backend = session.backend
+    assert isinstance(backend, tv.AsyncLlamaCpp)
+    assert backend.config.http.api_key == "sk-secret-123"
+    shown = [repr(settings), repr(client), repr(session), repr(backend), repr(backend.config)]
+    assert all("sk-secret-123" not in text for text in shown)
 
 
 async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> None:
@@ -176,7 +137,21 @@ async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> No
         await client.get_json("/x")
 
 
-FAST = RetryPolicy(max_retries=2, initial=0.01, maximum=0.05, jitter=0.0)
+async def test_a_client_needs_a_base_url_by_the_time_it_opens(
+    stub: FaultInjectingStubServer,
+) -> None:
+    with pytest.raises(tv.SessionStateError, match="without a base URL"):
+        await HttpClient(None).open()
+    client = HttpClient(None)
+    await client.open(stub.url)  # an embedded server's URL is known only once it started
+    try:
+        assert client.base_url == stub.url
+        assert await client.get_json("/x") == {"ok": True}
+    finally:
+        await client.aclose()
+
+
+FAST = tv.RetryPolicy(max_retries=2, initial=0.01, maximum=0.05, jitter=0.0)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +175,7 @@ async def test_transient_statuses_are_retried_and_others_are_not(
         return failure if calls["n"] == 1 else reply(200, b'{"ok": 1}')
 
     stub.handler = handler
-    client = await client_for(stub, retry=FAST)
+    client = await client_for(stub, tv.HttpSettings(retry=FAST))
     attempts = Attempts()
     try:
         if retryable:
@@ -223,21 +198,20 @@ async def test_retry_after_is_honoured(stub: FaultInjectingStubServer) -> None:
         return reply(200, b'{"ok": 1}')
 
     stub.handler = handler
-    client = await client_for(stub, retry=FAST)
+    client = await client_for(stub, tv.HttpSettings(retry=FAST))
     attempts = Attempts()
-    started = asyncio.get_running_loop().time()
     try:
-        assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+        with stopwatch() as watch:
+            assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
     finally:
         await client.aclose()
-    waited = asyncio.get_running_loop().time() - started
     assert attempts.count == 2
-    assert 1.0 <= waited < 2.0  # the server's 1 s, not the policy's 10 ms backoff
+    assert_takes_about(watch.elapsed, 1.0)  # the server's 1 s, not the policy's 10 ms backoff
 
 
 async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(503, b"{}")
-    client = await client_for(stub, retry=FAST)
+    client = await client_for(stub, tv.HttpSettings(retry=FAST))
     attempts = Attempts()
     try:
         with pytest.raises(tv.ServerError) as caught:
@@ -255,7 +229,7 @@ async def test_a_dropped_connection_is_retried(stub: FaultInjectingStubServer) -
     # Every request on connections 1 and 2 is dropped: the stale-connection replay and then
     # one retry are used up before connection 3 answers.
     stub.handler = lambda c, n: None if c <= 2 else reply(200, b'{"ok": 1}')
-    client = await client_for(stub, retry=FAST)
+    client = await client_for(stub, tv.HttpSettings(retry=FAST))
     attempts = Attempts()
     try:
         assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
@@ -264,13 +238,36 @@ async def test_a_dropped_connection_is_retried(stub: FaultInjectingStubServer) -
     assert attempts.count == 2
 
 
-async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubServer) -> None:
-    from typevet_async._backends.llama_cpp import AsyncLlamaCpp
-    from typevet_async._core.scoring import ScoringRequest, interpret_read
+PROBE = tv.Probe(tv.TemplateFamily.GEMMA3, "rendered", IDS, 262_144)
+REQUEST = tv.ScoringRequest("q", noul(), (), "P", ("0", "1"), (10, 11))
 
-    top = [{"id": 10, "logprob": -1.0}, {"id": 11, "logprob": -2.0}]
-    canned = json.dumps({"completion_probabilities": [{"top_logprobs": top}],
-                         "tokens_evaluated": 7}).encode()  # fmt: skip
+
+def completion(top: list[tuple[int, float]], n_probs: int) -> bytes:
+    return json.dumps(
+        {
+            "completion_probabilities": [
+                {"top_logprobs": [{"id": i, "logprob": lp} for i, lp in top]}
+            ],
+            "generation_settings": {"n_probs": n_probs},
+            "tokens_evaluated": 7,
+        }
+    ).encode()
+
+
+async def llama_cpp(
+    stub: FaultInjectingStubServer, *, top_k: int | None = None, on_missing: OnMissing = "exact"
+) -> tv.AsyncLlamaCpp:
+    http = tv.HttpSettings(retry=FAST)
+    config = tv.LlamaCppConfig(base_url=stub.url, top_k=top_k, on_missing=on_missing, http=http)
+    backend = tv.AsyncLlamaCpp(config)
+    await backend.open()
+    return backend
+
+
+async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubServer) -> None:
+    from typevet_async._core.scoring import interpret_read
+
+    canned = completion([(10, -1.0), (11, -2.0)], 2)
     calls = {"n": 0}
 
     def handler(connection: int, number: int) -> bytes:
@@ -278,20 +275,118 @@ async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubSer
         return reply(503, b"{}") if calls["n"] == 1 else reply(200, canned)
 
     stub.handler = handler
-    client = await client_for(stub, retry=FAST)
-    backend = AsyncLlamaCpp(client, top_k=2)
-    request = ScoringRequest("q", tv.Noul(instructions="x"), (), "P", ("0", "1"), (10, 11))
+    backend = await llama_cpp(stub, top_k=2)
     try:
-        read = await backend.read(request, 262_144)
-        no_retry = None
+        read = await backend.read(REQUEST, PROBE, max_retries=tv.UNSET)
         calls["n"] = 0
-        with pytest.raises(tv.ServerError):
-            no_retry = await backend.read(request, 262_144, max_retries=0)
+        with pytest.raises(tv.ServerError, match="HTTP 503"):
+            await backend.read(REQUEST, PROBE, max_retries=0)
+    finally:
+        await backend.aclose()
+    assert calls["n"] == 1  # max_retries=0: the 503 was the one attempt
+    _, diagnostics = interpret_read(REQUEST, read)
+    assert (read.reads, read.attempts, diagnostics.attempts) == (1, 2, 2)
+
+
+async def test_a_candidate_missing_from_a_whole_vocabulary_read_is_an_error(
+    stub: FaultInjectingStubServer,
+) -> None:
+    # A two-token vocabulary: the first read of K=2 is the whole vocabulary, and it lacks 11.
+    stub.handler = lambda c, n: reply(200, completion([(10, -0.5), (3, -1.0)], 2))
+    backend = await llama_cpp(stub)
+    probe = tv.Probe(tv.TemplateFamily.GEMMA3, "rendered", IDS, 2)
+    try:
+        with pytest.raises(tv.InvalidLogprobsError, match=r"\[11\] are missing"):
+            await backend.read(REQUEST, probe, max_retries=tv.UNSET)
+    finally:
+        await backend.aclose()
+    assert len(stub.requests) == 1
+
+
+#: A Jev-layout request: options A (10, " A" 20) and B (11, " B" 21).
+JEV_REQUEST = tv.ScoringRequest("q", noul(), (), "P", ("A", "B"), (10, 11), ((20,), (21,)))
+
+
+async def test_clamp_and_error_count_an_option_missing_only_when_none_of_its_tokens_is_read(
+    stub: FaultInjectingStubServer,
+) -> None:
+    # B's control (11) is outside the top 3, its space variant (21) is in it.
+    variant_only = completion([(10, -0.5), (21, -1.5), (7, -3.0)], 3)
+    stub.handler = lambda c, n: reply(200, variant_only)
+    for policy in ("clamp", "error"):
+        backend = await llama_cpp(stub, top_k=3, on_missing=policy)
+        try:
+            read = await backend.read(JEV_REQUEST, PROBE, max_retries=tv.UNSET)
+        finally:
+            await backend.aclose()
+        assert (read.token_ids, read.logprobs, read.truncated) == ((10, 21), (-0.5, -1.5), False)
+    # Neither of B's tokens: clamp fills B's control with the floor, error refuses.
+    neither = completion([(10, -0.5), (20, -1.5), (7, -3.0)], 3)
+    stub.handler = lambda c, n: reply(200, neither)
+    backend = await llama_cpp(stub, top_k=3, on_missing="clamp")
+    try:
+        read = await backend.read(JEV_REQUEST, PROBE, max_retries=tv.UNSET)
+    finally:
+        await backend.aclose()
+    assert (read.token_ids, read.logprobs, read.truncated) == (
+        (10, 20, 11),
+        (-0.5, -1.5, -3.0),
+        True,
+    )
+    backend = await llama_cpp(stub, top_k=3, on_missing="error")
+    try:
+        with pytest.raises(tv.CandidateMissingError, match="outside the top 3") as caught:
+            await backend.read(JEV_REQUEST, PROBE, max_retries=tv.UNSET)
+    finally:
+        await backend.aclose()
+    assert caught.value.missing == (11, 21)
+
+
+async def test_the_model_pin_is_checked_at_the_probe_before_anything_else(
+    stub: FaultInjectingStubServer,
+) -> None:
+    models = {"data": [{"id": "gemma", "aliases": ["g"], "meta": {"n_vocab": 262_144}}]}
+    stub.handler = lambda c, n: reply(200, json.dumps(models).encode())
+    async with tv.Session.llama_cpp(stub.url, model="other") as session:
+        with pytest.raises(tv.ConfigurationError, match="pinned to model 'other'"):
+            await session.judge("s", {"q": noul()})
+    assert len(stub.requests) == 1  # GET /v1/models, nothing after it
+    assert stub.seen_heads[0].startswith(b"GET /v1/models ")
+
+
+async def test_waiting_for_a_pooled_connection_does_not_count_against_request_timeout(
+    stub: FaultInjectingStubServer,
+) -> None:
+    # 20 requests on 2 connections, each answered 0.1 s after it arrives: together they take
+    # at least 1.0 s (twice the timeout), each well under the 0.5 s timeout once it is sent.
+    stub.delay = 0.1
+    settings = tv.HttpSettings(
+        max_connections=2, request_timeout=0.5, retry=tv.RetryPolicy(max_retries=0)
+    )
+    client = await client_for(stub, settings)
+    try:
+        with stopwatch() as watch:
+            results = await asyncio.gather(*(client.post_json("/x", {}) for _ in range(20)))
     finally:
         await client.aclose()
-    assert no_retry is None
-    _, diagnostics = interpret_read(request, read)
-    assert (read.reads, read.attempts, diagnostics.attempts) == (1, 2, 2)
+    assert results == [{"ok": True}] * 20
+    assert stub.connections <= 2
+    assert watch.elapsed >= 10 * stub.delay
+
+
+async def test_a_request_slower_than_request_timeout_times_out(
+    stub: FaultInjectingStubServer,
+) -> None:
+    stub.delay = 10.0
+    settings = tv.HttpSettings(request_timeout=0.2, retry=tv.RetryPolicy(max_retries=0))
+    client = await client_for(stub, settings)
+    try:
+        with stopwatch() as watch, pytest.raises(tv.RequestTimeoutError, match="timed out"):
+            await client.post_json("/x", {})
+    finally:
+        await client.aclose()
+    assert_takes_about(watch.elapsed, 0.2)
+    assert isinstance(tv.RequestTimeoutError("x"), TimeoutError)
 
 
 async def test_the_api_key_never_leaks(
@@ -299,37 +394,24 @@ async def test_the_api_key_never_leaks(
 ) -> None:
     """Sent as a bearer header, and absent from reprs, logs, errors and their payloads."""
     secret = "sk-SECRET-4f1c"
-    seen_headers: list[bytes] = []
-    original = stub._serve
-
-    async def capture(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        seen_headers.append(head)
-        feed = asyncio.StreamReader()
-        feed.feed_data(head + await reader.read(65536))
-        feed.feed_eof()
-        await original(feed, writer)
-
-    stub.server.close()  # type: ignore[union-attr]
-    await stub.server.wait_closed()  # type: ignore[union-attr]
-    stub.server = await asyncio.start_server(capture, "127.0.0.1", 0)
-    stub.url = f"http://127.0.0.1:{stub.server.sockets[0].getsockname()[1]}"
     outcomes = iter([reply(401, b'{"error": "bad key"}'), reply(500, b"{}"), reply(200, b"{oops")])
     stub.handler = lambda c, n: next(outcomes)
     caplog.set_level("DEBUG")
-    errors: list[BaseException] = []
+    errors: list[tv.TypevetError] = []
     session = tv.Session.llama_cpp(stub.url, api_key=secret, max_retries=0)
+    backend = session.backend
+    assert isinstance(backend, tv.AsyncLlamaCpp)
     async with session:
         for _ in range(3):
             try:
-                await session.backend.http.post_json("/completion", {})  # type: ignore[attr-defined]
+                await backend.http.post_json("/completion", {})
             except tv.TypevetError as error:
                 errors.append(error)
-    assert any(
-        f"authorization: bearer {secret}".lower().encode() in h.lower() for h in seen_headers
-    )
-    assert len(errors) == 3
-    shown = [repr(session), repr(session.backend), caplog.text]
-    for error in errors:
-        shown += [str(error), repr(error), repr(vars(error)), repr(error.__cause__)]
+    assert len(stub.seen_heads) == 3
+    bearer = f"authorization: bearer {secret}".lower().encode()
+    assert all(bearer in head.lower() for head in stub.seen_heads)
+    assert [type(e) for e in errors] == [tv.ServerError, tv.ServerError, tv.ProtocolError]
+    shown = [repr(session), repr(backend), repr(backend.http), caplog.text]
+    for failure in errors:
+        shown += [str(failure), repr(failure), repr(vars(failure)), repr(failure.__cause__)]
     assert all(secret not in text for text in shown)

@@ -146,14 +146,14 @@ def test_forged_markers_in_every_caller_field_leave_one_answer_position() -> Non
     choice = tv.Choice({forged + "a": forged, "b": None}, instructions=forged)
     for family in (TemplateFamily.GEMMA3, TemplateFamily.GEMMA4):
         request = plan_question("q", choice, forged, family=family, control_ids=IDS)
-        assert request.prompt.count("<start_of_turn>") == (
-            2 if family is TemplateFamily.GEMMA3 else 0
-        )
-        assert request.prompt.count("<|turn>") == (2 if family is TemplateFamily.GEMMA4 else 0)
+        prompt = request.prompt
+        assert prompt is not None  # the SDK frames the prefix itself
+        assert prompt.count("<start_of_turn>") == (2 if family is TemplateFamily.GEMMA3 else 0)
+        assert prompt.count("<|turn>") == (2 if family is TemplateFamily.GEMMA4 else 0)
         assert request.controls == ("0", "1")
         assert request.token_ids == (1000, 1001)
         control_lines = [
-            line for line in request.prompt.splitlines() if line[:4] in ("0 = ", "1 = ", "2 = ")
+            line for line in prompt.splitlines() if line[:4] in ("0 = ", "1 = ", "2 = ")
         ]
         assert len(control_lines) == 2
 
@@ -203,6 +203,7 @@ def test_hostile_text_keeps_one_answer_position_and_the_intended_controls(
     choice = tv.Choice({label: description for label in labels}, instructions=instructions)
     request = plan_question("q", choice, state, family=family, control_ids=IDS)
     prompt = request.prompt
+    assert prompt is not None  # the SDK frames the prefix itself
     opener, closer, answer_header = (
         ("<start_of_turn>", "<end_of_turn>", "<start_of_turn>model\n")
         if family is TemplateFamily.GEMMA3

@@ -3,7 +3,7 @@ from __future__ import annotations
 import inspect
 
 import typevet_async as tv
-from typevet_async import errors
+from typevet_async import _errors
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -21,29 +21,48 @@ def test_all_is_sorted_and_complete() -> None:
     assert public == set(tv.__all__)
 
 
-def test_every_error_is_exported_and_derives_from_typevet_error() -> None:
-    classes = [
-        value
-        for value in vars(errors).values()
-        if inspect.isclass(value) and issubclass(value, Exception)
-    ]
-    assert len(classes) >= 15
-    for cls in classes:
-        assert issubclass(cls, tv.TypevetError)
-        assert cls.__name__ in tv.__all__
+def test_the_exported_errors_are_exactly_the_errors_defined() -> None:
+    defined = {
+        name
+        for name, value in vars(_errors).items()
+        if inspect.isclass(value)
+        and issubclass(value, BaseException)
+        and value.__module__ == _errors.__name__
+    }
+    exported = {
+        name
+        for name in tv.__all__
+        if inspect.isclass(getattr(tv, name)) and issubclass(getattr(tv, name), BaseException)
+    }
+    assert exported == defined
+    assert set(_errors.__all__) == defined
+    for name in defined:
+        assert issubclass(getattr(_errors, name), tv.TypevetError)
+        assert getattr(tv, name) is getattr(_errors, name)
 
 
-def test_bad_input_errors_are_value_errors() -> None:
+def test_the_error_tree() -> None:
     for cls in (
         tv.InvalidInputError,
         tv.QuestionError,
         tv.TooManyOptionsError,
+        tv.SchemaError,
         tv.ConfigurationError,
     ):
+        assert issubclass(cls, tv.InvalidInputError)
         assert issubclass(cls, ValueError)
-    assert issubclass(tv.JudgmentTimeoutError, TimeoutError)
-    assert issubclass(tv.ReadTimeoutError, TimeoutError)
+    assert issubclass(tv.DeadlineExceededError, TimeoutError)
+    assert not issubclass(tv.DeadlineExceededError, tv.BackendError)
+    assert issubclass(tv.RequestTimeoutError, TimeoutError)
+    assert issubclass(tv.RequestTimeoutError, tv.BackendError)
     assert issubclass(tv.TransportError, ConnectionError)
+    assert issubclass(tv.SessionStateError, RuntimeError)
+    for generation in (tv.GenerationError, tv.TruncatedOutputError, tv.OutputValidationError):
+        assert issubclass(generation, tv.GenerationError)
+        assert not issubclass(generation, tv.BackendError)
+    # Renamed and removed in the 0.x architecture change.
+    for gone in ("JudgmentTimeoutError", "ReadTimeoutError"):
+        assert not hasattr(tv, gone)
 
 
 def test_py_typed_ships() -> None:

@@ -5,9 +5,21 @@ import math
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.readings import TopLogprobs, find_candidates, off_menu_mass, softmax
+from typevet_async._core.readings import (
+    TopLogprobs,
+    clamp_missing,
+    missing_options,
+    off_menu_mass,
+    present_candidates,
+    read_entries,
+    softmax,
+    validated_entries,
+)
 
 VOCAB = 100
+# Jev's letters: each option accepts its control ("A") and its space variant (" A").
+A, SPACE_A, B, SPACE_B = 1, 2, 3, 4
+JEV_GROUPS = ((A, SPACE_A), (B, SPACE_B))
 
 
 def top(*entries: tuple[int, float], requested: int | None = None) -> TopLogprobs:
@@ -15,17 +27,14 @@ def top(*entries: tuple[int, float], requested: int | None = None) -> TopLogprob
 
 
 def test_candidates_in_candidate_order() -> None:
-    read = top((7, -0.5), (3, -1.0), (9, -2.0))
-    assert find_candidates(read, [9, 7], VOCAB) == (-2.0, -0.5)
+    entries = read_entries(top((7, -0.5), (3, -1.0), (9, -2.0)), VOCAB)
+    assert present_candidates(entries, [(9,), (7,)]) == ((9, 7), (-2.0, -0.5))
+    assert missing_options(entries, [(9,), (7,)]) == []
 
 
-def test_missing_candidate_asks_for_a_larger_read() -> None:
-    assert find_candidates(top((7, -0.5), (3, -1.0)), [7, 42], VOCAB) is None
-
-
-def test_missing_from_a_whole_vocabulary_read_is_an_error() -> None:
-    with pytest.raises(tv.InvalidLogprobsError, match=r"\[42\] are missing"):
-        find_candidates(top((7, -0.5), (3, -1.0), requested=VOCAB), [7, 42], 2)
+def test_a_missing_candidate_is_named_for_a_larger_read() -> None:
+    entries = read_entries(top((7, -0.5), (3, -1.0)), VOCAB)
+    assert missing_options(entries, [(7,), (42,)]) == [(42,)]
 
 
 @pytest.mark.parametrize(
@@ -40,21 +49,56 @@ def test_missing_from_a_whole_vocabulary_read_is_an_error() -> None:
 )
 def test_invalid_logprobs_fail_closed(entries: tuple[tuple[int, float], ...], message: str) -> None:
     with pytest.raises(tv.InvalidLogprobsError, match=message):
-        find_candidates(top(*entries), [7, 3], VOCAB)
+        read_entries(top(*entries), VOCAB)
+
+
+def test_logits_may_be_positive_but_never_repeated_or_non_finite() -> None:
+    assert validated_entries(((7, 3.5), (3, -1.0)), allow_positive=True) == {7: 3.5, 3: -1.0}
+    with pytest.raises(tv.InvalidLogprobsError, match="appears twice"):
+        validated_entries(((7, 3.5), (7, 3.5)), allow_positive=True)
+    with pytest.raises(tv.InvalidLogprobsError, match="non-finite"):
+        validated_entries(((7, math.nan),), allow_positive=True)
 
 
 def test_a_rounding_error_above_zero_is_accepted() -> None:
-    assert find_candidates(top((7, 4e-7), (3, -20.0)), [7, 3], VOCAB) == (4e-7, -20.0)
+    entries = read_entries(top((7, 4e-7), (3, -20.0)), VOCAB)
+    assert present_candidates(entries, [(7,), (3,)]) == ((7, 3), (4e-7, -20.0))
 
 
 def test_wrong_entry_count_is_a_protocol_error() -> None:
     with pytest.raises(tv.ProtocolError, match="asked for the top 5"):
-        find_candidates(top((7, -0.5), requested=5), [7], VOCAB)
+        read_entries(top((7, -0.5), requested=5), VOCAB)
+    # A read asking for more than the vocabulary returns the whole vocabulary.
+    assert read_entries(top((7, -0.5), (3, -1.0), requested=VOCAB), 2) == {7: -0.5, 3: -1.0}
+
+
+def test_an_option_is_missing_only_when_none_of_its_tokens_was_read() -> None:
+    assert missing_options({A: -1.0, SPACE_B: -2.0}, JEV_GROUPS) == []
+    assert missing_options({A: -1.0}, JEV_GROUPS) == [(B, SPACE_B)]
+    assert missing_options({}, JEV_GROUPS) == list(JEV_GROUPS)
+
+
+def test_clamp_keeps_an_option_whose_space_variant_was_read() -> None:
+    # B's control is outside the top-K, but " B" is in it: B is not missing, nothing is filled.
+    ids, logprobs, truncated = clamp_missing({A: -1.0, SPACE_B: -3.0, 99: -5.0}, JEV_GROUPS)
+    assert (ids, logprobs, truncated) == ((A, SPACE_B), (-1.0, -3.0), False)
+
+
+def test_clamp_fills_an_option_with_none_of_its_tokens_read_with_the_floor() -> None:
+    ids, logprobs, truncated = clamp_missing({A: -1.0, SPACE_A: -2.0, 99: -5.0}, JEV_GROUPS)
+    assert (ids, logprobs, truncated) == ((A, SPACE_A, B), (-1.0, -2.0, -5.0), True)
+
+
+def test_clamp_needs_something_to_clamp_to() -> None:
+    with pytest.raises(tv.InvalidLogprobsError, match="no logprobs to clamp to"):
+        clamp_missing({}, JEV_GROUPS)
 
 
 def test_softmax_matches_the_definition_and_is_stable() -> None:
     logprobs = [-1.0, -2.0, -3.0]
     expected = [math.exp(v) / sum(math.exp(w) for w in logprobs) for v in logprobs]
+    # Both sides are the same float64 formula in another order: a few ulps apart, not a
+    # tolerance measured on a server.
     assert softmax(logprobs) == pytest.approx(expected, abs=1e-15)
     assert sum(softmax([-1000.0, -1001.0])) == pytest.approx(1.0)
     assert softmax([-1000.0, -1000.0]) == (0.5, 0.5)

@@ -5,7 +5,8 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.schemas import MAX_SCHEMA_DEPTH, check_schema, json_depth, validate_output
+from typevet_async._core.jsonvalues import json_depth
+from typevet_async._core.schemas import MAX_SCHEMA_DEPTH, check_schema, validate_output
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Session orchestration against an in-memory stub backend (named as such).
+"""Session orchestration against the in-memory stub backend (`stubs.InMemoryStubBackend`).
 
 A real server cannot fail questions on cue, in a chosen time order, or hang forever; this
 stub can. Everything that a real server can show is also tested live in tests/live.
@@ -8,120 +8,42 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.controls import DIGITS
-from typevet_async._core.generation import ChatOutput
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+
+from .stubs import (
+    InMemoryStubBackend,
+    assert_takes_about,
+    failing_after,
+    noul,
+    sleeping,
+    stopwatch,
+)
 
 pytestmark = pytest.mark.asyncio
 
-IDS = {digit: 1000 + int(digit) for digit in DIGITS}
-Behaviour = Callable[[ScoringRequest], Awaitable[None]]
+PNG = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 24, "image/png")  # 32 bytes
 
 
-class InMemoryStubBackend:
-    """A scoring backend with scripted delays and failures per question id."""
-
-    frames_prompt = True
-    accepts_images = False
-
-    def __init__(self, family: tv.TemplateFamily = tv.TemplateFamily.GEMMA3) -> None:
-        self.family = family
-        self.outputs: dict[str, ChatOutput] = {}
-        self.generated: list[str] = []
-        self.behaviours: dict[str, Behaviour] = {}
-        self.probes = 0
-        self.reads: list[str] = []
-        self.in_flight = 0
-        self.peak = 0
-        self.cancelled: list[str] = []
-
-    async def probe(self) -> tv.Probe:
-        self.probes += 1
-        await anyio.sleep(0.01)
-        return tv.Probe(self.family, "rendered", IDS, 262_144, ("stub-model",))
-
-    async def read(
-        self, request: ScoringRequest, vocab_size: int, *, max_retries: int | None = None
-    ) -> CandidateRead:
-        self.reads.append(request.question_id)
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            behaviour = self.behaviours.get(request.question_id)
-            if behaviour is not None:
-                await behaviour(request)
-            else:
-                await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class():
-            self.cancelled.append(request.question_id)
-            raise
-        finally:
-            self.in_flight -= 1
-        logprobs = tuple(-1.0 - index for index in range(len(request.token_ids)))
-        return CandidateRead(request.token_ids, logprobs, 4096, 1, 10, 0)
-
-    async def generate(
-        self,
-        prompt: str,
-        schema: Any,
-        images: Sequence[tv.Image],
-        max_tokens: int,
-        *,
-        max_retries: int | None = None,
-    ) -> ChatOutput:
-        self.generated.append(prompt)
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        try:
-            behaviour = self.behaviours.get(prompt)
-            if behaviour is not None:
-                await behaviour(ScoringRequest(prompt, tv.Noul(instructions="x"), (), "", (), ()))
-            else:
-                await anyio.sleep(0.01)
-        finally:
-            self.in_flight -= 1
-        return self.outputs.get(prompt, ChatOutput('{"n": 1}', "stop", 5, 3))
-
-
-def sleeping(seconds: float) -> Behaviour:
-    async def behaviour(_: ScoringRequest) -> None:
-        await anyio.sleep(seconds)
-
-    return behaviour
-
-
-def failing_after(seconds: float, error: Exception, *, shielded: bool = False) -> Behaviour:
-    async def behaviour(_: ScoringRequest) -> None:
-        with anyio.CancelScope(shield=shielded):
-            await anyio.sleep(seconds)
-        raise error
-
-    return behaviour
-
-
-def noul(n: int = 0) -> tv.Noul:
-    return tv.Noul(instructions=f"Question {n}?")
+def session(backend: InMemoryStubBackend, **settings: Any) -> tv.Session:
+    return tv.Session(backend, tv.SessionSettings(**settings))
 
 
 async def test_answers_come_back_in_request_order_whatever_the_completion_order() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {"a": sleeping(0.05), "b": sleeping(0.02), "c": sleeping(0.0)}
-    async with tv.Session(backend, max_concurrency=3, prefix_reuse="off") as session:
-        judgment = await session.judge("state", {"a": noul(), "b": noul(), "c": noul()})
+    async with session(backend, max_concurrency=3, prefix_reuse="off") as s:
+        judgment = await s.judge("state", {"a": noul(), "b": noul(), "c": noul()})
     assert list(judgment) == ["a", "b", "c"]
     assert judgment.usage == tv.Usage(30, 0, 3)
     expected = 1 / (1 + math.exp(-1.0))  # softmax of (-1, -2): P(false)
-    assert judgment["a"].probabilities["false"] == pytest.approx(expected)
+    answer = judgment["a"]
+    assert isinstance(answer, tv.NoulAnswer)
+    assert answer.probabilities["false"] == pytest.approx(expected)
 
 
 async def test_first_error_in_question_order_wins_over_time_order() -> None:
@@ -131,9 +53,9 @@ async def test_first_error_in_question_order_wins_over_time_order() -> None:
         "first": failing_after(0.05, tv.ServerError("late", status=500, body=""), shielded=True),
         "second": failing_after(0.0, tv.ServerError("early", status=503, body="")),
     }
-    async with tv.Session(backend, max_concurrency=4, prefix_reuse="off") as session:
+    async with session(backend, max_concurrency=4, prefix_reuse="off") as s:
         with pytest.raises(tv.ServerError) as caught:
-            await session.judge("state", {"first": noul(), "second": noul()})
+            await s.judge("state", {"first": noul(), "second": noul()})
     assert caught.value.question_id == "first"
     assert caught.value.status == 500
 
@@ -146,13 +68,11 @@ async def test_a_failure_cancels_its_siblings_and_leaves_no_task() -> None:
         "bad": failing_after(0.01, tv.ProtocolError("broken")),
     }
     tasks_before = len(asyncio.all_tasks())
-    async with tv.Session(backend, max_concurrency=4, prefix_reuse="off") as session:
-        started = time.monotonic()
-        with pytest.raises(tv.ProtocolError) as caught:
-            await session.judge("s", {"slow1": noul(), "bad": noul(), "slow2": noul()})
-        elapsed = time.monotonic() - started
+    async with session(backend, max_concurrency=4, prefix_reuse="off") as s:
+        with stopwatch() as watch, pytest.raises(tv.ProtocolError) as caught:
+            await s.judge("s", {"slow1": noul(), "bad": noul(), "slow2": noul()})
     assert caught.value.question_id == "bad"
-    assert elapsed < 1.0
+    assert watch.elapsed < 10.0  # far below the siblings' 30 s: they were cancelled
     assert sorted(backend.cancelled) == ["slow1", "slow2"]
     assert len(asyncio.all_tasks()) == tasks_before
 
@@ -161,27 +81,47 @@ async def test_the_cap_is_shared_by_every_judgment_of_the_session() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {f"q{n}": sleeping(0.01) for n in range(10)}
     async with (
-        tv.Session(backend, max_concurrency=3, prefix_reuse="off") as session,
+        session(backend, max_concurrency=3, prefix_reuse="off") as s,
         anyio.create_task_group() as group,
     ):
         for _ in range(5):
-            group.start_soon(session.judge, "s", {f"q{n}": noul(n) for n in range(10)})
+            group.start_soon(s.judge, "s", {f"q{n}": noul(n) for n in range(10)})
     assert len(backend.reads) == 50
     assert backend.peak == 3
     assert backend.probes == 1
 
 
-async def test_whole_judgment_timeout_fires_on_time_and_cancels_reads() -> None:
+async def test_the_backends_max_concurrency_bounds_the_session() -> None:
+    capabilities = tv.Capabilities(
+        framing="sdk", prefix_reuse=True, generation_images=False, max_concurrency=1
+    )
+    backend = InMemoryStubBackend(capabilities=capabilities)
+    backend.behaviours = {f"q{n}": sleeping(0.01) for n in range(6)}
+
+    async def generate(s: tv.Session) -> None:
+        await s.generate_many(["p1", "p2", "p3"], schema=SCHEMA)
+
+    async with (
+        session(backend, max_concurrency=4, prefix_reuse="off") as s,
+        anyio.create_task_group() as group,
+    ):
+        for _ in range(3):
+            group.start_soon(s.judge, "s", {f"q{n}": noul(n) for n in range(6)})
+        group.start_soon(generate, s)
+    assert len(backend.reads) == 18
+    assert len(backend.generated) == 3
+    assert backend.peak == 1
+
+
+async def test_judge_timeout_is_a_deadline_and_cancels_the_reads() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {"a": sleeping(30.0), "b": sleeping(30.0)}
     tasks_before = len(asyncio.all_tasks())
-    async with tv.Session(backend, prefix_reuse="off") as session:
-        await session.probe()
-        started = time.monotonic()
-        with pytest.raises(tv.JudgmentTimeoutError):
-            await session.judge("s", {"a": noul(), "b": noul()}, timeout=0.2)
-        elapsed = time.monotonic() - started
-    assert 0.2 <= elapsed < 0.3
+    async with session(backend, prefix_reuse="off") as s:
+        await s.probe()
+        with stopwatch() as watch, pytest.raises(tv.DeadlineExceededError, match="judgment"):
+            await s.judge("s", {"a": noul(), "b": noul()}, timeout=0.2)
+    assert_takes_about(watch.elapsed, 0.2)
     assert set(backend.cancelled) == {"a", "b"}
     assert len(asyncio.all_tasks()) == tasks_before
 
@@ -189,8 +129,8 @@ async def test_whole_judgment_timeout_fires_on_time_and_cancels_reads() -> None:
 async def test_caller_cancellation_cancels_reads() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {"a": sleeping(30.0)}
-    async with tv.Session(backend) as session, anyio.create_task_group() as group:
-        group.start_soon(session.judge, "s", {"a": noul()})
+    async with session(backend) as s, anyio.create_task_group() as group:
+        group.start_soon(s.judge, "s", {"a": noul()})
         await anyio.sleep(0.1)
         group.cancel_scope.cancel()
     assert backend.cancelled == ["a"]
@@ -198,9 +138,9 @@ async def test_caller_cancellation_cancels_reads() -> None:
 
 async def test_unsupported_template_fails_before_any_read() -> None:
     backend = InMemoryStubBackend(tv.TemplateFamily.CHATML)
-    async with tv.Session(backend) as session:
+    async with session(backend) as s:
         with pytest.raises(tv.UnsupportedTemplateError, match="chatml"):
-            await session.judge("s", {"a": noul()})
+            await s.judge("s", {"a": noul()})
     assert backend.reads == []
 
 
@@ -223,35 +163,118 @@ async def test_bad_input_fails_before_any_read(
     state: Any, questions: Any, error: type[Exception], message: str
 ) -> None:
     backend = InMemoryStubBackend()
-    async with tv.Session(backend) as session:
+    async with session(backend) as s:
         with pytest.raises(error, match=message):
-            await session.judge(state, questions)
+            await s.judge(state, questions)
+    assert backend.reads == []
+
+
+async def test_a_question_over_the_backends_candidate_limit_fails_before_any_read() -> None:
+    capabilities = tv.Capabilities(
+        framing="server", prefix_reuse=False, generation_images=True, max_candidates=2
+    )
+    backend = InMemoryStubBackend(capabilities=capabilities)
+    three = tv.Choice({"a": None, "b": None, "c": None}, instructions="x")
+    async with session(backend) as s:
+        with pytest.raises(tv.TooManyOptionsError, match=r"question 'big'.*at most 2"):
+            await s.judge("s", {"ok": noul(), "big": three})
     assert backend.reads == []
 
 
 async def test_json_state_is_rendered_compactly() -> None:
     backend = InMemoryStubBackend()
-    async with tv.Session(backend) as session:
-        judgment = await session.judge({"a": [1, 2], "b": "é"}, {"q": noul()})
+    async with session(backend) as s:
+        judgment = await s.judge({"a": [1, 2], "b": "é"}, {"q": noul()})
     assert judgment.diagnostics["q"].prompt.startswith('<start_of_turn>user\n{"a":[1,2],"b":"é"}\n')
 
 
 async def test_lifecycle() -> None:
-    session = tv.Session(InMemoryStubBackend())
+    backend = InMemoryStubBackend()
+    s = tv.Session(backend)
+    assert s.settings == tv.SessionSettings()
+    assert s.backend is backend
     with pytest.raises(tv.SessionStateError, match="unopened"):
-        await session.judge("s", {"q": noul()})
-    async with session:
-        await session.judge("s", {"q": noul()})
+        await s.judge("s", {"q": noul()})
+    async with s:
+        await s.open()  # a second open is a no-op
+        await s.judge("s", {"q": noul()})
+    await s.aclose()  # a second close too
+    assert (backend.opened, backend.closed) == (1, 1)
     with pytest.raises(tv.SessionStateError, match="closed"):
-        await session.judge("s", {"q": noul()})
+        await s.judge("s", {"q": noul()})
     with pytest.raises(tv.SessionStateError, match="reopen"):
-        await session.open()
+        await s.open()
 
 
-async def test_pinned_model_is_checked_at_probe() -> None:
-    async with tv.Session(InMemoryStubBackend(), model="other") as session:
-        with pytest.raises(tv.ConfigurationError, match="pinned to model 'other'"):
-            await session.judge("s", {"q": noul()})
+async def test_a_call_for_another_model_than_the_pinned_one_sends_nothing() -> None:
+    backend = InMemoryStubBackend(model="stub-model")
+    async with session(backend) as s:
+        with pytest.raises(tv.ConfigurationError, match="pinned to model 'stub-model'"):
+            await s.judge("s", {"q": noul()}, model="other")
+        judgment = await s.judge("s", {"q": noul()}, model="stub-model")
+    assert list(judgment) == ["q"]
+    assert backend.reads == ["q"]
+
+
+async def test_per_call_overrides_are_unset_by_default_and_none_turns_the_guard_off() -> None:
+    # The stub's logprobs (-1, -2) leave an off-menu mass of 1 - e^-1 - e^-2 = 0.497.
+    backend = InMemoryStubBackend()
+    async with session(backend, off_menu_threshold=0.1, raise_off_menu=True) as s:
+        with pytest.raises(tv.OffMenuError) as caught:
+            await s.judge("s", {"q": noul()})  # UNSET: the session's threshold and raise
+        flagged = await s.judge("s", {"q": noul()}, raise_off_menu=False)
+        off = await s.judge("s", {"q": noul()}, off_menu_threshold=None)
+        await s.judge("s", {"q": noul()}, off_menu_threshold=None, max_retries=0)
+    assert caught.value.threshold == 0.1
+    assert caught.value.question_id == "q"
+    assert flagged.diagnostics["q"].off_menu_flagged
+    assert not off.diagnostics["q"].off_menu_flagged
+    assert backend.retries_seen == [tv.UNSET, tv.UNSET, tv.UNSET, 0]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"max_retries": -1}, "max_retries"),
+        ({"max_retries": True}, "max_retries"),
+        ({"off_menu_threshold": 2}, "off_menu_threshold"),
+        ({"raise_off_menu": "yes"}, "raise_off_menu"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": math.inf}, "timeout"),
+    ],
+)
+async def test_bad_per_call_settings_of_judge_send_nothing(
+    override: dict[str, Any], message: str
+) -> None:
+    backend = InMemoryStubBackend()
+    async with session(backend) as s:
+        with pytest.raises(tv.ConfigurationError, match=message):
+            await s.judge("s", {"q": noul()}, **override)
+    assert backend.reads == []
+    assert backend.probes == 0
+
+
+async def test_judge_applies_the_image_caps_before_any_request() -> None:
+    backend = InMemoryStubBackend(vision=True)
+    async with session(backend, max_images=1) as s:
+        with pytest.raises(tv.InvalidInputError, match="at most 1"):
+            await s.judge("s", {"q": noul()}, images=[PNG, PNG])
+    async with session(backend, max_image_bytes=16) as s:
+        with pytest.raises(tv.InvalidInputError, match="16-byte cap"):
+            await s.judge("s", {"q": noul()}, images=PNG)
+    assert backend.reads == []
+    assert backend.probes == 0
+    async with session(backend, max_images=1, max_image_bytes=32) as s:  # within both caps
+        await s.judge("s", {"q": noul()}, images=PNG)
+    assert backend.read_requests[0].messages[0].images == (PNG,)
+
+
+async def test_images_for_a_server_without_vision_are_refused_before_any_read() -> None:
+    backend = InMemoryStubBackend(vision=False)
+    async with session(backend) as s:
+        with pytest.raises(tv.InvalidInputError, match="does not declare vision"):
+            await s.judge("s", {"q": noul()}, images=PNG)
+    assert backend.reads == []
 
 
 SCHEMA = {
@@ -264,13 +287,22 @@ SCHEMA = {
 async def test_generate_many_keeps_request_order_and_honours_both_caps() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {f"p{n}": sleeping(0.05 - n * 0.002) for n in range(20)}
-    backend.outputs = {f"p{n}": ChatOutput(f'{{"n": {n % 5}}}', "stop") for n in range(20)}
-    async with tv.Session(backend, max_concurrency=6) as session:
-        results = await session.generate_many(
-            [f"p{n}" for n in range(20)], schema=SCHEMA, max_concurrency=3
+    backend.outputs = {f"p{n}": tv.ChatOutput(f'{{"n": {n % 5}}}', "stop") for n in range(20)}
+    async with session(backend, max_concurrency=6) as s:
+        results = await s.generate_many(
+            [f"p{n}" for n in range(20)], schema=SCHEMA, max_in_flight=3
         )
-    assert [r.value for r in results] == [{"n": n % 5} for n in range(20)]  # type: ignore[union-attr]
+    assert [r.value for r in results] == [{"n": n % 5} for n in range(20)]
     assert backend.peak == 3
+
+
+async def test_generation_takes_the_sessions_max_tokens_unless_the_call_gives_one() -> None:
+    backend = InMemoryStubBackend()
+    async with session(backend, max_tokens=77) as s:
+        await s.generate("p", schema=SCHEMA)
+        await s.generate("p", schema=SCHEMA, max_tokens=5, max_retries=1)
+    assert [r.max_tokens for r in backend.generation_requests] == [77, 5]
+    assert backend.retries_seen == [tv.UNSET, 1]
 
 
 @pytest.mark.parametrize(
@@ -281,17 +313,20 @@ async def test_generate_many_keeps_request_order_and_honours_both_caps() -> None
         ("", "stop", tv.GenerationError, "empty content"),
         ('{"n": NaN}', "stop", tv.GenerationError, "not valid JSON"),
         ('{"n": Infinity}', "stop", tv.GenerationError, "not valid JSON"),
+        ("[" * 200 + "]" * 200, "stop", tv.GenerationError, "nests deeper than 128"),
     ],
 )
 async def test_bad_outputs_raise_typed_errors_with_the_payload(
     content: str, finish: str, error: type[tv.GenerationError], message: str
 ) -> None:
     backend = InMemoryStubBackend()
-    backend.outputs = {"p": ChatOutput(content, finish)}
-    async with tv.Session(backend) as session:
+    backend.outputs = {"p": tv.ChatOutput(content, finish)}
+    async with session(backend) as s:
         with pytest.raises(error, match=message) as caught:
-            await session.generate("p", schema=SCHEMA)
+            await s.generate("p", schema=SCHEMA)
+    assert type(caught.value) is error
     assert caught.value.raw == content
+    assert caught.value.prompt_index == 0
     if isinstance(caught.value, tv.OutputValidationError):
         assert caught.value.path == "$.n"
         assert caught.value.value == {"n": 9}
@@ -299,15 +334,41 @@ async def test_bad_outputs_raise_typed_errors_with_the_payload(
 
 async def test_return_exceptions_puts_each_failure_in_its_place() -> None:
     backend = InMemoryStubBackend()
-    backend.outputs = {"bad": ChatOutput('{"n": 9}', "stop")}
-    async with tv.Session(backend) as session:
-        results = await session.generate_many(
+    backend.outputs = {"bad": tv.ChatOutput('{"n": 9}', "stop")}
+    async with session(backend) as s:
+        results = await s.generate_many(
             ["ok1", "bad", "ok2"], schema=SCHEMA, return_exceptions=True
         )
     assert isinstance(results[0], tv.Generation)
-    assert isinstance(results[1], tv.OutputValidationError)
-    assert results[1].question_id == "prompt 1"
     assert isinstance(results[2], tv.Generation)
+    error = results[1]
+    assert isinstance(error, tv.OutputValidationError)
+    assert error.prompt_index == 1
+    assert error.question_id is None
+    assert str(error).startswith("prompt 1: ")
+
+
+async def test_generation_errors_carry_the_prompt_index_and_are_not_backend_errors() -> None:
+    backend = InMemoryStubBackend()
+    backend.outputs = {"p2": tv.ChatOutput("", "stop")}
+    async with session(backend) as s:
+        with pytest.raises(tv.GenerationError) as caught:
+            await s.generate_many(["p0", "p1", "p2"], schema=SCHEMA)
+    assert caught.value.prompt_index == 2
+    assert caught.value.question_id is None
+    assert str(caught.value).startswith("prompt 2: ")
+    assert not isinstance(caught.value, tv.BackendError)
+    assert not issubclass(tv.GenerationError, tv.BackendError)
+
+
+async def test_a_backend_error_of_one_prompt_carries_its_index() -> None:
+    backend = InMemoryStubBackend()
+    backend.behaviours = {"p1": failing_after(0.0, tv.ServerError("down", status=503, body=""))}
+    async with session(backend) as s:
+        with pytest.raises(tv.ServerError) as caught:
+            await s.generate_many(["p0", "p1"], schema=SCHEMA)
+    assert caught.value.prompt_index == 1
+    assert caught.value.question_id is None
 
 
 @pytest.mark.parametrize(
@@ -316,34 +377,70 @@ async def test_return_exceptions_puts_each_failure_in_its_place() -> None:
         (dict(prompts=["p"], schema={"type": "nope"}), tv.SchemaError, "meta-schema"),
         (dict(prompts=["p"], schema={"$ref": "http://x/s.json"}), tv.SchemaError, "never fetched"),
         (dict(prompts="p", schema=SCHEMA), tv.InvalidInputError, "not one string"),
+        (dict(prompts=[], schema=SCHEMA), tv.InvalidInputError, "prompts is empty"),
         (dict(prompts=[""], schema=SCHEMA), tv.InvalidInputError, "prompt 0"),
         (dict(prompts=["p"], schema=SCHEMA, model="other"), tv.ConfigurationError, "pinned"),
         (dict(prompts=["p"], schema=SCHEMA, max_tokens=0), tv.ConfigurationError, "max_tokens"),
+        (
+            dict(prompts=["p"], schema=SCHEMA, max_in_flight=0),
+            tv.ConfigurationError,
+            "max_in_flight",
+        ),
+        (
+            dict(prompts=["p"], schema=SCHEMA, max_retries=-1),
+            tv.ConfigurationError,
+            "max_retries",
+        ),
+        (dict(prompts=["p"], schema=SCHEMA, timeout=0), tv.ConfigurationError, "timeout"),
     ],
 )
 async def test_bad_generation_input_sends_nothing(
     call: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    backend = InMemoryStubBackend()
-    async with tv.Session(backend, model="stub-model") as session:
+    backend = InMemoryStubBackend(model="stub-model")
+    async with session(backend) as s:
         with pytest.raises(error, match=message):
-            await session.generate_many(**call)
+            await s.generate_many(**call)
     assert backend.generated == []
     assert backend.probes == 0
 
 
-async def test_images_are_refused_where_the_backend_takes_none() -> None:
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16, "image/png")
-    backend = InMemoryStubBackend()
-    async with tv.Session(backend) as session:
-        with pytest.raises(tv.InvalidInputError, match="does not take images"):
-            await session.generate("p", schema=SCHEMA, images=[png])
+GENERATION_WITH_IMAGES = tv.Capabilities(
+    framing="server", prefix_reuse=False, generation_images=True
+)
+
+
+async def test_generation_applies_the_image_caps_before_any_request() -> None:
+    backend = InMemoryStubBackend(capabilities=GENERATION_WITH_IMAGES)
+    async with session(backend, max_images=1) as s:
+        with pytest.raises(tv.InvalidInputError, match="at most 1"):
+            await s.generate_many(["p"], schema=SCHEMA, images=[PNG, PNG])
+    async with session(backend, max_image_bytes=16) as s:
+        with pytest.raises(tv.InvalidInputError, match="16-byte cap"):
+            await s.generate_many(["p"], schema=SCHEMA, images=PNG)
     assert backend.generated == []
+    assert backend.probes == 0
+    async with session(backend, max_images=1, max_image_bytes=32) as s:  # within both caps
+        await s.generate_many(["p"], schema=SCHEMA, images=PNG)
+    assert backend.generation_requests[0].images == (PNG,)
 
 
-async def test_generation_deadline() -> None:
+async def test_images_are_refused_where_the_backends_generation_takes_none() -> None:
+    backend = InMemoryStubBackend()
+    assert not backend.capabilities.generation_images
+    async with session(backend) as s:
+        with pytest.raises(tv.InvalidInputError, match="does not take images"):
+            await s.generate("p", schema=SCHEMA, images=[PNG])
+    assert backend.generated == []
+    assert backend.probes == 0
+
+
+async def test_generate_timeout_is_a_deadline_and_cancels_the_generation() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours = {"slow": sleeping(30.0)}
-    async with tv.Session(backend) as session:
-        with pytest.raises(tv.DeadlineExceededError):
-            await session.generate("slow", schema=SCHEMA, timeout=0.1)
+    async with session(backend) as s:
+        await s.probe()
+        with stopwatch() as watch, pytest.raises(tv.DeadlineExceededError, match="generations"):
+            await s.generate("slow", schema=SCHEMA, timeout=0.2)
+    assert_takes_about(watch.elapsed, 0.2)
+    assert backend.cancelled == ["slow"]

@@ -1,0 +1,137 @@
+"""Settings are checked once, where they are built, in the same words everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import typevet_async as tv
+
+URL = "http://127.0.0.1:1"
+#: Values of the wrong type, as an untyped caller may pass them.
+NOT_A_BOOL: Any = "no"
+NOT_A_FRAMING: Any = "client"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency must be a positive integer, got 0"),
+        ({"max_concurrency": True}, "max_concurrency must be a positive integer, got True"),
+        ({"max_concurrency": 2.0}, "max_concurrency"),
+        ({"max_images": 0}, "max_images"),
+        ({"max_image_bytes": -1}, "max_image_bytes"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"off_menu_threshold": 1.5}, r"off_menu_threshold must be in \[0, 1\] or None"),
+        ({"raise_off_menu": 1}, "raise_off_menu must be True or False"),
+        ({"layout": "nope"}, "layout must be one of 'typevet', 'fused', 'split'"),
+        (
+            {"prefix_reuse": "nope"},
+            "prefix_reuse must be one of 'auto', 'first', 'sequential', 'off', got 'nope'",
+        ),
+    ],
+)
+def test_bad_session_settings(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(tv.ConfigurationError, match=message):
+        tv.SessionSettings(**settings)
+    with pytest.raises(tv.ConfigurationError, match=message):  # the factories' same check
+        tv.Session.llama_cpp(URL, **settings)
+
+
+def test_an_unknown_session_setting_is_refused() -> None:
+    with pytest.raises(
+        tv.ConfigurationError, match=r"unknown session setting\(s\) \['max_concurency'\]"
+    ):
+        tv.Session.llama_cpp(URL, max_concurency=4)
+    with pytest.raises(tv.ConfigurationError, match="unknown session setting"):
+        tv.Session.vllm(URL, model="m", concurrency=4)
+    with pytest.raises(tv.ConfigurationError, match="unknown session setting"):
+        tv.Session.local(top_n=20)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"top_k": True}, "top_k must be a positive integer, got True"),
+        ({"top_k": 0}, "top_k must be a positive integer, got 0"),
+        ({"on_missing": "nope"}, "on_missing must be one of 'exact', 'clamp', 'error', got 'nope'"),
+        ({"reproducible": "yes"}, "reproducible must be True or False"),
+        ({"request_timeout": 0}, "request_timeout must be a positive, finite number"),
+        ({"max_retries": -1}, "max_retries must be an integer >= 0"),
+        ({"max_retries": True}, "max_retries must be an integer >= 0"),
+    ],
+)
+def test_bad_llama_cpp_options(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(tv.ConfigurationError, match=message):
+        tv.Session.llama_cpp(URL, **options)
+
+
+def test_a_llama_cpp_backend_needs_a_url_or_server_options_not_both() -> None:
+    with pytest.raises(tv.ConfigurationError, match="either base_url or embedded server"):
+        tv.LlamaCppConfig()
+    with pytest.raises(tv.ConfigurationError, match="either base_url or embedded server"):
+        tv.LlamaCppConfig(base_url=URL, server=tv.ServerOptions())
+    with pytest.raises(tv.ConfigurationError, match="base_url must be an http"):
+        tv.LlamaCppConfig(base_url="localhost")
+
+
+def test_the_first_read_has_one_size_setting() -> None:
+    assert tv.LlamaCppConfig(base_url=URL).first_top_k == 4096
+    assert tv.LlamaCppConfig(base_url=URL, on_missing="clamp").first_top_k == 20
+    assert tv.LlamaCppConfig(base_url=URL, on_missing="error").first_top_k == 20
+    assert tv.LlamaCppConfig(base_url=URL, on_missing="clamp", top_k=50).first_top_k == 50
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"model": "m", "logprobs_mode": "nope"},
+            "logprobs_mode must be one of 'raw_logprobs', 'processed_logprobs', 'raw_logits', "
+            "'processed_logits', got 'nope'",
+        ),
+        ({"model": " "}, "needs model"),
+        ({"model": "m", "request_timeout": -1.0}, "request_timeout"),
+    ],
+)
+def test_bad_vllm_options(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(tv.ConfigurationError, match=message):
+        tv.Session.vllm(URL, **options)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: tv.HttpSettings(request_timeout=0), "request_timeout"),
+        (lambda: tv.HttpSettings(max_connections=0), "max_connections"),
+        (lambda: tv.HttpSettings(keepalive=float("nan")), "keepalive"),
+        (lambda: tv.HttpSettings(verify_tls=NOT_A_BOOL), "verify_tls"),
+        (lambda: tv.RetryPolicy(max_retries=-1), "max_retries"),
+        (lambda: tv.RetryPolicy(jitter=-0.5), "jitter"),
+        (lambda: tv.ServerOptions(n_parallel=0), "n_parallel"),
+        (lambda: tv.ServerOptions(port=-1), "port"),
+        (
+            lambda: tv.Capabilities(
+                framing=NOT_A_FRAMING, prefix_reuse=False, generation_images=False
+            ),
+            "framing must be one of 'sdk', 'server'",
+        ),
+    ],
+)
+def test_bad_backend_settings(build: Any, message: str) -> None:
+    with pytest.raises(tv.ConfigurationError, match=message):
+        build()
+
+
+def test_settings_records_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        tv.RetryPolicy(3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        tv.SessionSettings(4)  # type: ignore[call-arg]
+
+
+def test_unset_is_its_own_sentinel() -> None:
+    assert tv.UNSET is not None
+    assert repr(tv.UNSET) == "UNSET"
+    assert isinstance(tv.UNSET, tv.Unset)
