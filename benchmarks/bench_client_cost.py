@@ -7,7 +7,7 @@ The session asks for a small read (``top_k=16``) so the server stays cheap.
 
 Each size runs in a fresh client subprocess: open a session (``max_concurrency=64``), probe,
 warm up with a short batch, then stream N states from a generator (never a list) through
-``session.judge_many(..., concurrency=64)``. Measured in that subprocess: process CPU time
+``session.judge_many(..., max_in_flight=64)``. Measured in that subprocess: process CPU time
 (``time.process_time``) per question, and peak RSS (``ru_maxrss``) after the warm-up and after
 the N questions; RSS growth is the difference. The current RSS is also sampled at every tenth
 of the run, to show whether it stays flat.
@@ -158,7 +158,7 @@ async def measure(url: str, count: int) -> dict[str, Any]:
     async with tv.Session.llama_cpp(url, top_k=TOP_K, max_concurrency=CONCURRENCY) as session:
         await session.probe()
         async for item in session.judge_many(
-            states(WARM_UP, start=10**9), QUESTIONS, concurrency=CONCURRENCY
+            states(WARM_UP, start=10**9), QUESTIONS, max_in_flight=CONCURRENCY
         ):
             if not item.ok:
                 raise RuntimeError(f"warm-up record {item.index} failed: {item.error!r}")
@@ -169,7 +169,7 @@ async def measure(url: str, count: int) -> dict[str, Any]:
         first_error = ""
         cpu_started, wall_started = time.process_time(), time.perf_counter()
         async for item in session.judge_many(
-            states(count), QUESTIONS, ordered=True, concurrency=CONCURRENCY
+            states(count), QUESTIONS, ordered=True, max_in_flight=CONCURRENCY
         ):
             done += 1
             if item.judgment is None or item.judgment["refund"].noul is None:
@@ -224,7 +224,7 @@ def run(sizes: list[int]) -> None:
 
     mib = 1024
     print(
-        f"CannedLlamaCppServer in a child process; client: judge_many, concurrency "
+        f"CannedLlamaCppServer in a child process; client: judge_many, max_in_flight "
         f"{CONCURRENCY}, top_k {TOP_K}, one Noul per state, states from a generator; "
         f"warm-up {WARM_UP} questions per client process"
     )

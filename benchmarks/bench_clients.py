@@ -3,7 +3,7 @@
 Same server, same prompts (short support tickets, one Noul question each), at concurrency 1, 4
 and 16, in one run:
 
-(a) the SDK: ``session.judge_many(tickets, ..., concurrency=c)`` with ``max_concurrency=c``;
+(a) the SDK: ``session.judge_many(tickets, ..., max_in_flight=c)`` with ``max_concurrency=c``;
 (b) a minimal hand-written aiohttp loop under ``asyncio.Semaphore(c)`` that POSTs the very
     ``/completion`` bodies the SDK sends (prefixes taken from a first SDK pass), parses the
     JSON with orjson and picks the two candidates' logprobs: the floor for any client;
@@ -37,8 +37,6 @@ from openai import AsyncOpenAI
 
 import typevet_async as tv
 from typevet_async._core.scoring import plan_question
-from typevet_async._backends.embedded import ServerOptions, ServerProcess
-from typevet_async._session import compact_json
 
 CONCURRENCIES = (1, 4, 16)
 CLIENTS = ("(a) SDK judge_many", "(b) raw aiohttp", "(c) openai chat")
@@ -109,7 +107,7 @@ async def build_prompts(url: str, states: Sequence[str]) -> list[Prompt]:
     async with tv.Session.llama_cpp(url, max_concurrency=16) as session:
         probe = await session.probe()
         prompts: list[Prompt] = []
-        async for item in session.judge_many(states, QUESTIONS, ordered=True, concurrency=16):
+        async for item in session.judge_many(states, QUESTIONS, ordered=True, max_in_flight=16):
             if item.judgment is None:
                 raise RuntimeError(f"the priming pass failed on ticket {item.index}: {item.error}")
             diagnostics = item.judgment.diagnostics[QUESTION_ID]
@@ -119,7 +117,6 @@ async def build_prompts(url: str, states: Sequence[str]) -> list[Prompt]:
                 states[item.index],
                 family=probe.family,
                 control_ids=probe.control_ids,
-                encode=compact_json,
             )
             if request.prompt != diagnostics.prompt:
                 raise RuntimeError("plan_question's prefix differs from the one the SDK sent")
@@ -142,7 +139,7 @@ async def sdk_pass(url: str, states: Sequence[str], concurrency: int) -> Pass:
         result = Pass(0.0, len(states))
         started = time.perf_counter()
         async for item in session.judge_many(
-            states, QUESTIONS, ordered=True, concurrency=concurrency
+            states, QUESTIONS, ordered=True, max_in_flight=concurrency
         ):
             if item.judgment is None:
                 result.errors.append(f"ticket {item.index}: {item.error!r}")
@@ -312,7 +309,7 @@ def main() -> None:
     if args.url:
         asyncio.run(run(args.url, args.questions, args.rounds))
         return
-    with ServerProcess(ServerOptions(n_parallel=16, n_ctx=16 * 1024)) as server:
+    with tv.EmbeddedServer(tv.ServerOptions(n_parallel=16, n_ctx=16 * 1024)) as server:
         asyncio.run(run(server.url, args.questions, args.rounds))
 
 

@@ -20,8 +20,6 @@ import aiohttp
 import anyio
 
 import typevet_async as tv
-from typevet_async._backends.llama_cpp import DEFAULT_TOP_K
-from typevet_async._backends.embedded import ServerProcess
 
 TICKETS = [
     "I was charged twice for my order and need a refund today.",
@@ -62,6 +60,7 @@ async def run(url: str, rounds: int) -> None:
     sdk_times: list[float] = []
     full_times: list[float] = []
     max_diff = 0.0
+    top_k = 0
     async with (
         tv.Session.llama_cpp(url, reproducible=True) as session,
         aiohttp.ClientSession() as http,
@@ -73,13 +72,14 @@ async def run(url: str, rounds: int) -> None:
                 full_time, logprobs, size = await whole_vocabulary_read(
                     http, url, diagnostics.prompt, diagnostics.token_ids
                 )
+                top_k = diagnostics.top_k
                 sdk_times.append(sdk_time)
                 full_times.append(full_time)
                 diffs = (abs(a - b) for a, b in zip(diagnostics.logprobs, logprobs, strict=True))
                 max_diff = max(max_diff, *diffs)
     sdk, full = statistics.median(sdk_times), statistics.median(full_times)
     print(f"reads per side: {len(sdk_times)} ({rounds} rounds x {len(TICKETS)} prompts)")
-    print(f"(a) SDK exact read (top-{DEFAULT_TOP_K}): median {sdk * 1000:.0f} ms per question")
+    print(f"(a) SDK exact read (top-{top_k}): median {sdk * 1000:.0f} ms per question")
     print(
         f"(b) whole vocabulary + json.loads ({size / 1e6:.1f} MB):"
         f" median {full * 1000:.0f} ms per question"
@@ -98,7 +98,7 @@ def main() -> None:
     if args.url:
         anyio.run(run, args.url, args.rounds)
         return
-    with ServerProcess() as server:
+    with tv.EmbeddedServer() as server:
         anyio.run(run, server.url, args.rounds)
 
 

@@ -20,7 +20,6 @@ import time
 import anyio
 
 import typevet_async as tv
-from typevet_async._backends.embedded import ServerOptions, ServerProcess
 
 BODY = " ".join(
     f"Update {n}: the customer wrote again about order 1182, a parcel that left the warehouse "
@@ -89,7 +88,7 @@ def main() -> None:
     if args.url:
         anyio.run(run, args.url, args.rounds)
         return
-    with ServerProcess(ServerOptions(n_parallel=4, n_ctx=4 * 4096)) as server:
+    with tv.EmbeddedServer(tv.ServerOptions(n_parallel=4, n_ctx=4 * 4096)) as server:
         anyio.run(run, server.url, args.rounds)
 
 

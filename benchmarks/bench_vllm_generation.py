@@ -41,7 +41,7 @@ async def run(url: str, count: int) -> None:
         for cap in (1, 4, 8):
             started = time.perf_counter()
             results = await session.generate_many(
-                batch, schema=SCHEMA, max_tokens=48, max_concurrency=cap, return_exceptions=True
+                batch, schema=SCHEMA, max_tokens=48, max_in_flight=cap, return_exceptions=True
             )
             elapsed = time.perf_counter() - started
             failures = sum(isinstance(r, Exception) for r in results)

@@ -11,16 +11,16 @@ candidates, which is what an answer reports) between a reference read and the sa
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 import anyio
 
 import typevet_async as tv
-from typevet_async._core.readings import softmax
-from typevet_async._backends.embedded import ServerOptions, ServerProcess
 
 from .bench_llama_cpp_read import QUESTION, TICKETS
 
@@ -44,6 +44,14 @@ async def candidate_probabilities(
         payload = await response.json()
     top = {e["id"]: e["logprob"] for e in payload["completion_probabilities"][0]["top_logprobs"]}
     return softmax([top[i] for i in ids])
+
+
+def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
+    """Softmax over the candidates (what an answer reports), computed here."""
+    top = max(logprobs)
+    weights = [math.exp(value - top) for value in logprobs]
+    total = math.fsum(weights)
+    return tuple(weight / total for weight in weights)
 
 
 def largest_gap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
@@ -123,7 +131,7 @@ def main() -> None:
     if args.url:
         anyio.run(run, args.url)
         return
-    with ServerProcess(ServerOptions(n_parallel=12, n_ctx=12 * 1024)) as server:
+    with tv.EmbeddedServer(tv.ServerOptions(n_parallel=12, n_ctx=12 * 1024)) as server:
         anyio.run(run, server.url)
 
 

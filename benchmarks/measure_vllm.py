@@ -17,11 +17,9 @@ import aiohttp
 import anyio
 
 import typevet_async as tv
-from typevet_async._core.readings import softmax
-from typevet_async._backends.embedded import ServerProcess
 
 from .bench_llama_cpp_read import TICKETS
-from .measure_noise import QUESTIONS, largest_gap
+from .measure_noise import QUESTIONS, largest_gap, softmax
 
 MODEL = "gemma3-270m"
 STATES: list[Any] = [
@@ -111,7 +109,7 @@ def main() -> None:
     if args.llama_url:
         anyio.run(run, args.vllm_url, args.llama_url)
         return
-    with ServerProcess() as server:
+    with tv.EmbeddedServer() as server:
         anyio.run(run, args.vllm_url, server.url)
 
 

@@ -5,7 +5,7 @@
 # where $CACHE is $TYPEVET_CACHE_DIR, else ~/.cache/typevet_async. Prints the two paths.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cache=$(.venv/bin/python -c "from typevet_async._backends.embedded import cache_dir; print(cache_dir())")
+cache=$(.venv/bin/python -c "import typevet_async as tv; print(tv.cache_dir())")
 venv="$cache/vllm-venv"
 hf="$cache/models/gemma-3-270m-hf"
 if [ ! -f "$venv/.typevet-ready" ]; then
@@ -19,7 +19,7 @@ if [ ! -f "$venv/.typevet-ready" ]; then
   touch "$venv/.typevet-ready"
 fi
 if [ ! -f "$hf/.typevet-ready" ]; then
-  gguf=$(.venv/bin/python -c "from typevet_async._backends.embedded import ensure_model; print(ensure_model())")
+  gguf=$(.venv/bin/python -c "import typevet_async as tv; print(tv.ensure_model())")
   rm -rf "$hf"
   HF_HUB_OFFLINE=1 "$venv/bin/python" scripts/convert_gguf.py "$gguf" "$hf"
   touch "$hf/.typevet-ready"

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local]"
-.venv/bin/python -c "from typevet_async._backends.embedded import ensure_model; print('model:', ensure_model())"
+.venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model())"
 ./scripts/setup_vllm.sh   # vLLM's own venv and the converted weights, built once and cached
 .venv/bin/ruff check typevet_async tests benchmarks
 .venv/bin/ruff format --check typevet_async tests benchmarks

@@ -1,4 +1,5 @@
-"""Shared test settings: asyncio debug mode and a guard against leaked tasks."""
+"""Shared test settings: asyncio debug mode (slow callbacks and never-awaited coroutines
+are reported)."""
 
 from __future__ import annotations
 

@@ -462,7 +462,8 @@ class Session:
         :param max_in_flight: this call's generations at once (`UNSET`: the session's cap,
             which holds in any case).
         :param return_exceptions: put each failure in its place (its ``prompt_index`` says
-            which) instead of raising the first (in request order) and cancelling the rest.
+            which). Without it the first failure cancels the rest, and the error raised is
+            the first in request order among those that failed before they were cancelled.
         """
         self._require_open()
         check_requested_model(self._backend.model, model)

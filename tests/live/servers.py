@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from typevet_async._backends.embedded import cache_dir
+import typevet_async as tv
 
 VLLM_MODEL_ID = "gemma3-270m"
 GEMMA3_TEMPLATE = (
@@ -35,7 +35,7 @@ class VllmServerProcess:
     """A vLLM OpenAI-compatible server in a child process; ``url`` once started."""
 
     def __init__(self, log_name: str = "vllm") -> None:
-        self.cache = cache_dir()
+        self.cache = tv.cache_dir()
         self.python = self.cache / "vllm-venv" / "bin" / "python"
         self.model = self.cache / "models" / "gemma-3-270m-hf"
         self.log = self.cache / "test-logs" / f"{log_name}.log"

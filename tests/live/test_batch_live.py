@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 
 import typevet_async as tv
 
-from .test_llama_cpp_live import TICKET
+from .helpers import TICKET
 
 pytestmark = [pytest.mark.live]
 
@@ -58,16 +59,26 @@ async def test_fail_fast_and_cancellation(gemma3_url: str) -> None:
         seen: list[tv.BatchItem] = []
 
         async def consume() -> None:
-            async for item in session.judge_many(records, QUESTIONS, fail_fast=True, max_retries=0):
-                seen.append(item)
+            stream = session.judge_many(records, QUESTIONS, fail_fast=True, max_retries=0)
+            async with contextlib.aclosing(stream):
+                async for item in stream:
+                    seen.append(item)
 
-        with pytest.raises(tv.ServerError):
+        with pytest.raises(tv.ServerError) as caught:
             await consume()
+        assert caught.value.status == 400
         assert len(seen) <= 3  # records 0-2 at most; record 3 failed and stopped the batch
         # Cancel a consumer mid-batch: the batch stops, nothing leaks, the session still works.
-        with anyio.move_on_after(1.0):
-            async for _ in session.judge_many([f"T{n}" for n in range(200)], QUESTIONS):
-                pass
+        # 200 records take this server tens of seconds (about 5 questions/s, README "Load"),
+        # so 1 s in the batch is mid-way whatever the machine's load.
+        cut: list[tv.BatchItem] = []
+        with anyio.move_on_after(1.0) as scope:
+            stream = session.judge_many([f"T{n}" for n in range(200)], QUESTIONS)
+            async with contextlib.aclosing(stream):
+                async for item in stream:
+                    cut.append(item)
+        assert scope.cancelled_caught
+        assert len(cut) < 200
         assert len(asyncio.all_tasks()) == tasks_before
         again = await session.judge(TICKET, QUESTIONS)
     assert list(again) == ["refund"]

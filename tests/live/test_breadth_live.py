@@ -8,9 +8,18 @@ import pytest
 import typevet_async as tv
 from typevet_async._core.scoring import plan_question
 
-from .conftest import InFlightCounter, assert_same_read, make_session, whole_vocabulary_logprobs
+from .helpers import (
+    TICKET,
+    InFlightCounter,
+    assert_exact_softmax,
+    assert_same_read,
+    make_session,
+    png,
+    questions,
+    top_logprobs,
+    whole_vocabulary_logprobs,
+)
 from .servers import VLLM_MODEL_ID
-from .test_llama_cpp_live import TICKET, assert_exact_softmax, questions
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -97,18 +106,34 @@ async def test_space_variants_count_as_the_same_letter(backend: tuple[str, str])
 
 
 async def test_truncation_policies_on_llama_cpp(gemma3_url: str) -> None:
-    async with tv.Session.llama_cpp(gemma3_url, on_missing="clamp", top_n=2) as session:
+    # Each clamped read is compared with an independent top-2 read of the same prompt under
+    # the same conditions (no prompt cache, one read at a time).
+    async with tv.Session.llama_cpp(
+        gemma3_url, on_missing="clamp", top_k=2, reproducible=True
+    ) as session:
         clamped = await session.judge(TICKET, questions())
-    for diagnostics in clamped.diagnostics.values():
+    outside_top2: dict[str, set[int]] = {}
+    for question_id, diagnostics in clamped.diagnostics.items():
         assert diagnostics.policy == "clamp"
         assert diagnostics.top_k == 2
-        assert diagnostics.truncated  # digits are not the top-2 tokens of this base model
-        assert min(diagnostics.logprobs) >= min(lp for _, lp in diagnostics.candidates)
+        assert diagnostics.reads == 1
+        top2 = top_logprobs(gemma3_url, diagnostics.prompt, 2, cache_prompt=False)
+        floor = min(top2.values())
+        missing = outside_top2[question_id] = set(diagnostics.token_ids) - set(top2)
+        assert diagnostics.truncated == bool(missing)
+        # Depends on this base model's token ranks: its two likeliest next tokens here are
+        # not digits, so every question has an option filled in.
+        assert missing
+        for token, logprob in zip(diagnostics.token_ids, diagnostics.logprobs, strict=True):
+            assert logprob == top2.get(token, floor)
     assert_exact_softmax(clamped)
-    async with tv.Session.llama_cpp(gemma3_url, on_missing="error", top_n=2) as session:
+    async with tv.Session.llama_cpp(
+        gemma3_url, on_missing="error", top_k=2, reproducible=True
+    ) as session:
         with pytest.raises(tv.CandidateMissingError) as caught:
             await session.judge(TICKET, questions())
-    assert caught.value.missing
+    assert caught.value.question_id == "refund"  # the first question, in question order
+    assert set(caught.value.missing) == outside_top2["refund"]
     async with tv.Session.llama_cpp(gemma3_url) as session:
         exact = await session.judge(TICKET, questions())
     assert all(d.policy == "exact" and not d.truncated for d in exact.diagnostics.values())
@@ -121,54 +146,59 @@ async def test_truncation_never_fires_on_vllm(vllm_url: str) -> None:
 
 
 async def test_off_menu_guard(backend: tuple[str, str]) -> None:
-    # This base model puts about 0.95 of the next-token mass off the menu.
+    # Depends on this base model: it puts about 0.95 of the next-token mass off the menu, so
+    # every question is over a 0.5 threshold (checked below on the masses the reads reported).
     async with make_session(backend, off_menu_threshold=0.5) as session:
         flagged = await session.judge(TICKET, questions())
         unflagged = await session.judge(TICKET, questions(), off_menu_threshold=None)
         with pytest.raises(tv.OffMenuError) as caught:
             await session.judge(TICKET, questions(), raise_off_menu=True)
-    assert all(d.off_menu_flagged for d in flagged.diagnostics.values())
+    for diagnostics in flagged.diagnostics.values():
+        assert diagnostics.off_menu_mass is not None
+        assert diagnostics.off_menu_mass > 0.5
+        assert diagnostics.off_menu_flagged
     assert not any(d.off_menu_flagged for d in unflagged.diagnostics.values())
     assert caught.value.off_menu_mass > 0.5
+    assert caught.value.threshold == 0.5
     assert caught.value.question_id == "refund"
 
 
 async def test_llama_cpp_refuses_images_when_props_declare_no_vision(gemma3_url: str) -> None:
     counter = InFlightCounter("/completion")
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
+    image = png()
     async with tv.Session.llama_cpp(gemma3_url, trace_configs=[counter.config]) as session:
         with pytest.raises(tv.InvalidInputError, match="does not declare vision"):
-            await session.judge(TICKET, questions(), images=[png])
+            await session.judge(TICKET, questions(), images=[image])
     assert counter.started == 0
 
 
 async def test_vllm_sends_judgment_images_and_a_text_only_model_refuses(vllm_url: str) -> None:
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
+    image = png()
     async with tv.Session.vllm(vllm_url, model=VLLM_MODEL_ID) as session:
         with pytest.raises(tv.ServerError) as caught:
-            await session.judge(TICKET, {"r": tv.Noul(instructions="Refund?")}, images=[png])
+            await session.judge(TICKET, {"r": tv.Noul(instructions="Refund?")}, images=[image])
     assert caught.value.status == 400
     assert caught.value.question_id == "r"
 
 
 async def test_image_caps_are_enforced_before_any_request(gemma3_url: str) -> None:
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png")
+    image = png(64)  # 72 bytes
     counter = InFlightCounter("/completion")
     async with tv.Session.llama_cpp(
         gemma3_url, max_images=1, max_image_bytes=40, trace_configs=[counter.config]
     ) as session:
         with pytest.raises(tv.InvalidInputError, match="at most 1"):
-            await session.judge(TICKET, questions(), images=[png, png])
+            await session.judge(TICKET, questions(), images=[image, image])
         with pytest.raises(tv.InvalidInputError, match="40-byte cap"):
-            await session.judge(TICKET, questions(), images=[png])
+            await session.judge(TICKET, questions(), images=[image])
     assert counter.started == 0
 
 
 async def test_llama_cpp_multimodal_body_is_the_shape_the_server_parses(gemma3_url: str) -> None:
-    # Past the session's vision check, straight to the backend: the real (text-only) server
+    # Past the pipeline's vision check, straight to the backend: the real (text-only) server
     # recognises {"prompt_string", "multimodal_data"} and refuses only for lack of a vision
     # model, which is as far as a machine without a vision model can verify it.
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
+    image = png()
     async with tv.Session.llama_cpp(gemma3_url) as session:
         probe = await session.probe()
         assert probe.media_marker
@@ -180,11 +210,11 @@ async def test_llama_cpp_multimodal_body_is_the_shape_the_server_parses(gemma3_u
             "a picture",
             family=probe.family,
             control_ids=probe.control_ids,
-            images=[png],
+            images=[image],
             media_marker=probe.media_marker,
         )
         assert request.prompt is not None
         assert request.prompt.startswith(f"<start_of_turn>user\n{probe.media_marker}\na picture")
         with pytest.raises(tv.ServerError, match="Multimodal data provided") as caught:
-            await session.backend.read(request, probe.vocab_size)
+            await session.backend.read(request, probe, max_retries=tv.UNSET)
     assert caught.value.status == 400

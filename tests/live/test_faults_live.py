@@ -1,7 +1,7 @@
 """Faults between the SDK and the real llama.cpp server: every question ends with an exact
 answer (equal to a clean read of the same prompt) or a typed error; no task, connection or
-file descriptor outlives the session; deadlines fire on time; cancelling the caller cancels
-the HTTP request."""
+file descriptor outlives the session; deadlines fire within 2x their time; cancelling the
+caller cancels the HTTP request."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import typevet_async as tv
 
 from .faults import BODY_FAULTS, STATUS_FAULTS, FaultInjectingProxy, open_fds
-from .test_llama_cpp_live import TICKET
+from .helpers import TICKET
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -69,19 +69,21 @@ async def test_status_faults_without_retries_are_typed_server_errors(gemma3_url:
 async def test_a_server_that_never_answers(gemma3_url: str) -> None:
     async with FaultInjectingProxy(gemma3_url) as proxy:
         proxy.script = ["hang"]
-        async with tv.Session.llama_cpp(proxy.url, read_timeout=1.0, max_retries=0) as session:
+        async with tv.Session.llama_cpp(proxy.url, request_timeout=1.0, max_retries=0) as session:
             await session.probe()
-            with pytest.raises(tv.ReadTimeoutError):
+            with pytest.raises(tv.RequestTimeoutError) as timed_out:
                 await session.judge(TICKET, QUESTION)
-        # The whole-judgment deadline fires within 100 ms of its time.
+        assert timed_out.value.question_id == "route"
+        # The whole-judgment deadline fires between 1x and 2x its time (trio's
+        # check_takes_about): the proxy never answers, so only the deadline ends the judgment.
         proxy.script = ["hang"]
         async with tv.Session.llama_cpp(proxy.url) as session:
             await session.probe()
             started = time.monotonic()
-            with pytest.raises(tv.JudgmentTimeoutError):
+            with pytest.raises(tv.DeadlineExceededError):
                 await session.judge(TICKET, QUESTION, timeout=0.5)
-            late = time.monotonic() - started - 0.5
-    assert 0.0 <= late < 0.1
+            elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 1.0
 
 
 async def test_cancelling_the_caller_cancels_the_http_request(gemma3_url: str) -> None:
@@ -98,18 +100,16 @@ async def test_cancelling_the_caller_cancels_the_http_request(gemma3_url: str) -
 
 async def test_the_real_server_killed_mid_batch_and_restarted(tmp_path: object) -> None:
     """SIGKILL the llama.cpp server mid-batch, start it again on the same port: every record
-    ends answered (retries ride out the outage) or with a typed error; none lost or repeated."""
+    ends answered (retries ride out the outage), none lost or repeated."""
     import signal
     import socket
-
-    from typevet_async._backends.embedded import ServerOptions, ServerProcess
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    first = ServerProcess(ServerOptions(port=port, n_parallel=2, n_ctx=4096))
+    first = tv.EmbeddedServer(tv.ServerOptions(port=port, n_parallel=2, n_ctx=4096))
     url = await anyio.to_thread.run_sync(first.start)
-    second = ServerProcess(ServerOptions(port=port, n_parallel=2, n_ctx=4096))
+    second = tv.EmbeddedServer(tv.ServerOptions(port=port, n_parallel=2, n_ctx=4096))
     records = [(f"r{n}", f"Ticket {n}: {TICKET}") for n in range(24)]
     items: list[tv.BatchItem] = []
     try:
@@ -125,12 +125,10 @@ async def test_the_real_server_killed_mid_batch_and_restarted(tmp_path: object) 
         await anyio.to_thread.run_sync(first.stop)
         await anyio.to_thread.run_sync(second.stop)
     assert [item.record_id for item in items] == [record_id for record_id, _ in records]
-    for item in items:
-        assert item.ok or isinstance(item.error, tv.TypevetError)
-    answered = sum(item.ok for item in items)
     retried = sum(
         item.judgment.diagnostics["route"].attempts > 1 for item in items if item.judgment
     )
-    print(f"after a kill and restart: {answered} of {len(items)} answered, {retried} retried")
-    assert answered == len(items)  # the outage was shorter than the retries' backoff
+    print(f"after a kill and restart: {sum(item.ok for item in items)} answered, {retried} retried")
+    # Six retries back off for about 16 s in all; the restart takes about 4 s.
+    assert [(item.record_id, item.error) for item in items if not item.ok] == []
     assert retried >= 1

