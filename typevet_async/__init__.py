@@ -15,7 +15,7 @@ from typevet_async._backends.embedded import EmbeddedServer, ServerOptions, cach
 from typevet_async._backends.http import HttpSettings, RetryPolicy
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
-from typevet_async._batch import BatchItem, Progress
+from typevet_async._batch import BatchItem, BatchStream, Progress
 from typevet_async._convert import (
     converter,
     judgment_from_json,
@@ -40,6 +40,7 @@ from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     BackendError,
+    BatchRecordError,
     CandidateMissingError,
     ConfigurationError,
     ControlTokenError,
@@ -77,6 +78,8 @@ __all__ = [
     "Backend",
     "BackendError",
     "BatchItem",
+    "BatchRecordError",
+    "BatchStream",
     "CandidateMissingError",
     "CandidateRead",
     "Capabilities",

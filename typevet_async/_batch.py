@@ -1,46 +1,117 @@
 """Streaming batches: ``session.judge_many(records, questions)`` as an async iterator.
 
-Memory and work stay bounded whatever the input size: a producer pulls one record at a time
-from the (async) iterable, and only after a window slot is free; ``max_in_flight`` workers
-judge them; a record holds its window slot until its item is yielded. So at most ``window``
-records are in flight or waiting to be yielded, and no task is created per record.
+The returned `BatchStream` never yields from inside a task group or cancel scope. On the first
+``anext`` it reads the session's probe (in the caller's task), then starts one asyncio task
+that owns every other task of the batch: a producer that pulls one record at a time from the
+(async) iterable, and only after a window slot is free, and ``max_in_flight`` workers that
+judge them. Finished items reach the caller through a memory stream; a record holds its window
+slot until its item is handed out, so at most ``window`` records are pulled ahead (in flight
+or waiting to be yielded), and no task is created per record. The caller's task is never part
+of the batch's task group, so it may stop at any moment:
+
+- ``aclose()`` (e.g. through ``contextlib.aclosing``) cancels the in-flight reads and returns
+  once they have ended;
+- leaving ``async for`` early without closing (``break``, an exception) is safe too: the
+  caller's task is untouched and nothing is logged; the in-flight reads are cancelled as soon
+  as the stream is garbage-collected (at once in CPython when the last reference goes, e.g.
+  an ``async for`` over ``judge_many(...)`` itself); until then they run on;
+- a cancelled ``anext`` (the consuming task cancelled, or a timeout around it) cancels the
+  in-flight reads before the cancellation propagates; the stream is finished.
 
 With ``ordered=True`` items come out in input order (the window is the reorder buffer); with
-``ordered=False`` as they complete. A failing record yields an item with its typed error and
-the batch goes on; with ``fail_fast=True`` the first error cancels the rest and is raised.
+``ordered=False`` as they complete.
 
-If you may stop iterating early, close the iterator where you stop, e.g. with
-``contextlib.aclosing``: that cancels the in-flight requests at once. Cancelling the task that
-iterates does the same.
+Any exception while judging a record becomes that record's item and the batch goes on: an SDK
+error (`TypevetError`) as itself, any other exception (a bug) as a `BatchRecordError` whose
+``__cause__`` it is. Cancellation is never an item. With ``fail_fast=True`` the first error
+item (in completion order) cancels the rest and is raised instead.
+
+A failure that would be the same for every record fails the batch once, and nothing more is
+judged: the probe the batch starts with, if it fails (a wrong model pin, an unreachable
+server), is raised from the first ``anext``; a record failing with one of `PERMANENT_ERRORS`
+(an unsupported chat template, a bad setting or question, a closed session) cancels the rest
+and that error is raised (as with ``fail_fast``, items not yet handed out are dropped).
+Per-record input errors (a state that is not JSON) stay items.
+
+The input's own exception (raised by its ``__iter__``/``__next__`` or ``__aiter__``/
+``__anext__``) stops the pulling; every record already pulled is still judged and yielded,
+then the exception is raised as itself from ``async for``. An exception from ``on_progress``
+(called in the batch's task) cancels the rest and is raised as itself too.
+
+A kept error item holds no frame locals (`shed_frame_locals`) and only bounded excerpts of
+what the failed read received (`bound_excerpts`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import time
 import traceback
+from collections import deque
 from collections.abc import (
-    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Awaitable,
     Callable,
     Iterable,
+    Iterator,
+    Mapping,
     Sized,
 )
-from typing import Any
+from typing import Any, Final, Literal
 
 import anyio
+import anyio.abc
 import attrs
 
 from typevet_async._core.answers import Judgment
-from typevet_async._errors import TypevetError
+from typevet_async._errors import (
+    BatchRecordError,
+    ConfigurationError,
+    GenerationError,
+    InvalidInputError,
+    OutputValidationError,
+    ProtocolError,
+    QuestionError,
+    ServerError,
+    SessionStateError,
+    TypevetError,
+    UnsupportedTemplateError,
+)
 from typevet_async._settings import BatchOptions
 
-__all__ = ["BatchItem", "Progress", "judge_stream"]
+__all__ = [
+    "EXCERPT_LIMIT",
+    "PERMANENT_ERRORS",
+    "BatchItem",
+    "BatchStream",
+    "Progress",
+    "judge_stream",
+    "shed_frame_locals",
+]
 
 Record = Any
 Judge = Callable[[Any], Awaitable[Judgment]]
+Prepare = Callable[[], Awaitable[object]]
+
+#: Errors that are the same for every record of a batch (planning against the served template,
+#: the session's settings, the questions, the session's state): the first one seen cancels the
+#: rest and is raised once, instead of being yielded for every record.
+PERMANENT_ERRORS: Final = (
+    UnsupportedTemplateError,
+    ConfigurationError,
+    QuestionError,
+    SessionStateError,
+)
+
+#: The end of the input, and of an excerpt's members.
+_END: Final = object()
+
+#: Characters of a payload, raw output or body that a kept error item holds at most (plus a
+#: short truncation note).
+EXCERPT_LIMIT: Final = 4096
 
 
 @attrs.frozen
@@ -50,6 +121,14 @@ class BatchItem:
     index: int
     record_id: Any
     judgment: Judgment | None = None
+    #: The error that ended the record: an SDK error as raised, or a `BatchRecordError` whose
+    #: ``__cause__`` is the non-SDK exception. Its traceback keeps file names and line numbers
+    #: but no frame locals. What it carries of the server's reply is bounded: a
+    #: ``ProtocolError.payload``, ``GenerationError.payload`` and ``.raw``,
+    #: ``OutputValidationError.value`` or ``ServerError.body`` longer than `EXCERPT_LIMIT`
+    #: characters (a parsed payload: as compact JSON) is replaced by a string excerpt of its
+    #: first `EXCERPT_LIMIT` characters, ending in ``... [truncated]`` (in its causes and
+    #: contexts too).
     error: TypevetError | None = None
 
     @property
@@ -79,13 +158,37 @@ def split_record(record: Record, index: int) -> tuple[Any, Any]:
     return index, record
 
 
-async def _records(records: Iterable[Record] | AsyncIterable[Record]) -> AsyncIterator[Record]:
-    if isinstance(records, AsyncIterable):
-        async for record in records:
-            yield record
-    else:
-        for record in records:
-            yield record
+def check_records(records: object) -> None:
+    """:raises InvalidInputError: ``records`` is a string, bytes or a mapping (each would be
+    judged one character, byte or key at a time), or not an iterable or async iterable."""
+    kind = type(records).__name__
+    if isinstance(records, str | bytes | bytearray | memoryview):
+        raise InvalidInputError(
+            f"records must be an iterable of records, not a {kind}: it would be judged one "
+            f"character at a time; pass [state] to judge one record"
+        )
+    if isinstance(records, Mapping):
+        raise InvalidInputError(
+            f"records must be an iterable of records, not a mapping ({kind}): pass "
+            f".items() to judge (id, state) pairs, or .values() to judge the states"
+        )
+    if not isinstance(records, Iterable | AsyncIterable):
+        raise InvalidInputError(f"records must be an iterable or async iterable, got {kind}")
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """The error, its causes and contexts, and the members of any exception group, once each."""
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
 
 
 def shed_frame_locals(error: BaseException) -> None:
@@ -95,20 +198,386 @@ def shed_frame_locals(error: BaseException) -> None:
     numbers stay, so the traceback still prints. The frame still running is left alone
     (`traceback.clear_frames` skips it).
     """
-    pending: list[BaseException] = [error]
-    seen: set[int] = set()
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in _chain(error):
         traceback.clear_frames(current.__traceback__)
-        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
 
 
-async def judge_stream(
+class _Punctuation(str):
+    """Literal text of an excerpt, as opposed to a string value of the excerpted data."""
+
+    __slots__ = ()
+
+
+def _scalar(value: Any, limit: int) -> str:
+    if isinstance(value, str):
+        return json.dumps(value[:limit], ensure_ascii=False)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return json.dumps(bytes(value[:limit]).decode("utf-8", "replace"), ensure_ascii=False)
+    if value is None or isinstance(value, bool | float):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value) if value.bit_length() < 4096 else f"<int of {value.bit_length()} bits>"
+    return repr(value)[:limit]
+
+
+def _members(value: Mapping[Any, Any] | list[Any] | tuple[Any, ...], limit: int) -> Iterator[Any]:
+    if isinstance(value, Mapping):
+        yield _Punctuation("{")
+        for number, (key, member) in enumerate(value.items()):
+            key_text = _scalar(key if isinstance(key, str) else str(key), limit)
+            yield _Punctuation(("," if number else "") + key_text + ":")
+            yield member
+        yield _Punctuation("}")
+    else:
+        yield _Punctuation("[")
+        for number, member in enumerate(value):
+            if number:
+                yield _Punctuation(",")
+            yield member
+        yield _Punctuation("]")
+
+
+def _excerpt(value: Any, limit: int) -> tuple[str, bool]:
+    """``value`` as compact JSON-like text cut at ``limit`` characters, and whether it was
+    whole. The cost is bounded by ``limit``, not by the size of ``value`` (cycles included)."""
+    if isinstance(value, str):
+        return value[:limit], len(value) <= limit
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value[:limit]).decode("utf-8", "replace"), len(value) <= limit
+    pieces: list[str] = []
+    size = 0
+    stack: list[Iterator[Any]] = [iter((value,))]
+    while stack:
+        piece = next(stack[-1], _END)
+        if piece is _END:
+            stack.pop()
+            continue
+        if isinstance(piece, _Punctuation):
+            text = str(piece)
+        elif isinstance(piece, Mapping | list | tuple):
+            stack.append(_members(piece, limit))
+            continue
+        else:
+            text = _scalar(piece, limit)
+        pieces.append(text)
+        size += len(text)
+        if size > limit:
+            return "".join(pieces)[:limit], False
+    return "".join(pieces), True
+
+
+def bounded(value: Any, limit: int = EXCERPT_LIMIT) -> Any:
+    """``value`` itself if it fits in ``limit`` characters (a parsed value: as compact JSON),
+    else a string excerpt of its first ``limit`` characters ending in ``... [truncated]``."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text, whole = _excerpt(value, limit)
+    return value if whole else f"{text}... [truncated]"
+
+
+def bound_excerpts(error: BaseException, limit: int = EXCERPT_LIMIT) -> None:
+    """Bound what an error (and its causes and contexts) keeps of the server's reply: see
+    `BatchItem.error`."""
+    for current in _chain(error):
+        if isinstance(current, ProtocolError):
+            current.payload = bounded(current.payload, limit)
+        elif isinstance(current, GenerationError):
+            current.payload = bounded(current.payload, limit)
+            current.raw = bounded(current.raw, limit)
+            if isinstance(current, OutputValidationError):
+                current.value = bounded(current.value, limit)
+        elif isinstance(current, ServerError):
+            current.body = bounded(current.body, limit)
+
+
+def kept_error(error: Exception) -> TypevetError:
+    """The error a record's item keeps: an SDK error as itself, anything else wrapped in a
+    `BatchRecordError` (its ``__cause__``); without frame locals, with bounded excerpts."""
+    if isinstance(error, TypevetError):
+        kept = error
+    else:
+        message, _ = _excerpt(str(error), 500)
+        kept = BatchRecordError(
+            f"judging the record raised {type(error).__qualname__}: {message} "
+            "(not an SDK error: a bug; see __cause__)"
+        )
+        kept.__cause__ = error
+    shed_frame_locals(kept)
+    bound_excerpts(kept)
+    return kept
+
+
+@attrs.frozen
+class _Failure:
+    """In the item stream: an exception that ends the batch (from ``on_progress``)."""
+
+    error: Exception
+
+
+_Outcome = BatchItem | _Failure
+
+
+class _Engine:
+    """The batch's tasks and what they share. It never refers to its `BatchStream`, so dropping
+    the stream frees it, and the stream's ``__del__`` can cancel the tasks."""
+
+    def __init__(
+        self,
+        records: Iterable[Record] | AsyncIterable[Record],
+        judge: Judge,
+        options: BatchOptions,
+        on_progress: Callable[[Progress], None] | None,
+        total: int | None,
+    ) -> None:
+        self.records = records
+        self.judge = judge
+        self.options = options
+        self.on_progress = on_progress
+        self.total = total
+        self.scope = anyio.CancelScope()
+        self.slots = anyio.Semaphore(options.window)
+        # Unbounded buffer, but never more than ``window`` items: each holds a window slot.
+        self.done_send, self.done_receive = anyio.create_memory_object_stream[_Outcome](math.inf)
+        #: The input's own exception; raised once every pulled record is out.
+        self.input_error: Exception | None = None
+        #: An exception that escaped the task group (a bug in this module).
+        self.failure: Exception | None = None
+        self.started = time.monotonic()
+        self.finished = 0
+        self.failed = 0
+
+    def abandon(self) -> None:
+        """Cancel every task (the stream was dropped while the batch ran)."""
+        self.scope.cancel()
+        self.done_receive.close()
+
+    async def run(self) -> None:
+        jobs_send, jobs_receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](0)
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._produce, jobs_send)
+                    for _ in range(self.options.max_in_flight):
+                        group.start_soon(self._work, jobs_receive.clone(), self.done_send.clone())
+                    jobs_receive.close()
+        except Exception as error:  # cancellation is not an Exception: the scope took it
+            self.failure = error
+        finally:
+            jobs_send.close()
+            jobs_receive.close()
+            self.done_send.close()
+
+    async def _produce(self, jobs: anyio.abc.ObjectSendStream[tuple[int, Any, Any]]) -> None:
+        async with jobs:
+            pull = _puller(self.records)
+            index = 0
+            while True:
+                await self.slots.acquire()
+                try:
+                    record = await pull()
+                except Exception as error:  # the input's own: the records pulled go on
+                    self.input_error = error
+                    return
+                if record is _END:
+                    return
+                record_id, state = split_record(record, index)
+                await jobs.send((index, record_id, state))
+                index += 1
+
+    async def _work(
+        self,
+        jobs: anyio.abc.ObjectReceiveStream[tuple[int, Any, Any]],
+        done: anyio.abc.ObjectSendStream[_Outcome],
+    ) -> None:
+        async with jobs, done:
+            async for index, record_id, state in jobs:
+                try:
+                    item = BatchItem(index, record_id, judgment=await self.judge(state))
+                except Exception as error:  # cancellation is not an Exception: never an item
+                    item = BatchItem(index, record_id, error=kept_error(error))
+                self.finished += 1
+                self.failed += item.error is not None
+                outcome: _Outcome = item
+                if self.on_progress is not None:
+                    elapsed = time.monotonic() - self.started
+                    try:
+                        self.on_progress(Progress(self.finished, self.failed, self.total, elapsed))
+                    except Exception as error:
+                        outcome = _Failure(error)
+                try:
+                    await done.send(outcome)
+                except anyio.BrokenResourceError:  # the stream was dropped: nobody listens
+                    return
+                if isinstance(outcome, _Failure):
+                    return
+
+
+def _puller(records: Iterable[Record] | AsyncIterable[Record]) -> Callable[[], Awaitable[Any]]:
+    """The next record of ``records`` on each call, `_END` at the end; the input's own
+    exceptions (from ``iter``/``aiter`` too) come out of the call."""
+    if isinstance(records, AsyncIterable):
+        async_iterator: AsyncIterator[Record] | None = None
+
+        async def pull_async() -> Any:
+            nonlocal async_iterator
+            if async_iterator is None:
+                async_iterator = aiter(records)
+            return await anext(async_iterator, _END)
+
+        return pull_async
+    iterator: Iterator[Record] | None = None
+
+    async def pull() -> Any:
+        nonlocal iterator
+        if iterator is None:
+            iterator = iter(records)
+        return next(iterator, _END)
+
+    return pull
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark the task's exception retrieved (`_Engine.run` keeps its own exceptions)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class BatchStream(AsyncIterator[BatchItem]):
+    """The async iterator of `BatchItem`s that `Session.judge_many` returns (module docstring:
+    when it cancels its reads). ``aclose()`` cancels the batch's in-flight reads and returns
+    once they have ended; closing a finished stream does nothing. One task at a time may await
+    ``anext``."""
+
+    def __init__(
+        self,
+        records: Iterable[Record] | AsyncIterable[Record],
+        judge: Judge,
+        options: BatchOptions,
+        *,
+        ordered: bool,
+        fail_fast: bool,
+        on_progress: Callable[[Progress], None] | None,
+        prepare: Prepare | None,
+        total: int | None,
+    ) -> None:
+        self._records: Iterable[Record] | AsyncIterable[Record] | None = records
+        self._judge = judge
+        self._options = options
+        self._ordered = ordered
+        self._fail_fast = fail_fast
+        self._on_progress = on_progress
+        self._prepare = prepare
+        self._total = total
+        self._state: Literal["new", "running", "finished"] = "new"
+        self._busy = False
+        self._engine: _Engine | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[int, BatchItem] = {}
+        self._ready: deque[BatchItem] = deque()
+        self._next_index = 0
+
+    def __repr__(self) -> str:
+        return f"<BatchStream {self._state}, window={self._options.window}>"
+
+    def __aiter__(self) -> BatchStream:
+        return self
+
+    async def __anext__(self) -> BatchItem:
+        if self._busy:
+            raise RuntimeError("another task is already awaiting this batch's next item")
+        self._busy = True
+        try:
+            return await self._next()
+        finally:
+            self._busy = False
+
+    async def aclose(self) -> None:
+        """Cancel the in-flight reads and wait until they have ended; then the stream is done."""
+        await self._finish()
+
+    def __del__(self) -> None:
+        engine, loop = getattr(self, "_engine", None), getattr(self, "_loop", None)
+        if engine is None or loop is None or getattr(self, "_state", None) == "finished":
+            return
+        try:  # any thread, any moment: let the loop cancel the tasks
+            loop.call_soon_threadsafe(engine.abandon)
+        except RuntimeError:  # the loop is closed: nothing runs any more
+            engine.done_receive.close()
+
+    async def _start(self) -> _Engine:
+        records = self._records
+        assert records is not None
+        self._records = None
+        try:
+            if self._prepare is not None:
+                await self._prepare()
+        except BaseException:
+            self._state = "finished"
+            raise
+        if self._state == "finished":  # closed by another task meanwhile
+            raise StopAsyncIteration
+        engine = _Engine(records, self._judge, self._options, self._on_progress, self._total)
+        self._loop = asyncio.get_running_loop()
+        runner = self._loop.create_task(engine.run(), name="typevet_async judge_many")
+        runner.add_done_callback(_retrieve)
+        self._engine, self._runner, self._state = engine, runner, "running"
+        return engine
+
+    async def _next(self) -> BatchItem:
+        if self._state == "finished":
+            raise StopAsyncIteration
+        engine = self._engine if self._state == "running" else await self._start()
+        assert engine is not None
+        while not self._ready:
+            try:
+                outcome: _Outcome | None = await engine.done_receive.receive()
+            except anyio.EndOfStream:
+                outcome = None
+            except BaseException:  # cancelled while waiting: the batch ends with it
+                await self._finish()
+                raise
+            if outcome is None:  # every record pulled is out
+                await self._finish()
+                error = engine.failure or engine.input_error
+                if error is not None:
+                    raise error
+                raise StopAsyncIteration
+            if isinstance(outcome, _Failure):
+                await self._finish()
+                raise outcome.error
+            error = outcome.error
+            if error is not None and (self._fail_fast or isinstance(error, PERMANENT_ERRORS)):
+                await self._finish()
+                raise error
+            if self._ordered:  # hold it back until every earlier record is out
+                self._waiting[outcome.index] = outcome
+                while self._next_index in self._waiting:
+                    self._ready.append(self._waiting.pop(self._next_index))
+                    self._next_index += 1
+            else:
+                self._ready.append(outcome)
+        engine.slots.release()
+        return self._ready.popleft()
+
+    async def _finish(self) -> None:
+        """Cancel the batch's tasks, wait until they have ended, drop what was not yielded."""
+        self._state = "finished"
+        self._records = None
+        self._waiting.clear()
+        self._ready.clear()
+        engine, runner = self._engine, self._runner
+        if engine is None or runner is None:
+            return
+        engine.scope.cancel()
+        if not runner.done():
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait((runner,))
+        engine.done_receive.close()
+        engine.records = ()  # a kept error's traceback may pin the engine: not the input
+
+
+def judge_stream(
     records: Iterable[Record] | AsyncIterable[Record],
     judge: Judge,
     options: BatchOptions,
@@ -116,74 +585,24 @@ async def judge_stream(
     ordered: bool = True,
     fail_fast: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
-) -> AsyncGenerator[BatchItem, None]:
-    """The batch engine behind `Session.judge_many` (``judge`` judges one state)."""
+    prepare: Prepare | None = None,
+) -> BatchStream:
+    """The batch engine behind `Session.judge_many`: ``judge`` judges one state; ``prepare``
+    (the session's probe) is awaited once, on the first ``anext``, before any record is pulled,
+    and its exception is raised from there.
+
+    :raises InvalidInputError: ``records`` is a string, bytes, a mapping or not iterable (at
+        the call).
+    """
+    check_records(records)
     total = len(records) if isinstance(records, Sized) else None
-    slots = anyio.Semaphore(options.window)
-    jobs_send, jobs_receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](0)
-    # Unbounded buffer, but never more than ``window`` items: each holds a window slot.
-    done_send, done_receive = anyio.create_memory_object_stream[BatchItem](math.inf)
-    started = time.monotonic()
-    counts = {"done": 0, "failed": 0}
-
-    async def produce() -> None:
-        async with jobs_send:
-            index = 0
-            async for record in _records(records):
-                await slots.acquire()
-                record_id, state = split_record(record, index)
-                await jobs_send.send((index, record_id, state))
-                index += 1
-
-    async def work(
-        jobs: anyio.abc.ObjectReceiveStream[tuple[int, Any, Any]],
-        done: anyio.abc.ObjectSendStream[BatchItem],
-    ) -> None:
-        async with jobs, done:
-            async for index, record_id, state in jobs:
-                try:
-                    item = BatchItem(index, record_id, judgment=await judge(state))
-                except TypevetError as error:
-                    shed_frame_locals(error)
-                    item = BatchItem(index, record_id, error=error)
-                counts["done"] += 1
-                counts["failed"] += item.error is not None
-                if on_progress is not None:
-                    elapsed = time.monotonic() - started
-                    on_progress(Progress(counts["done"], counts["failed"], total, elapsed))
-                await done.send(item)
-
-    first_error: TypevetError | None = None
-    closed = False
-    async with anyio.create_task_group() as group:
-        group.start_soon(produce)
-        for _ in range(options.max_in_flight):
-            group.start_soon(work, jobs_receive.clone(), done_send.clone())
-        jobs_receive.close()
-        done_send.close()
-        waiting: dict[int, BatchItem] = {}
-        next_index = 0
-        async with done_receive:
-            async for item in done_receive:
-                if fail_fast and item.error is not None:
-                    first_error = item.error
-                    break
-                ready = [item]
-                if ordered:  # hold it back until every earlier record is out
-                    waiting[item.index] = item
-                    ready = []
-                    while next_index in waiting:
-                        ready.append(waiting.pop(next_index))
-                        next_index += 1
-                for result in ready:
-                    slots.release()
-                    try:
-                        yield result
-                    except GeneratorExit:  # the consumer closed us: stop everything, quietly
-                        closed = True
-                        break
-                if closed:
-                    break
-        group.cancel_scope.cancel()  # the input may not be exhausted; nothing else is waited on
-    if first_error is not None and not closed:
-        raise first_error
+    return BatchStream(
+        records,
+        judge,
+        options,
+        ordered=ordered,
+        fail_fast=fail_fast,
+        on_progress=on_progress,
+        prepare=prepare,
+        total=total,
+    )

@@ -22,6 +22,7 @@ The tree::
     │   └── OutputValidationError                     output does not pass the schema
     ├── OffMenuError                                  off-menu mass above the threshold (if asked)
     ├── DeadlineExceededError (also TimeoutError)     a call's ``timeout`` passed
+    ├── BatchRecordError                              a batch record raised a non-SDK error
     └── SessionStateError (also RuntimeError)         used before opening or after closing
 
 A `GenerationError` is the client's verdict on what the server sent (checked on the client),
@@ -36,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "BackendError",
+    "BatchRecordError",
     "CandidateMissingError",
     "ConfigurationError",
     "ControlTokenError",
@@ -203,3 +205,9 @@ class DeadlineExceededError(TypevetError, TimeoutError):
 
 class SessionStateError(TypevetError, RuntimeError):
     """The session is not open (never opened, or already closed)."""
+
+
+class BatchRecordError(TypevetError):
+    """Judging one record of a `judge_many` batch raised an exception that is not an SDK error
+    (a bug, e.g. a ``KeyError`` from a backend); ``__cause__`` is that exception. The batch
+    yields it as that record's error and goes on."""

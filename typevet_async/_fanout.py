@@ -55,7 +55,13 @@ async def gather_in_order(
     items: Sequence[T], run: Callable[[T], Awaitable[R]], *, tag: Tag = _untagged
 ) -> list[R]:
     """Every item's result in item order, or the first error in item order (the rest are
-    cancelled as soon as one fails)."""
+    cancelled as soon as one fails). One item runs in the caller's task: no task group."""
+    if len(items) == 1:
+        try:
+            return [await run(items[0])]
+        except TypevetError as failure:
+            tag(failure, 0)
+            raise
     results, errors = await _run_all(items, run, tag, fail_fast=True)
     for error in errors:
         if error is not None:

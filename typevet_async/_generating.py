@@ -64,7 +64,7 @@ def _generator(
     validator: Draft202012Validator,
     options: GenerationOptions,
 ) -> Callable[[GenerationRequest], Awaitable[Generation]]:
-    call_slots = anyio.Semaphore(options.max_in_flight)
+    call_slots = anyio.Semaphore(options.max_in_flight, fast_acquire=True)
 
     async def one(request: GenerationRequest) -> Generation:
         async with call_slots, slots:

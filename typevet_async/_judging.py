@@ -9,6 +9,7 @@ task outlives it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -18,13 +19,19 @@ from typevet_async._backends.base import Backend
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.probe import Probe
 from typevet_async._core.questions import Question
-from typevet_async._core.scoring import ScoringRequest, interpret_read, plan_question
+from typevet_async._core.scoring import (
+    QuestionPlan,
+    ScoringRequest,
+    bind_question,
+    interpret_read,
+    request_for,
+)
 from typevet_async._errors import InvalidInputError, TypevetError, UnsupportedTemplateError
 from typevet_async._fanout import gather_in_order
 from typevet_async._images import Image
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
 
-__all__ = ["plan_judgment", "read_judgment"]
+__all__ = ["Planner", "read_judgment"]
 
 
 @attrs.frozen
@@ -34,49 +41,72 @@ class _Scored:
     usage: Usage
 
 
-def plan_judgment(
-    backend: Backend,
-    probe: Probe,
-    settings: SessionSettings,
-    state_text: str,
-    questions: Sequence[tuple[str, Question]],
-    images: tuple[Image, ...],
-) -> list[ScoringRequest]:
-    """Every question's scoring request, or the error that refuses the judgment unsent.
+#: Questions whose plan a session keeps (least recently used beyond it are planned again).
+PLAN_CACHE_SIZE = 1024
 
-    :raises UnsupportedTemplateError: the SDK frames prompts and the served template is not a
-        native Gemma family.
-    :raises InvalidInputError: images for a server that does not declare vision.
-    :raises TooManyOptionsError: a question needs more controls or candidates than there are.
-    """
-    capabilities = backend.capabilities
-    family = probe.family if capabilities.framing == "sdk" else None
-    if family is not None and not family.is_native:
-        raise UnsupportedTemplateError(
-            f"the served chat template is {family.value}, not a native Gemma 4 or "
-            f"Gemma 3 template; judgments need the model's own turn markers",
-            family=family.value,
-            rendered=probe.rendered_template,
-        )
-    if images and not probe.vision:
-        raise InvalidInputError(
-            "the server does not declare vision (/props modalities); images were refused "
-            "before any scoring read"
-        )
-    return [
-        plan_question(
-            question_id,
-            question,
-            state_text,
-            family=family,
-            control_ids=probe.control_ids,
-            layout=settings.layout,
-            images=images,
-            media_marker=probe.media_marker,
-            max_candidates=capabilities.max_candidates,
-        )
-        for question_id, question in questions
-    ]
+
+class Planner:
+    """Plans a session's judgments: binds each question once (`bind_question`, cached) and
+    renders its request about each state (`request_for`)."""
+
+    def __init__(self, backend: Backend, probe: Probe, settings: SessionSettings) -> None:
+        capabilities = backend.capabilities
+        self._probe = probe
+        self._family = probe.family if capabilities.framing == "sdk" else None
+        control_ids, layout = probe.control_ids, settings.layout
+        limit = capabilities.max_candidates
+
+        @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+        def bind(question: Question) -> QuestionPlan:
+            return bind_question(question, layout, control_ids, limit)
+
+        self._bind = bind
+
+    def plan(
+        self,
+        state_text: str,
+        questions: Sequence[tuple[str, Question]],
+        images: tuple[Image, ...],
+    ) -> list[ScoringRequest]:
+        """Every question's scoring request, or the error that refuses the judgment unsent.
+
+        :raises UnsupportedTemplateError: the SDK frames prompts and the served template is
+            not a native Gemma family.
+        :raises InvalidInputError: images for a server that does not declare vision.
+        :raises TooManyOptionsError: a question needs more controls or candidates than there
+            are (``question_id`` names it).
+        """
+        family, probe = self._family, self._probe
+        if family is not None and not family.is_native:
+            raise UnsupportedTemplateError(
+                f"the served chat template is {family.value}, not a native Gemma 4 or "
+                f"Gemma 3 template; judgments need the model's own turn markers",
+                family=family.value,
+                rendered=probe.rendered_template,
+            )
+        if images and not probe.vision:
+            raise InvalidInputError(
+                "the server does not declare vision (/props modalities); images were refused "
+                "before any scoring read"
+            )
+        requests = []
+        for question_id, question in questions:
+            try:
+                plan = self._bind(question)
+            except TypevetError as error:
+                error.question_id = question_id
+                raise
+            requests.append(
+                request_for(
+                    question_id,
+                    plan,
+                    state_text,
+                    family=family,
+                    images=images,
+                    media_marker=probe.media_marker,
+                )
+            )
+        return requests
 
 
 def _from_cache(usage: Usage) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import (
-    AsyncGenerator,
     AsyncIterable,
     Callable,
     Iterable,
@@ -36,7 +35,7 @@ from typevet_async._backends.http import (
 )
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
 from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
-from typevet_async._batch import BatchItem, Progress, judge_stream
+from typevet_async._batch import BatchStream, Progress, judge_stream
 from typevet_async._core.answers import Judgment
 from typevet_async._core.generation import Generation
 from typevet_async._core.jsonvalues import render_state
@@ -50,7 +49,7 @@ from typevet_async._errors import (
 )
 from typevet_async._generating import generate_in_order, generate_settled, plan_generations
 from typevet_async._images import Image, check_images
-from typevet_async._judging import plan_judgment, read_judgment
+from typevet_async._judging import Planner, read_judgment
 from typevet_async._options import UNSET, Unset
 from typevet_async._settings import (
     DEFAULT_MAX_CONCURRENCY,
@@ -90,7 +89,11 @@ class _GenerationKeywords(TypedDict, total=False):
 
 @contextlib.contextmanager
 def _deadline(timeout: float | None, what: str) -> Iterator[None]:
-    """``timeout`` seconds for a whole call; past it, `DeadlineExceededError`."""
+    """``timeout`` seconds for a whole call; past it, `DeadlineExceededError`. No timeout, no
+    cancel scope."""
+    if timeout is None:
+        yield
+        return
     try:
         with anyio.fail_after(timeout):
             yield
@@ -115,10 +118,13 @@ class Session:
         self._settings = settings if settings is not None else SessionSettings()
         limit = backend.capabilities.max_concurrency
         slots = self._settings.max_concurrency
-        self._slots = anyio.Semaphore(slots if limit is None else min(slots, limit))
+        self._slots = anyio.Semaphore(
+            slots if limit is None else min(slots, limit), fast_acquire=True
+        )
         self._state: Literal["unopened", "open", "closed"] = "unopened"
         self._probe: Probe | None = None
-        self._probe_lock = anyio.Lock()
+        self._planner: Planner | None = None
+        self._probe_lock = anyio.Lock(fast_acquire=True)
 
     def __repr__(self) -> str:
         return (
@@ -284,10 +290,19 @@ class Session:
         Read once per session, however many calls start at the same moment.
         """
         self._require_open()
+        if self._probe is not None:  # read once: no lock after that
+            return self._probe
         async with self._probe_lock:
             if self._probe is None:
-                self._probe = await self._backend.probe()
+                probe = await self._backend.probe()
+                self._planner = Planner(self._backend, probe, self._settings)
+                self._probe = probe
             return self._probe
+
+    async def _ready_planner(self) -> tuple[Probe, Planner]:
+        probe = await self.probe()
+        assert self._planner is not None  # set with the probe
+        return probe, self._planner
 
     # -- judging -------------------------------------------------------------------------
 
@@ -334,8 +349,8 @@ class Session:
             timeout=timeout,
         )
         with _deadline(options.timeout, "the judgment"):
-            probe = await self.probe()
-            requests = plan_judgment(self._backend, probe, settings, state_text, checked, images)
+            probe, planner = await self._ready_planner()
+            requests = planner.plan(state_text, checked, images)
             return await read_judgment(
                 self._backend, probe, self._slots, requests, settings.prefix_reuse, options
             )
@@ -352,21 +367,39 @@ class Session:
         on_progress: Callable[[Progress], None] | None = None,
         timeout: float | None = None,
         max_retries: int | Unset = UNSET,
-    ) -> AsyncGenerator[BatchItem, None]:
-        """Judge every record, streaming `BatchItem`s (close it with ``contextlib.aclosing``
-        if you may stop early).
+    ) -> BatchStream:
+        """Judge every record, streaming `BatchItem`s: an async iterator (`BatchStream`).
 
-        :param records: states, or ``(id, state)`` tuples; any iterable or async iterable.
-            Nothing materialises the input: memory stays bounded by ``window``.
+        Before the first record it reads the session's probe (once per session); if that
+        fails (a wrong model pin, an unreachable server), its error is raised from the first
+        ``anext`` and nothing is judged. Then any exception while judging a record becomes
+        that record's item and the batch goes on: an SDK error as itself, anything else (a
+        bug) as a `BatchRecordError` whose ``__cause__`` it is. An error that would be the
+        same for every record (`UnsupportedTemplateError`, `ConfigurationError`,
+        `QuestionError`, `SessionStateError`) is raised once instead, and the rest is
+        cancelled. An exception raised by ``records`` itself is raised as itself, after the
+        items of every record already pulled; so is one from ``on_progress`` (at once).
+
+        Stopping early is safe without ``contextlib.aclosing``: the caller's task is never
+        part of the batch's task group. ``aclose()`` cancels the in-flight reads at once;
+        without it they are cancelled when the iterator is garbage-collected (in CPython, as
+        soon as its last reference goes). A cancelled ``anext`` cancels them too.
+
+        :param records: states, or ``(id, state)`` tuples; any iterable or async iterable
+            (not a string, bytes or mapping). Nothing materialises the input: at most
+            ``window`` records are pulled ahead.
         :param ordered: yield in input order (default) or as completed.
-        :param fail_fast: raise the first error and cancel the rest, instead of yielding it.
+        :param fail_fast: raise the first error item (in completion order) and cancel the
+            rest, instead of yielding it.
         :param max_in_flight: records judged at once (`UNSET`: the session's
             ``max_concurrency``); their reads still share the session's cap.
         :param window: records in flight or waiting to be yielded (`UNSET`: 4 x
             ``max_in_flight``).
-        :param on_progress: called with a `Progress` after every record.
-        :param timeout: seconds per record's judgment.
-        :raises InvalidInputError: bad questions or options, at the call (nothing was sent).
+        :param on_progress: called with a `Progress` after every record (in the batch's own
+            task).
+        :param timeout: seconds per record's judgment, and for the probe the batch starts with.
+        :raises InvalidInputError: bad questions, options or ``records`` (a string, bytes, a
+            mapping, not iterable), at the call (nothing was sent).
         """
         self._require_open()
         checked = dict(check_questions(questions))
@@ -380,11 +413,21 @@ class Session:
             timeout=timeout,
         )
 
+        async def probe_once() -> None:
+            with _deadline(timeout, "the batch's probe"):
+                await self.probe()
+
         async def judge_one(state: Any) -> Judgment:
             return await self.judge(state, checked, timeout=timeout, max_retries=max_retries)
 
         return judge_stream(
-            records, judge_one, batch, ordered=ordered, fail_fast=fail_fast, on_progress=on_progress
+            records,
+            judge_one,
+            batch,
+            ordered=ordered,
+            fail_fast=fail_fast,
+            on_progress=on_progress,
+            prepare=probe_once,
         )
 
     # -- schema-bound generation ---------------------------------------------------------

@@ -27,6 +27,7 @@ __all__ = [
     "FaultInjectingStubServer",
     "Handler",
     "InMemoryStubBackend",
+    "ProbeRefusingStubBackend",
     "Stopwatch",
     "assert_takes_about",
     "failing_after",
@@ -288,3 +289,18 @@ class FaultInjectingStubServer:
         finally:
             writer.close()
             self._serving.discard(task)
+
+
+class ProbeRefusingStubBackend(InMemoryStubBackend):
+    """An in-memory stub backend whose probe always fails with ``error`` (what a wrong model
+    pin or an unreachable server does); `probes` counts the attempts. It implements
+    `tv.Backend`."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.probe_error = error
+
+    async def probe(self) -> tv.Probe:
+        self.probes += 1
+        await anyio.lowlevel.checkpoint()
+        raise self.probe_error

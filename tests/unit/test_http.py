@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
 import typevet_async as tv
+from typevet_async._backends import llama_cpp_wire as backend_wire
 from typevet_async._backends.http import Attempts, HttpClient
 from typevet_async._backends.llama_cpp import OnMissing
 
@@ -42,12 +44,15 @@ async def test_a_pooled_connection_closed_by_the_server_is_retried_once(
     stub.handler = lambda c, n: None if (c, n) == (1, 2) else reply(200, b'{"n": %d}' % n)
     client = HttpClient(stub.url)
     await client.open()
+    first, replayed = Attempts(), Attempts()
     try:
-        assert await client.post_json("/x", {}) == {"n": 1}
-        assert await client.post_json("/x", {}) == {"n": 1}  # answered on a fresh connection
+        assert await client.post("/x", {}, attempts=first) == b'{"n": 1}'
+        # Answered on a fresh connection; both HTTP attempts are counted.
+        assert await client.post("/x", {}, attempts=replayed) == b'{"n": 1}'
     finally:
         await client.aclose()
     assert stub.requests == [(1, 1), (1, 2), (2, 1)]
+    assert (first.count, replayed.count) == (1, 2)
 
 
 async def test_a_second_drop_is_a_transport_error(stub: FaultInjectingStubServer) -> None:
@@ -56,7 +61,7 @@ async def test_a_second_drop_is_a_transport_error(stub: FaultInjectingStubServer
     await client.open()
     try:
         with pytest.raises(tv.TransportError):
-            await client.post_json("/x", {}, max_retries=0)
+            await client.post("/x", {}, max_retries=0)
     finally:
         await client.aclose()
     assert len(stub.requests) == 2  # the request, and its one replay on a fresh connection
@@ -75,7 +80,7 @@ async def test_http_errors_are_typed_with_status_and_body(stub: FaultInjectingSt
     client = await client_for(stub)
     try:
         with pytest.raises(tv.ServerError, match="HTTP 503") as caught:
-            await client.post_json("/x", {})
+            await client.post("/x", {})
     finally:
         await client.aclose()
     assert caught.value.status == 503
@@ -87,7 +92,7 @@ async def test_redirects_are_not_followed(stub: FaultInjectingStubServer) -> Non
     client = await client_for(stub)
     try:
         with pytest.raises(tv.ServerError) as caught:
-            await client.get_json("/x")
+            await client.get("/x")
     finally:
         await client.aclose()
     assert caught.value.status == 302
@@ -95,24 +100,49 @@ async def test_redirects_are_not_followed(stub: FaultInjectingStubServer) -> Non
 
 
 @pytest.mark.parametrize("body", [b"{not json", b'{"logprob": NaN}', b'{"logprob": Infinity}', b""])
-async def test_invalid_json_is_a_protocol_error(
+async def test_a_body_that_is_not_json_is_a_protocol_error_with_an_excerpt(
     stub: FaultInjectingStubServer, body: bytes
 ) -> None:
+    # The client hands the bytes over as they came; the backend's decoder refuses them.
     stub.handler = lambda c, n: reply(200, body)
-    client = await client_for(stub)
+    backend = await llama_cpp(stub)
     try:
-        with pytest.raises(tv.ProtocolError, match="not valid JSON"):
-            await client.post_json("/x", {})
+        assert await backend.http.post("/x", {}) == body
+        with pytest.raises(tv.ProtocolError, match="not valid JSON") as caught:
+            await backend.tokenize("0")
     finally:
-        await client.aclose()
+        await backend.aclose()
+    assert caught.value.payload == body.decode()
 
 
 async def test_oversized_body_is_refused(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(200, b"[" + b"0," * 5000 + b"0]")
     client = await client_for(stub, tv.HttpSettings(max_response_bytes=1000))
     try:
-        with pytest.raises(tv.ProtocolError, match="exceeds the 1000-byte cap"):
-            await client.post_json("/x", {})
+        with pytest.raises(tv.ProtocolError, match="of 10003 bytes exceeds the 1000-byte cap"):
+            await client.post("/x", {})
+    finally:
+        await client.aclose()
+
+
+def chunked(body: bytes, size: int = 100) -> bytes:
+    """A 200 reply without a Content-Length: the body in ``size``-byte chunks."""
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    encoded = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 X\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+    return head + encoded
+
+
+async def test_a_body_of_unknown_length_is_capped_as_it_streams(
+    stub: FaultInjectingStubServer,
+) -> None:
+    small, large = b'{"ok": true}', b"[" + b"0," * 5000 + b"0]"
+    stub.handler = lambda c, n: chunked(small if n == 1 else large)
+    client = await client_for(stub, tv.HttpSettings(max_response_bytes=1000))
+    try:
+        assert await client.post("/x", {}) == small
+        with pytest.raises(tv.ProtocolError, match="response exceeds the 1000-byte cap"):
+            await client.post("/x", {})
     finally:
         await client.aclose()
 
@@ -134,7 +164,7 @@ async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> No
     with pytest.raises(tv.SessionStateError):
         await client.open()
     with pytest.raises(tv.SessionStateError):
-        await client.get_json("/x")
+        await client.get("/x")
 
 
 async def test_a_client_needs_a_base_url_by_the_time_it_opens(
@@ -146,7 +176,7 @@ async def test_a_client_needs_a_base_url_by_the_time_it_opens(
     await client.open(stub.url)  # an embedded server's URL is known only once it started
     try:
         assert client.base_url == stub.url
-        assert await client.get_json("/x") == {"ok": True}
+        assert await client.get("/x") == b'{"ok": true}'
     finally:
         await client.aclose()
 
@@ -179,10 +209,10 @@ async def test_transient_statuses_are_retried_and_others_are_not(
     attempts = Attempts()
     try:
         if retryable:
-            assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+            assert await client.post("/x", {}, attempts=attempts) == b'{"ok": 1}'
         else:
             with pytest.raises(tv.ServerError):
-                await client.post_json("/x", {}, attempts=attempts)
+                await client.post("/x", {}, attempts=attempts)
     finally:
         await client.aclose()
     assert attempts.count == (2 if retryable else 1)
@@ -202,7 +232,7 @@ async def test_retry_after_is_honoured(stub: FaultInjectingStubServer) -> None:
     attempts = Attempts()
     try:
         with stopwatch() as watch:
-            assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+            assert await client.post("/x", {}, attempts=attempts) == b'{"ok": 1}'
     finally:
         await client.aclose()
     assert attempts.count == 2
@@ -215,9 +245,9 @@ async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer)
     attempts = Attempts()
     try:
         with pytest.raises(tv.ServerError) as caught:
-            await client.post_json("/x", {}, attempts=attempts)
+            await client.post("/x", {}, attempts=attempts)
         with pytest.raises(tv.ServerError):
-            await client.post_json("/x", {}, max_retries=0)
+            await client.post("/x", {}, max_retries=0)
     finally:
         await client.aclose()
     assert caught.value.status == 503
@@ -227,15 +257,16 @@ async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer)
 
 async def test_a_dropped_connection_is_retried(stub: FaultInjectingStubServer) -> None:
     # Every request on connections 1 and 2 is dropped: the stale-connection replay and then
-    # one retry are used up before connection 3 answers.
+    # one retry are used up before connection 3 answers. Every HTTP attempt is counted.
     stub.handler = lambda c, n: None if c <= 2 else reply(200, b'{"ok": 1}')
     client = await client_for(stub, tv.HttpSettings(retry=FAST))
     attempts = Attempts()
     try:
-        assert await client.post_json("/x", {}, attempts=attempts) == {"ok": 1}
+        assert await client.post("/x", {}, attempts=attempts) == b'{"ok": 1}'
     finally:
         await client.aclose()
-    assert attempts.count == 2
+    assert attempts.count == 3
+    assert stub.requests == [(1, 1), (2, 1), (3, 1)]
 
 
 PROBE = tv.Probe(tv.TemplateFamily.GEMMA3, "rendered", IDS, 262_144)
@@ -288,19 +319,49 @@ async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubSer
     assert (read.reads, read.attempts, diagnostics.attempts) == (1, 2, 2)
 
 
+async def test_the_stale_connection_replay_counts_in_the_answer_attempts(
+    stub: FaultInjectingStubServer,
+) -> None:
+    from typevet_async._core.scoring import interpret_read
+
+    # The second read meets its pooled connection closed and is replayed on a fresh one.
+    canned = completion([(10, -1.0), (11, -2.0)], 2)
+    stub.handler = lambda c, n: None if (c, n) == (1, 2) else reply(200, canned)
+    backend = await llama_cpp(stub, top_k=2)
+    try:
+        first = await backend.read(REQUEST, PROBE, max_retries=0)
+        replayed = await backend.read(REQUEST, PROBE, max_retries=0)
+    finally:
+        await backend.aclose()
+    assert stub.requests == [(1, 1), (1, 2), (2, 1)]
+    assert (first.attempts, replayed.reads, replayed.attempts) == (1, 1, 2)
+    assert interpret_read(REQUEST, replayed)[1].attempts == 2
+
+
 async def test_a_candidate_missing_from_a_whole_vocabulary_read_is_an_error(
     stub: FaultInjectingStubServer,
 ) -> None:
-    # A two-token vocabulary: the first read of K=2 is the whole vocabulary, and it lacks 11.
-    stub.handler = lambda c, n: reply(200, completion([(10, -0.5), (3, -1.0)], 2))
+    # A two-token vocabulary: the first read of K=2 is the whole vocabulary. Its entries are
+    # distinct ids below 2, so candidates 10 and 11 (outside it) cannot be in it.
+    stub.handler = lambda c, n: reply(200, completion([(0, -0.5), (1, -1.0)], 2))
     backend = await llama_cpp(stub)
     probe = tv.Probe(tv.TemplateFamily.GEMMA3, "rendered", IDS, 2)
     try:
-        with pytest.raises(tv.InvalidLogprobsError, match=r"\[11\] are missing"):
+        with pytest.raises(tv.InvalidLogprobsError, match=r"\[10, 11\] are missing"):
             await backend.read(REQUEST, probe, max_retries=tv.UNSET)
     finally:
         await backend.aclose()
     assert len(stub.requests) == 1
+
+
+async def test_an_entry_outside_the_vocabulary_is_refused(stub: FaultInjectingStubServer) -> None:
+    stub.handler = lambda c, n: reply(200, completion([(10, -0.5), (262_144, -1.0)], 2))
+    backend = await llama_cpp(stub, top_k=2)
+    try:
+        with pytest.raises(tv.InvalidLogprobsError, match="outside the vocabulary of 262144"):
+            await backend.read(REQUEST, PROBE, max_retries=tv.UNSET)
+    finally:
+        await backend.aclose()
 
 
 #: A Jev-layout request: options A (10, " A" 20) and B (11, " B" 21).
@@ -366,10 +427,10 @@ async def test_waiting_for_a_pooled_connection_does_not_count_against_request_ti
     client = await client_for(stub, settings)
     try:
         with stopwatch() as watch:
-            results = await asyncio.gather(*(client.post_json("/x", {}) for _ in range(20)))
+            results = await asyncio.gather(*(client.post("/x", {}) for _ in range(20)))
     finally:
         await client.aclose()
-    assert results == [{"ok": True}] * 20
+    assert results == [b'{"ok": true}'] * 20
     assert stub.connections <= 2
     assert watch.elapsed >= 10 * stub.delay
 
@@ -382,7 +443,7 @@ async def test_a_request_slower_than_request_timeout_times_out(
     client = await client_for(stub, settings)
     try:
         with stopwatch() as watch, pytest.raises(tv.RequestTimeoutError, match="timed out"):
-            await client.post_json("/x", {})
+            await client.post("/x", {})
     finally:
         await client.aclose()
     assert_takes_about(watch.elapsed, 0.2)
@@ -404,7 +465,8 @@ async def test_the_api_key_never_leaks(
     async with session:
         for _ in range(3):
             try:
-                await backend.http.post_json("/completion", {})
+                raw = await backend.http.post("/completion", {})
+                backend_wire.decode_completion(raw, 1)
             except tv.TypevetError as error:
                 errors.append(error)
     assert len(stub.seen_heads) == 3
@@ -415,3 +477,72 @@ async def test_the_api_key_never_leaks(
     for failure in errors:
         shown += [str(failure), repr(failure), repr(vars(failure)), repr(failure.__cause__)]
     assert all(secret not in text for text in shown)
+
+
+class ProbedLlamaCpp(tv.AsyncLlamaCpp):
+    """The real llama.cpp backend whose probe is known in advance (`PROBE`), so that a session
+    sends only scoring reads to the stub."""
+
+    async def probe(self) -> tv.Probe:
+        return PROBE
+
+
+class ProbedVllm(tv.AsyncVllm):
+    async def probe(self) -> tv.Probe:
+        return PROBE
+
+
+def malformed_completion(**fields: object) -> bytes:
+    payload = json.loads(completion([(1000, -1.0), (1001, -2.0)], 2))
+    payload.update(fields)
+    return json.dumps(payload).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "message"),
+    [
+        (malformed_completion(generation_settings="n_probs"), tv.ProtocolError,
+         "generation_settings"),
+        (malformed_completion(timings=[1]), tv.ProtocolError, "timings"),
+        (malformed_completion(tokens_evaluated="abc"), tv.ProtocolError, "tokens_evaluated"),
+        (completion([(1000, -1.0), (1001.9, -2.0)], 2), tv.ProtocolError, "got `float`"),
+        (completion([(1000, -1.0), (1001, 0.5)], 2), tv.InvalidLogprobsError, "positive"),
+        (b'{"completion_probabilities": [', tv.ProtocolError, "not valid JSON"),
+        # Each logprob is valid, but together the candidates' probabilities sum to 1.86.
+        (completion([(1000, math.log(0.93)), (1001, math.log(0.93))], 2),
+         tv.InvalidLogprobsError, "sum to 1.86"),
+    ],
+)  # fmt: skip
+async def test_a_malformed_read_reply_names_its_question_through_a_session(
+    stub: FaultInjectingStubServer, body: bytes, error: type[tv.TypevetError], message: str
+) -> None:
+    stub.handler = lambda c, n: reply(200, body)
+    http = tv.HttpSettings(retry=FAST)
+    backend = ProbedLlamaCpp(tv.LlamaCppConfig(base_url=stub.url, top_k=2, http=http))
+    async with tv.Session(backend, tv.SessionSettings(prefix_reuse="off")) as session:
+        with pytest.raises(error, match=message) as caught:
+            await session.judge("state", {"ticket-7": noul()})
+    assert type(caught.value) is error
+    assert caught.value.question_id == "ticket-7"
+    assert "question 'ticket-7'" in str(caught.value)
+    payload = getattr(caught.value, "payload", None)
+    assert payload is None or (isinstance(payload, str) and len(payload) <= 2048)
+    assert len(stub.requests) == 1  # a malformed reply is not retried
+
+
+@pytest.mark.parametrize(
+    ("usage", "message"),
+    [("40", "usage"), ([40], "usage"), ({"prompt_tokens": "40"}, "prompt_tokens")],
+)
+async def test_a_malformed_vllm_read_reply_names_its_question_through_a_session(
+    stub: FaultInjectingStubServer, usage: object, message: str
+) -> None:
+    top = [{"token": f"token_id:{i}", "logprob": -1.0 - i / 1000} for i in (1000, 1001)]
+    position = {"token": "token_id:1000", "logprob": -1.0, "top_logprobs": top}
+    body = {"choices": [{"logprobs": {"content": [position]}}], "usage": usage}
+    stub.handler = lambda c, n: reply(200, json.dumps(body).encode())
+    backend = ProbedVllm(tv.VllmConfig(base_url=stub.url, model="m"))
+    async with tv.Session(backend) as session:
+        with pytest.raises(tv.ProtocolError, match=message) as caught:
+            await session.judge("state", {"q": noul()})
+    assert caught.value.question_id == "q"

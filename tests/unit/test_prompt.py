@@ -108,7 +108,8 @@ def test_single_line_fields_cannot_start_a_line() -> None:
 
 def test_user_content_puts_state_first_and_keeps_state_lines() -> None:
     noul = tv.Noul(instructions="Refund?")
-    content = render_user_content("line one\nline two", noul, bind_controls(noul.options(), IDS))
+    block = render_field_block(noul, bind_controls(noul.options(), IDS))
+    content = render_user_content("line one\nline two", block)
     assert content.startswith("line one\nline two\n\nQuestion: Refund?\n")
 
 

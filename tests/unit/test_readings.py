@@ -6,6 +6,7 @@ import pytest
 
 import typevet_async as tv
 from typevet_async._core.readings import (
+    MASS_SLACK,
     TopLogprobs,
     clamp_missing,
     missing_options,
@@ -69,7 +70,13 @@ def test_wrong_entry_count_is_a_protocol_error() -> None:
     with pytest.raises(tv.ProtocolError, match="asked for the top 5"):
         read_entries(top((7, -0.5), requested=5), VOCAB)
     # A read asking for more than the vocabulary returns the whole vocabulary.
-    assert read_entries(top((7, -0.5), (3, -1.0), requested=VOCAB), 2) == {7: -0.5, 3: -1.0}
+    assert read_entries(top((1, -0.5), (0, -1.0), requested=VOCAB), 2) == {1: -0.5, 0: -1.0}
+
+
+def test_an_id_outside_the_vocabulary_is_refused() -> None:
+    assert read_entries(top((VOCAB - 1, -0.5)), VOCAB) == {VOCAB - 1: -0.5}
+    with pytest.raises(tv.InvalidLogprobsError, match="outside the vocabulary of 100 tokens"):
+        read_entries(top((7, -0.5), (VOCAB, -1.0)), VOCAB)
 
 
 def test_an_option_is_missing_only_when_none_of_its_tokens_was_read() -> None:
@@ -106,4 +113,35 @@ def test_softmax_matches_the_definition_and_is_stable() -> None:
 
 def test_off_menu_mass() -> None:
     assert off_menu_mass([math.log(0.25), math.log(0.25)]) == pytest.approx(0.5)
-    assert off_menu_mass([0.0, 0.0]) == 0.0  # float32 rounding can push the sum past 1
+    # float32 rounding can push the sum a little past 1: up to MASS_SLACK reads as 0 off-menu.
+    assert off_menu_mass([math.log(0.5), math.log(0.5) + 5e-4]) == 0.0
+    assert off_menu_mass([0.0, math.log(MASS_SLACK) - 1e-9]) == 0.0
+
+
+@pytest.mark.parametrize("total", [1.0 + 2 * MASS_SLACK, 1.86, 2.0])
+def test_candidates_summing_past_one_are_refused_not_clamped(total: float) -> None:
+    with pytest.raises(tv.InvalidLogprobsError, match="sum to"):
+        off_menu_mass([math.log(total / 2), math.log(total / 2)])
+
+
+def test_a_clamped_reads_off_menu_mass_is_unknown_not_a_sum_of_fill_ins() -> None:
+    from typevet_async._core.scoring import interpret_read, plan_question
+
+    request = plan_question(
+        "q",
+        tv.Choice(["a", "b", "c"], instructions="Which?"),
+        "state",
+        family=tv.TemplateFamily.GEMMA3,
+        control_ids={str(n): 100 + n for n in range(10)},
+    )
+    # Three fills at a high floor would sum past 1; a clamped read is not refused for it.
+    fills = (100, 101, 102), (-0.2, -0.2, -0.2)
+    clamped = tv.CandidateRead(*fills, top_k=2, policy="clamp", truncated=True)
+    _, diagnostics = interpret_read(request, clamped, off_menu_threshold=0.5)
+    assert diagnostics.truncated
+    assert diagnostics.off_menu_mass is None
+    assert not diagnostics.off_menu_flagged
+    exact = tv.CandidateRead((100, 101, 102), (-1.0, -2.0, -3.0), top_k=64)
+    _, diagnostics = interpret_read(request, exact)
+    expected = 1 - (math.exp(-1.0) + math.exp(-2.0) + math.exp(-3.0))
+    assert diagnostics.off_menu_mass == pytest.approx(expected, abs=1e-15)

@@ -444,3 +444,41 @@ async def test_generate_timeout_is_a_deadline_and_cancels_the_generation() -> No
             await s.generate("slow", schema=SCHEMA, timeout=0.2)
     assert_takes_about(watch.elapsed, 0.2)
     assert backend.cancelled == ["slow"]
+
+
+async def test_a_one_question_judgment_reads_in_the_callers_own_task() -> None:
+    backend = InMemoryStubBackend()
+    seen: list[asyncio.Task[Any] | None] = []
+
+    async def record_task() -> None:
+        seen.append(asyncio.current_task())
+
+    backend.behaviours = {"only": record_task}
+    async with session(backend, prefix_reuse="off") as s:
+        await s.judge("state", {"only": noul()})
+        assert seen == [asyncio.current_task()]  # no task group, no extra task
+        backend.behaviours = {"a": record_task, "b": record_task}
+        await s.judge("state", {"a": noul(), "b": noul()}, timeout=5)
+    assert len(seen) == 3
+    assert asyncio.current_task() not in seen[1:]  # two questions: one task each
+
+
+async def test_each_question_is_bound_once_however_many_judgments_ask_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import typevet_async._judging as judging
+
+    bound: list[tv.Question] = []
+    original = judging.bind_question
+
+    def counting(question: tv.Question, *args: Any) -> Any:
+        bound.append(question)
+        return original(question, *args)
+
+    monkeypatch.setattr(judging, "bind_question", counting)
+    refund, route = noul(1), tv.Choice(["a", "b", "c"], instructions="Route?")
+    async with session(InMemoryStubBackend(), prefix_reuse="off") as s:
+        for n in range(5):
+            judgment = await s.judge(f"state {n}", {"refund": refund, "route": route})
+            assert f"user\nstate {n}\n\nQuestion: Route?" in judgment.diagnostics["route"].prompt
+    assert bound == [refund, route]  # the controls and field block were built once each

@@ -1,8 +1,19 @@
 """The HTTP shell every backend talks through: one aiohttp pool, errors mapped to the SDK's.
 
+The client hands each reply's body to the caller as bytes: each backend decodes it with its
+own strict decoder (`typevet_async._backends.wire`), so no reply is parsed twice, or parsed
+into dicts nobody reads.
+
 Security defaults: redirects are never followed, TLS verification stays on, the API key is
 sent as a bearer header and never appears in a repr or an error message, and a response body
-larger than ``max_response_bytes`` is refused while it streams in.
+larger than ``max_response_bytes`` is refused: one that declares its length is refused before
+it is read (and then read in one call), one that does not (chunked, or compressed) while it
+streams in.
+
+Retries: the first attempt is sent directly; tenacity's `AsyncRetrying` is entered only after
+a first transient failure, which it then sees as its own first attempt, so the policy (stop,
+waits, ``Retry-After``) is tenacity's alone. Every HTTP attempt is counted in `Attempts`,
+the replay of a pooled connection the server had closed included.
 
 ``request_timeout`` bounds one HTTP request from sending it to the end of its body. Waiting
 for a free pooled connection does not count: the client hands out its ``max_connections``
@@ -111,7 +122,8 @@ class HttpSettings:
 
 @attrs.define
 class Attempts:
-    """Counts the HTTP attempts of one logical request (retries included)."""
+    """Counts the HTTP attempts of one logical request: retries, and the replay of a pooled
+    connection the server had closed, included."""
 
     count: int = 0
 
@@ -176,7 +188,10 @@ class HttpClient:
         """``base_url`` None: given to `open` (an embedded server's URL is known only then)."""
         self.base_url = base_url.rstrip("/") if base_url is not None else None
         self.settings = settings or HttpSettings()
-        self._connections = anyio.CapacityLimiter(self.settings.max_connections)
+        # Our own slots, as many as the connector's: a request waits here, untimed, and the
+        # connector then never makes it wait for a connection.
+        self._connections = anyio.Semaphore(self.settings.max_connections, fast_acquire=True)
+        self._timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -203,7 +218,7 @@ class HttpClient:
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=headers,
-            # The request clock is ours (`_request`), started once a connection slot is held.
+            # Each request sets its own clock (`_send`), started once it holds a slot.
             timeout=aiohttp.ClientTimeout(total=None),
             trace_configs=list(settings.trace_configs) or None,
             json_serialize=lambda value: orjson.dumps(value).decode(),
@@ -215,33 +230,51 @@ class HttpClient:
             session, self._session = self._session, None
             await session.close()
 
-    async def get_json(
+    async def get(
         self, path: str, *, max_retries: int | Unset = UNSET, attempts: Attempts | None = None
-    ) -> Any:
+    ) -> bytes:
+        """GET ``path``; the reply's body (a 2xx), retrying transient failures."""
         return await self._retrying("GET", path, None, max_retries, attempts)
 
-    async def post_json(
+    async def post(
         self,
         path: str,
         body: Any,
         *,
         max_retries: int | Unset = UNSET,
         attempts: Attempts | None = None,
-    ) -> Any:
-        """POST JSON, retrying transient failures (``max_retries`` overrides the policy's)."""
-        return await self._retrying("POST", path, body, max_retries, attempts)
+    ) -> bytes:
+        """POST ``body`` as JSON; the reply's body (a 2xx), retrying transient failures
+        (``max_retries`` overrides the policy's).
+
+        :raises ServerError: a status of 300 or more (redirects are never followed).
+        :raises TransportError: the connection failed, or the body was cut off.
+        :raises RequestTimeoutError: one attempt outlived ``request_timeout``.
+        :raises ProtocolError: the body is larger than ``max_response_bytes``.
+        """
+        return await self._retrying("POST", path, orjson.dumps(body), max_retries, attempts)
 
     async def _retrying(
         self,
         method: str,
         path: str,
-        body: Any,
+        data: bytes | None,
         max_retries: int | Unset,
         attempts: Attempts | None,
-    ) -> Any:
-        policy = self.settings.retry
-        retries = resolve(max_retries, policy.max_retries)
+    ) -> bytes:
         counter = attempts if attempts is not None else Attempts()
+        retries = resolve(max_retries, self.settings.retry.max_retries)
+        first: TypevetError | None = None
+        try:
+            return await self._request(method, path, data, counter)
+        except TypevetError as error:
+            if retries == 0 or not is_transient(error):
+                raise
+            first = error
+        # Only now, after a transient failure, is tenacity entered. Its first attempt re-raises
+        # that failure instead of sending again, so its stop, wait and Retry-After rules see
+        # exactly the attempts they would have seen had it been entered from the start.
+        policy = self.settings.retry
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
             wait=_WaitRetryAfter(policy),
@@ -249,39 +282,47 @@ class HttpClient:
             reraise=True,
         ):
             with attempt:
-                counter.count += 1
-                return await self._request(method, path, body)
+                if first is not None:
+                    failure, first = first, None
+                    raise failure
+                return await self._request(method, path, data, counter)
         raise AssertionError("unreachable: tenacity reraises the last error")
 
-    async def _request(self, method: str, path: str, body: Any) -> Any:
+    async def _request(
+        self, method: str, path: str, data: bytes | None, counter: Attempts
+    ) -> bytes:
         if self._session is None:
             state = "closed" if self._closed else "not open"
             raise SessionStateError(f"the HTTP client is {state}")
         url = f"{self.base_url}{path}"
         async with self._connections:
             try:
-                return await self._timed_send(self._session, method, url, body)
+                counter.count += 1
+                return await self._send(self._session, method, url, data)
             except _STALE_CONNECTION_ERRORS:
                 # Every request the SDK sends is idempotent; a pooled connection the server
                 # closed while idle fails on first use, so send once more on a fresh one.
                 try:
-                    return await self._timed_send(self._session, method, url, body)
+                    counter.count += 1
+                    return await self._send(self._session, method, url, data)
                 except (TimeoutError, aiohttp.ClientError, OSError) as error:
                     raise map_client_error(error, method, url) from error
             except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 raise map_client_error(error, method, url) from error
 
-    async def _timed_send(
-        self, session: aiohttp.ClientSession, method: str, url: str, body: Any
-    ) -> Any:
-        with anyio.fail_after(self.settings.request_timeout):
-            return await self._send(session, method, url, body)
-
-    async def _send(self, session: aiohttp.ClientSession, method: str, url: str, body: Any) -> Any:
-        data = None if body is None else orjson.dumps(body)
-        headers = None if data is None else {"Content-Type": "application/json"}
+    async def _send(
+        self, session: aiohttp.ClientSession, method: str, url: str, data: bytes | None
+    ) -> bytes:
+        headers = None if data is None else _JSON_HEADERS
+        # aiohttp's clock starts here, once this request holds one of our connection slots
+        # (so waiting for a pooled connection is not counted), and runs to the end of the body.
         async with session.request(
-            method, url, data=data, headers=headers, allow_redirects=False
+            method,
+            url,
+            data=data,
+            headers=headers,
+            allow_redirects=False,
+            timeout=self._timeout,
         ) as response:
             raw = await self._read_capped(response, method, url)
             if response.status >= 300:
@@ -292,24 +333,30 @@ class HttpClient:
                     body=text,
                     retry_after=parse_retry_after(response.headers.get("Retry-After")),
                 )
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as error:
-            raise ProtocolError(
-                f"{method} {url}: response is not valid JSON ({error})",
-                payload=raw[:2000].decode("utf-8", "replace"),
-            ) from error
+            return raw
 
     async def _read_capped(self, response: aiohttp.ClientResponse, method: str, url: str) -> bytes:
         cap = self.settings.max_response_bytes
-        if response.content_length is not None and response.content_length > cap:
+        length = response.content_length
+        if length is not None and length > cap:
             raise ProtocolError(
-                f"{method} {url}: response of {response.content_length} bytes exceeds the "
-                f"{cap}-byte cap"
+                f"{method} {url}: response of {length} bytes exceeds the {cap}-byte cap"
             )
+        if length is not None and _identity(response.headers.get("Content-Encoding")):
+            # The length is known and is the body's own: read it in one call, no per-chunk work.
+            return await response.read()
+        # Chunked, or compressed (the declared length is not the decoded one): cap as it streams.
         chunks = bytearray()
         async for chunk in response.content.iter_chunked(1 << 20):
             chunks += chunk
             if len(chunks) > cap:
                 raise ProtocolError(f"{method} {url}: response exceeds the {cap}-byte cap")
         return bytes(chunks)
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _identity(coding: str | None) -> bool:
+    """No content coding: the Content-Length is the length of the body aiohttp hands over."""
+    return coding is None or coding.strip().lower() == "identity"

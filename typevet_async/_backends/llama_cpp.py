@@ -1,10 +1,11 @@
 """llama.cpp's HTTP server: template probe, control tokenization and exact top-K scoring reads.
 
-Pure functions build each request body and interpret each response; `AsyncLlamaCpp` only
-awaits between them. A scoring read asks for the top K logprobs at the answer position
-(``n_predict: 0``, pre-sampling probabilities, so they are full-vocabulary log-softmax values).
-If every candidate is among them the read is exact; otherwise it reads again with a larger K,
-up to the whole vocabulary. A missing candidate is never estimated.
+Pure functions build each request body and decode each reply strictly
+(`typevet_async._backends.llama_cpp_wire`); `AsyncLlamaCpp` only awaits between them. A scoring
+read asks for the top K logprobs at the answer position (``n_predict: 0``, pre-sampling
+probabilities, so they are full-vocabulary log-softmax values). If every candidate is among
+them the read is exact; otherwise it reads again with a larger K, up to the whole vocabulary.
+A missing candidate is never estimated.
 
 The backend owns its configuration (`LlamaCppConfig`), its HTTP client and, with no URL, the
 embedded server's lifecycle (`typevet_async._backends.embedded`).
@@ -12,8 +13,6 @@ embedded server's lifecycle (`typevet_async._backends.embedded`).
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import anyio
@@ -22,20 +21,25 @@ import attrs
 from typevet_async._backends.base import Capabilities
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
-from typevet_async._backends.openai_chat import (
-    NO_THINKING,
-    json_schema_response_format,
-    parse_chat_output,
-    user_message,
+from typevet_async._backends.llama_cpp_wire import (
+    completion_body,
+    decode_completion,
+    decode_models,
+    decode_props,
+    decode_rendered,
+    decode_tokens,
+    generation_body,
+    probe_template_body,
+    template_body,
+    tokenize_body,
 )
+from typevet_async._backends.openai_chat import decode_chat_output
 from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
-from typevet_async._core.framing import PROBE_MESSAGE, classify_template
+from typevet_async._core.framing import classify_template
 from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.layouts import ImagePart, Message
 from typevet_async._core.probe import Probe, check_served_model
 from typevet_async._core.readings import (
     CandidateRead,
-    TopLogprobs,
     clamp_missing,
     missing_options,
     present_candidates,
@@ -46,7 +50,6 @@ from typevet_async._errors import (
     CandidateMissingError,
     ConfigurationError,
     InvalidLogprobsError,
-    ProtocolError,
 )
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
@@ -57,9 +60,7 @@ __all__ = [
     "AsyncLlamaCpp",
     "LlamaCppConfig",
     "OnMissing",
-    "completion_body",
     "next_top_k",
-    "parse_completion",
 ]
 
 #: The first read under ``on_missing="exact"``. The size of a read does not change an answer:
@@ -119,117 +120,9 @@ class LlamaCppConfig:
         return DEFAULT_TOP_K if self.on_missing == "exact" else DEFAULT_CLAMP_TOP_K
 
 
-def completion_body(
-    prompt: str, top_k: int, *, cache_prompt: bool, images: Sequence[ImagePart] = ()
-) -> dict[str, Any]:
-    """A one-position read: no tokens generated, the top-K full-vocabulary logprobs returned.
-
-    With images the prompt becomes ``{"prompt_string", "multimodal_data"}``; the prefix holds
-    one media marker per image, in order.
-    """
-    body_prompt: Any = prompt
-    if images:
-        body_prompt = {
-            "prompt_string": prompt,
-            "multimodal_data": [base64.b64encode(image.data).decode("ascii") for image in images],
-        }
-    return {
-        "prompt": body_prompt,
-        "n_predict": 0,
-        "n_probs": top_k,
-        "post_sampling_probs": False,
-        "cache_prompt": cache_prompt,
-        "return_tokens": False,
-    }
-
-
-def template_body(messages: Sequence[Message]) -> dict[str, Any]:
-    """Render messages through the served template, thinking off, ending at the answer."""
-    return {
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
-        "add_generation_prompt": True,
-        "chat_template_kwargs": NO_THINKING,
-    }
-
-
-def parse_props(payload: Any) -> tuple[bool, str | None]:
-    """Whether the server declares vision, and its media marker."""
-    if not isinstance(payload, dict):
-        raise ProtocolError("/props is not an object", payload=payload)
-    vision = bool((payload.get("modalities") or {}).get("vision", False))
-    marker = payload.get("media_marker")
-    return vision, marker if isinstance(marker, str) and marker else None
-
-
-def _field(payload: Any, *path: str | int) -> Any:
-    value = payload
-    for key in path:
-        try:
-            value = value[key]
-        except (KeyError, IndexError, TypeError):
-            dotted = ".".join(str(part) for part in path)
-            raise ProtocolError(f"response has no {dotted}", payload=payload) from None
-    return value
-
-
-def parse_completion(payload: Any, requested: int) -> tuple[TopLogprobs, int, int]:
-    """The top logprobs at the first position, prompt tokens and cached prompt tokens."""
-    echoed = (
-        payload.get("generation_settings", {}).get("n_probs") if isinstance(payload, dict) else None
-    )
-    if echoed is not None and echoed != requested:
-        raise ProtocolError(f"asked for n_probs {requested}, server echoed {echoed}")
-    top = _field(payload, "completion_probabilities", 0, "top_logprobs")
-    if not isinstance(top, list):
-        raise ProtocolError("top_logprobs is not a list", payload=payload)
-    try:
-        entries = tuple((int(item["id"]), float(item["logprob"])) for item in top)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ProtocolError(f"malformed top_logprobs entry: {error}") from None
-    prompt_tokens = int(payload.get("tokens_evaluated", 0))
-    cached = int(payload.get("timings", {}).get("cache_n", 0))
-    return TopLogprobs(entries, requested), prompt_tokens, cached
-
-
 def next_top_k(top_k: int, vocab_size: int) -> int:
     """The next, larger read: never below DEFAULT_TOP_K (capped at the vocabulary)."""
     return min(max(top_k * ESCALATION_FACTOR, DEFAULT_TOP_K), vocab_size)
-
-
-def generation_body(request: GenerationRequest) -> dict[str, Any]:
-    """Schema-bound chat completion: llama.cpp compiles the schema into a grammar."""
-    return {
-        "messages": [user_message(request.prompt)],
-        "response_format": json_schema_response_format(request.schema),
-        "temperature": 0.0,
-        "max_tokens": request.max_tokens,
-        "chat_template_kwargs": NO_THINKING,
-    }
-
-
-def tokenize_body(text: str) -> dict[str, Any]:
-    return {"content": text, "add_special": False}
-
-
-def parse_tokens(payload: Any) -> list[int]:
-    tokens = _field(payload, "tokens")
-    if not isinstance(tokens, list):
-        raise ProtocolError("tokens is not a list", payload=payload)
-    return [int(token["id"] if isinstance(token, dict) else token) for token in tokens]
-
-
-def parse_models(payload: Any) -> tuple[int, tuple[str, ...]]:
-    """The vocabulary size and every id and alias the server answers to, from /v1/models."""
-    vocab_size = int(_field(payload, "data", 0, "meta", "n_vocab"))
-    names: list[str] = []
-    for model in _field(payload, "data"):
-        names.append(str(model.get("id", "")))
-        names.extend(str(alias) for alias in model.get("aliases", ()))
-    return vocab_size, tuple(name for name in names if name)
-
-
-def probe_template_body() -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": PROBE_MESSAGE}]}
 
 
 class AsyncLlamaCpp:
@@ -286,12 +179,11 @@ class AsyncLlamaCpp:
 
     async def probe(self) -> Probe:
         """Classify the served template, tokenize every control, read vocabulary and vision."""
-        vocab_size, model_ids = parse_models(await self.http.get_json("/v1/models"))
+        vocab_size, model_ids = decode_models(await self.http.get("/v1/models"))
         check_served_model(self.config.model, model_ids)
-        template = await self.http.post_json("/apply-template", probe_template_body())
-        rendered = str(_field(template, "prompt"))
+        rendered = decode_rendered(await self.http.post("/apply-template", probe_template_body()))
         tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
-        vision, marker = parse_props(await self.http.get_json("/props"))
+        vision, marker = decode_props(await self.http.get("/props"))
         return Probe(
             classify_template(rendered),
             rendered,
@@ -303,19 +195,19 @@ class AsyncLlamaCpp:
         )
 
     async def tokenize(self, text: str) -> list[int]:
-        return parse_tokens(await self.http.post_json("/tokenize", tokenize_body(text)))
+        return decode_tokens(await self.http.post("/tokenize", tokenize_body(text)))
 
     async def _render(
         self, request: ScoringRequest, max_retries: int | Unset, attempts: Attempts
     ) -> str:
         """The served template's rendering of the request's messages, ending at the answer."""
-        payload = await self.http.post_json(
+        raw = await self.http.post(
             "/apply-template",
             template_body(request.messages),
             max_retries=max_retries,
             attempts=attempts,
         )
-        rendered = str(_field(payload, "prompt"))
+        rendered = decode_rendered(raw)
         if request.answer_prefill and not rendered.endswith(request.answer_prefill):
             rendered += request.answer_prefill
         return rendered
@@ -344,14 +236,14 @@ class AsyncLlamaCpp:
             body = completion_body(
                 prompt, top_k, cache_prompt=not self.config.reproducible, images=images
             )
-            payload = await self.http.post_json(
+            raw = await self.http.post(
                 "/completion", body, max_retries=max_retries, attempts=attempts
             )
-            top, read_tokens, read_cached = parse_completion(payload, top_k)
+            reply = decode_completion(raw, top_k)
             reads, prompt_tokens, cached_tokens = (
-                reads + 1, prompt_tokens + read_tokens, cached_tokens + read_cached
+                reads + 1, prompt_tokens + reply.prompt_tokens, cached_tokens + reply.cached_tokens
             )  # fmt: skip
-            entries = read_entries(top, vocab_size)
+            entries = read_entries(reply.top, vocab_size)
             missing = missing_options(entries, groups)
             if missing and policy == "exact":
                 if top_k >= vocab_size:
@@ -386,7 +278,7 @@ class AsyncLlamaCpp:
             )
 
     async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
-        payload = await self.http.post_json(
+        raw = await self.http.post(
             "/v1/chat/completions", generation_body(request), max_retries=max_retries
         )
-        return parse_chat_output(payload)
+        return decode_chat_output(raw)

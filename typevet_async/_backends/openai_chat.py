@@ -1,15 +1,16 @@
-"""The OpenAI-shaped ``/v1/chat/completions`` bodies and responses both servers share."""
+"""The OpenAI-shaped ``/v1/chat/completions`` bodies and the generation reply both servers
+share, decoded strictly (`typevet_async._backends.wire`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from typevet_async._backends.wire import Count, Reply, decode, decoder_for, protocol_error
 from typevet_async._core.generation import ChatOutput
 from typevet_async._core.layouts import ImagePart
-from typevet_async._errors import ProtocolError
 
-__all__ = ["json_schema_response_format", "parse_chat_output", "user_message"]
+__all__ = ["decode_chat_output", "json_schema_response_format", "user_message"]
 
 #: Thinking is always off: at an answer position, and for schema-bound output.
 NO_THINKING = {"enable_thinking": False}
@@ -26,21 +27,46 @@ def user_message(text: str, images: Sequence[ImagePart] = ()) -> dict[str, Any]:
     return {"role": "user", "content": parts}
 
 
-def parse_chat_output(payload: Any) -> ChatOutput:
-    try:
-        choice = payload["choices"][0]
-        content = choice["message"].get("content") or ""
-        finish_reason = str(choice.get("finish_reason") or "")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        raise ProtocolError("chat completion has no choices[0].message", payload=payload) from None
-    if not isinstance(content, str):
-        raise ProtocolError("chat completion content is not a string", payload=payload)
-    usage = payload.get("usage") or {}
+class _Message(Reply):
+    content: str | None = None
+
+
+class _Choice(Reply):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _Usage(Reply):
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
+
+
+class _ChatCompletion(Reply):
+    choices: list[_Choice]
+    usage: _Usage | None = None
+
+
+_CHAT_COMPLETION = decoder_for(_ChatCompletion)
+_NO_USAGE = _Usage()
+
+
+def decode_chat_output(raw: bytes) -> ChatOutput:
+    """The first choice of a generation: content (``null``: empty), finish reason, usage.
+
+    :raises ProtocolError: not the shape (no ``choices[0].message``, a count that is not a
+        non-negative integer, ``usage`` that is not an object or null, ...).
+    """
+    what = "/v1/chat/completions"
+    reply = decode(_CHAT_COMPLETION, raw, what)
+    if not reply.choices:
+        raise protocol_error(what, "the reply has no choices", raw)
+    choice = reply.choices[0]
+    usage = reply.usage or _NO_USAGE
     return ChatOutput(
-        content,
-        finish_reason,
-        int(usage.get("prompt_tokens", 0) or 0),
-        int(usage.get("completion_tokens", 0) or 0),
+        choice.message.content or "",
+        choice.finish_reason or "",
+        usage.prompt_tokens,
+        usage.completion_tokens,
     )
 
 

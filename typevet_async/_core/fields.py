@@ -49,6 +49,7 @@ def render_field_block(question: Question, bound: Sequence[BoundOption]) -> str:
     return "\n".join(lines)
 
 
-def render_user_content(state_text: str, question: Question, bound: Sequence[BoundOption]) -> str:
-    """State first (so every question of a judgment shares it as a prefix), then the fields."""
-    return f"{neutralise(state_text)}\n\n{render_field_block(question, bound)}"
+def render_user_content(state_text: str, field_block: str) -> str:
+    """State first (so every question of a judgment shares it as a prefix), then the field
+    block (`render_field_block`, rendered once per question)."""
+    return f"{neutralise(state_text)}\n\n{field_block}"

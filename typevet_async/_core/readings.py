@@ -1,7 +1,12 @@
 """Validating the logprobs a read returned, and turning the candidates' logprobs into probabilities.
 
 Fail closed: a candidate missing from a read that could not have held more, a repeated token
-id, a non-finite or positive logprob are typed errors. A missing value is never estimated.
+id, a token id outside the vocabulary, a non-finite or positive logprob, and candidates whose
+probabilities sum past 1 are typed errors. A missing value is never estimated.
+
+The types on the wire (an id is a non-negative JSON integer, a logprob a JSON number) are the
+backends' decoders' to check (``typevet_async._backends.wire``); the values' rules are here,
+one owner each.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from typevet_async._errors import InvalidLogprobsError, ProtocolError
 
 __all__ = [
     "LOGPROB_SLACK",
+    "MASS_SLACK",
     "CandidateRead",
     "TopLogprobs",
+    "candidate_mass",
     "clamp_missing",
     "missing_options",
     "off_menu_mass",
@@ -29,6 +36,9 @@ __all__ = [
 #: Servers compute log-softmax in float32; the top token of a near-certain distribution can
 #: come back a rounding error above zero. Anything larger than this is refused.
 LOGPROB_SLACK = 1e-6
+#: How far past 1 the candidates' summed probability may come from float32 rounding (a
+#: whole-vocabulary read sums to 1 +- 1e-3); anything more is refused.
+MASS_SLACK = 1e-3
 
 
 @attrs.frozen
@@ -61,9 +71,13 @@ class CandidateRead:
 
 
 def validated_entries(
-    entries: Sequence[tuple[int, float]], *, allow_positive: bool = False
+    entries: Sequence[tuple[int, float]],
+    *,
+    allow_positive: bool = False,
+    vocab_size: int | None = None,
 ) -> dict[int, float]:
-    """Entries by token id; a repeated id, a non-finite value or a positive logprob is refused.
+    """Entries by token id; a repeated id, an id not below ``vocab_size`` (when it is known),
+    a non-finite value or a positive logprob is refused.
 
     The one check of a read's entries, whichever backend returned them.
     """
@@ -71,6 +85,10 @@ def validated_entries(
     for token_id, logprob in entries:
         if token_id in logprobs:
             raise InvalidLogprobsError(f"token id {token_id} appears twice in one read")
+        if vocab_size is not None and token_id >= vocab_size:
+            raise InvalidLogprobsError(
+                f"token id {token_id} is outside the vocabulary of {vocab_size} tokens"
+            )
         if not math.isfinite(logprob):
             raise InvalidLogprobsError(f"token id {token_id} has a non-finite logprob {logprob!r}")
         if logprob > LOGPROB_SLACK and not allow_positive:
@@ -83,14 +101,15 @@ def read_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
     """A top-K read's entries by token id, once it has the entries asked for and each is valid.
 
     :raises ProtocolError: the read has another number of entries than was asked for.
-    :raises InvalidLogprobsError: a repeated id, a non-finite or a positive logprob.
+    :raises InvalidLogprobsError: a repeated id, an id outside the vocabulary, a non-finite
+        or a positive logprob.
     """
     expected = min(top.requested, vocab_size)
     if len(top.entries) != expected:
         raise ProtocolError(
             f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
         )
-    return validated_entries(top.entries)
+    return validated_entries(top.entries, vocab_size=vocab_size)
 
 
 def missing_options(
@@ -139,9 +158,25 @@ def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
     return tuple(weight / total for weight in weights)
 
 
+def candidate_mass(logprobs: Sequence[float]) -> float:
+    """The candidates' summed full-vocabulary probability.
+
+    :raises InvalidLogprobsError: it exceeds 1 by more than `MASS_SLACK`: these cannot be
+        full-vocabulary logprobs of distinct tokens.
+    """
+    mass = math.fsum(math.exp(value) for value in logprobs)
+    if mass > 1.0 + MASS_SLACK:
+        raise InvalidLogprobsError(
+            f"the candidates' probabilities sum to {mass:.6g}, more than 1 + {MASS_SLACK}"
+        )
+    return mass
+
+
 def off_menu_mass(logprobs: Sequence[float]) -> float:
     """1 minus the candidates' summed full-vocabulary probability, clamped to [0, 1].
 
-    The clamp only absorbs float32 rounding (a whole-vocabulary read sums to 1 +- 1e-3).
+    The clamp only absorbs float32 rounding, up to `MASS_SLACK`; a larger excess is refused.
+
+    :raises InvalidLogprobsError: the candidates' probabilities sum past 1 + `MASS_SLACK`.
     """
-    return min(1.0, max(0.0, 1.0 - math.fsum(math.exp(value) for value in logprobs)))
+    return min(1.0, max(0.0, 1.0 - candidate_mass(logprobs)))

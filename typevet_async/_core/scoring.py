@@ -17,7 +17,7 @@ from typevet_async._core.controls import (
     bind_controls,
     space_variant,
 )
-from typevet_async._core.fields import render_user_content
+from typevet_async._core.fields import render_field_block, render_user_content
 from typevet_async._core.framing import TemplateFamily, answer_prefill, frame_prefix
 from typevet_async._core.layouts import ImagePart, Layout, Message, jev_messages
 from typevet_async._core.questions import Question
@@ -35,7 +35,14 @@ from typevet_async._errors import (
     TypevetError,
 )
 
-__all__ = ["ScoringRequest", "interpret_read", "plan_question"]
+__all__ = [
+    "QuestionPlan",
+    "ScoringRequest",
+    "bind_question",
+    "interpret_read",
+    "plan_question",
+    "request_for",
+]
 
 
 @attrs.frozen
@@ -75,12 +82,17 @@ class ScoringRequest:
 
 
 @attrs.frozen
-class _Binding:
-    """A question's options bound to controls: what the prompt shows and the read asks for."""
+class QuestionPlan:
+    """A question bound to the served controls and rendered as far as it does not depend on
+    the state: built once per question and reused by every judgment that asks it."""
 
+    question: Question
+    layout: Layout
     bound: tuple[BoundOption, ...]
     #: Each option's other accepted tokens (Jev's space variants); empty when none.
     variant_ids: tuple[tuple[int, ...], ...]
+    #: The default layout's field block (question, a line per control, the answer rule).
+    field_block: str | None
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -91,9 +103,14 @@ class _Binding:
         return tuple(b.token_id for b in self.bound)
 
 
-def _bind(
+def bind_question(
     question: Question, layout: Layout, control_ids: Mapping[str, int], max_candidates: int | None
-) -> _Binding:
+) -> QuestionPlan:
+    """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
+    the state. ``max_candidates`` is the backend's limit of candidate tokens per read.
+
+    :raises TooManyOptionsError: more options than controls, or than one read can take.
+    """
     options = question.options()
     alphabet = JEV_LETTERS if layout.is_jev else DEFAULT_ALPHABET
     bound = tuple(bind_controls(options, control_ids, alphabet))
@@ -111,7 +128,44 @@ def _bind(
             count=len(options),
             limit=max_candidates,
         )
-    return _Binding(bound, variants if any(variants) else ())
+    field_block = None if layout.is_jev else render_field_block(question, bound)
+    return QuestionPlan(question, layout, bound, variants if any(variants) else (), field_block)
+
+
+def request_for(
+    question_id: str,
+    plan: QuestionPlan,
+    state_text: str,
+    *,
+    family: TemplateFamily | None,
+    images: Sequence[ImagePart] = (),
+    media_marker: str | None = None,
+) -> ScoringRequest:
+    """One question's scoring request about ``state_text``.
+
+    With a ``family`` the SDK frames the raw prefix itself (the default layout where the
+    backend frames prompts); with a ``media_marker`` one marker per image goes before the
+    state text.
+    """
+    markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
+    controls, token_ids, question = plan.controls, plan.token_ids, plan.question
+    if plan.field_block is None:
+        messages = jev_messages(plan.layout, state_text, question, plan.bound, images)
+        if markers:
+            first = messages[1]
+            messages = (
+                messages[0],
+                Message(first.role, markers + first.content, first.images),
+                *messages[2:],
+            )
+        prefill = answer_prefill(family) if family is not None else ""
+        return ScoringRequest(
+            question_id, question, messages, None, controls, token_ids, plan.variant_ids, prefill
+        )
+    content = f"{markers}{render_user_content(state_text, plan.field_block)}"
+    messages = (Message("user", content, tuple(images)),)
+    prompt = frame_prefix(family, content) if family is not None else None
+    return ScoringRequest(question_id, question, messages, prompt, controls, token_ids, (), "")
 
 
 def plan_question(
@@ -126,39 +180,18 @@ def plan_question(
     media_marker: str | None = None,
     max_candidates: int | None = None,
 ) -> ScoringRequest:
-    """Bind controls and render one question in ``layout``.
+    """`bind_question` and `request_for` in one step, for one question.
 
-    With a ``family`` the SDK frames the raw prefix itself (the default layout where the
-    backend frames prompts); with a ``media_marker`` one marker per image goes before the
-    state text. ``max_candidates`` is the backend's limit of candidate tokens per read.
-
-    :raises TooManyOptionsError: more options than controls, or than one read can take
-        (``question_id`` names the question).
+    :raises TooManyOptionsError: as `bind_question` (``question_id`` names the question).
     """
     try:
-        binding = _bind(question, layout, control_ids, max_candidates)
+        plan = bind_question(question, layout, control_ids, max_candidates)
     except TypevetError as error:
         error.question_id = question_id
         raise
-    markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
-    controls, token_ids = binding.controls, binding.token_ids
-    if layout.is_jev:
-        messages = jev_messages(layout, state_text, question, binding.bound, images)
-        if markers:
-            first = messages[1]
-            messages = (
-                messages[0],
-                Message(first.role, markers + first.content, first.images),
-                *messages[2:],
-            )
-        prefill = answer_prefill(family) if family is not None else ""
-        return ScoringRequest(
-            question_id, question, messages, None, controls, token_ids, binding.variant_ids, prefill
-        )
-    content = render_user_content(state_text, question, binding.bound)
-    messages = (Message("user", markers + content, tuple(images)),)
-    prompt = frame_prefix(family, markers + content) if family is not None else None
-    return ScoringRequest(question_id, question, messages, prompt, controls, token_ids, (), "")
+    return request_for(
+        question_id, plan, state_text, family=family, images=images, media_marker=media_marker
+    )
 
 
 def interpret_read(
@@ -193,7 +226,9 @@ def interpret_read(
         chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
     chosen_logprobs = tuple(logprob[token] for token in chosen)
     answer = build_answer(request.question, softmax(chosen_logprobs))
-    off_menu = off_menu_mass(read.logprobs) if read.off_menu_known else None
+    # A clamped read's filled-in values are not measurements: its off-menu mass is unknown.
+    known = read.off_menu_known and not read.truncated
+    off_menu = off_menu_mass(read.logprobs) if known else None
     flagged = (
         off_menu is not None and off_menu_threshold is not None and (off_menu > off_menu_threshold)
     )

@@ -1,0 +1,275 @@
+"""llama.cpp's wire: the request bodies the SDK sends and one strict decoder per reply it reads.
+
+Pure functions, no I/O: `typevet_async._backends.llama_cpp` awaits between them. Each decoder
+is a `msgspec.Struct` shape naming only the fields the SDK uses, decoded from the body's bytes
+in strict mode (why msgspec, and what strict means here: `typevet_async._backends.wire`).
+
+=====================  ============================================  ==========================
+reply                  fields read                                   checked while decoding
+=====================  ============================================  ==========================
+``POST /completion``   ``completion_probabilities[0].top_logprobs``  ids non-negative integers,
+                       ``[].id`` / ``.logprob``,                     logprobs numbers, counts
+                       ``generation_settings.n_probs``,              non-negative integers, one
+                       ``tokens_evaluated``, ``timings.cache_n``     position, ``n_probs`` echo
+``POST /tokenize``     ``tokens`` (ids, or ``{"id"}`` pieces)        ids non-negative integers
+``POST /apply-         ``prompt``                                    a string
+template``
+``GET /v1/models``     ``data[].id``, ``data[].aliases``,            strings; ``n_vocab`` a
+                       ``data[0].meta.n_vocab``                      positive integer
+``GET /props``         ``modalities.vision``, ``media_marker``       an object and a boolean, a
+                                                                     string or null
+``POST /v1/chat/       ``choices[0].message.content``,               shared with vLLM:
+completions``          ``finish_reason``, ``usage``                  `openai_chat`
+=====================  ============================================  ==========================
+
+The values' rules (entries asked for, ids below the vocabulary, repeated ids, finite logprobs
+at most 0) are `typevet_async._core.readings`' and are applied right after decoding.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import attrs
+import msgspec
+
+from typevet_async._backends.openai_chat import (
+    NO_THINKING,
+    json_schema_response_format,
+    user_message,
+)
+from typevet_async._backends.wire import (
+    Count,
+    Reply,
+    TokenId,
+    decode,
+    decoder_for,
+    protocol_error,
+)
+from typevet_async._core.framing import PROBE_MESSAGE
+from typevet_async._core.generation import GenerationRequest
+from typevet_async._core.layouts import ImagePart, Message
+from typevet_async._core.readings import TopLogprobs
+
+__all__ = [
+    "Completion",
+    "completion_body",
+    "decode_completion",
+    "decode_models",
+    "decode_props",
+    "decode_rendered",
+    "decode_tokens",
+    "generation_body",
+    "probe_template_body",
+    "template_body",
+    "tokenize_body",
+]
+
+
+# -- request bodies -------------------------------------------------------------------------
+
+
+def completion_body(
+    prompt: str, top_k: int, *, cache_prompt: bool, images: Sequence[ImagePart] = ()
+) -> dict[str, Any]:
+    """A one-position read: no tokens generated, the top-K full-vocabulary logprobs returned.
+
+    With images the prompt becomes ``{"prompt_string", "multimodal_data"}``; the prefix holds
+    one media marker per image, in order.
+    """
+    body_prompt: Any = prompt
+    if images:
+        body_prompt = {
+            "prompt_string": prompt,
+            "multimodal_data": [base64.b64encode(image.data).decode("ascii") for image in images],
+        }
+    return {
+        "prompt": body_prompt,
+        "n_predict": 0,
+        "n_probs": top_k,
+        "post_sampling_probs": False,
+        "cache_prompt": cache_prompt,
+        "return_tokens": False,
+    }
+
+
+def template_body(messages: Sequence[Message]) -> dict[str, Any]:
+    """Render messages through the served template, thinking off, ending at the answer."""
+    return {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def probe_template_body() -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": PROBE_MESSAGE}]}
+
+
+def tokenize_body(text: str) -> dict[str, Any]:
+    return {"content": text, "add_special": False}
+
+
+def generation_body(request: GenerationRequest) -> dict[str, Any]:
+    """Schema-bound chat completion: llama.cpp compiles the schema into a grammar."""
+    return {
+        "messages": [user_message(request.prompt)],
+        "response_format": json_schema_response_format(request.schema),
+        "temperature": 0.0,
+        "max_tokens": request.max_tokens,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+# -- POST /completion -----------------------------------------------------------------------
+
+
+class _Entry(Reply):
+    id: TokenId
+    logprob: float
+
+
+class _Position(Reply):
+    top_logprobs: list[_Entry]
+
+
+class _Settings(Reply):
+    n_probs: Count | None = None
+
+
+class _Timings(Reply):
+    cache_n: Count = 0
+
+
+class _Completion(Reply):
+    completion_probabilities: list[_Position]
+    generation_settings: _Settings = msgspec.field(default_factory=_Settings)
+    tokens_evaluated: Count = 0
+    timings: _Timings = msgspec.field(default_factory=_Timings)
+
+
+_COMPLETION = decoder_for(_Completion)
+
+
+@attrs.frozen
+class Completion:
+    """A scoring read's reply: the first position's top logprobs and what the prompt cost."""
+
+    top: TopLogprobs
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def decode_completion(raw: bytes, requested: int) -> Completion:
+    """The top logprobs at the first position, prompt tokens and cached prompt tokens.
+
+    :raises ProtocolError: not the shape, no position, or ``generation_settings.n_probs``
+        echoed another K than ``requested``.
+    """
+    what = "/completion"
+    reply = decode(_COMPLETION, raw, what)
+    echoed = reply.generation_settings.n_probs
+    if echoed is not None and echoed != requested:
+        raise protocol_error(what, f"asked for n_probs {requested}, server echoed {echoed}", raw)
+    if not reply.completion_probabilities:
+        raise protocol_error(what, "the reply has no completion_probabilities[0]", raw)
+    top = reply.completion_probabilities[0].top_logprobs
+    entries = tuple([(entry.id, entry.logprob) for entry in top])
+    cached = reply.timings.cache_n
+    return Completion(TopLogprobs(entries, requested), reply.tokens_evaluated, cached)
+
+
+# -- POST /tokenize -------------------------------------------------------------------------
+
+
+class _Piece(Reply):
+    id: TokenId
+
+
+class _Tokens(Reply):
+    #: Token ids; with ``with_pieces`` each is ``{"id": ..., "piece": ...}``.
+    tokens: list[TokenId | _Piece]
+
+
+_TOKENS = decoder_for(_Tokens)
+
+
+def decode_tokens(raw: bytes) -> list[int]:
+    """:raises ProtocolError: no ``tokens``, or one that is not a non-negative integer."""
+    reply = decode(_TOKENS, raw, "/tokenize")
+    return [token if isinstance(token, int) else token.id for token in reply.tokens]
+
+
+# -- POST /apply-template -------------------------------------------------------------------
+
+
+class _Rendered(Reply):
+    prompt: str
+
+
+_RENDERED = decoder_for(_Rendered)
+
+
+def decode_rendered(raw: bytes) -> str:
+    """:raises ProtocolError: no ``prompt`` string."""
+    return decode(_RENDERED, raw, "/apply-template").prompt
+
+
+# -- GET /v1/models -------------------------------------------------------------------------
+
+
+class _Meta(Reply):
+    n_vocab: Annotated[int, msgspec.Meta(gt=0)]
+
+
+class _Model(Reply):
+    id: str = ""
+    aliases: list[str] = msgspec.field(default_factory=list)
+    meta: _Meta | None = None
+
+
+class _Models(Reply):
+    data: list[_Model]
+
+
+_MODELS = decoder_for(_Models)
+
+
+def decode_models(raw: bytes) -> tuple[int, tuple[str, ...]]:
+    """The vocabulary size (``data[0].meta.n_vocab``) and every id and alias served.
+
+    :raises ProtocolError: no model, no ``n_vocab`` on the first, or a field of another type.
+    """
+    what = "/v1/models"
+    reply = decode(_MODELS, raw, what)
+    if not reply.data or reply.data[0].meta is None:
+        raise protocol_error(what, "the reply has no data[0].meta.n_vocab", raw)
+    names = [name for model in reply.data for name in (model.id, *model.aliases) if name]
+    return reply.data[0].meta.n_vocab, tuple(names)
+
+
+# -- GET /props -----------------------------------------------------------------------------
+
+
+class _Modalities(Reply):
+    vision: bool = False
+
+
+class _Props(Reply):
+    modalities: _Modalities = msgspec.field(default_factory=_Modalities)
+    media_marker: str | None = None
+
+
+_PROPS = decoder_for(_Props)
+
+
+def decode_props(raw: bytes) -> tuple[bool, str | None]:
+    """Whether the server declares vision, and its media marker (None if it has none).
+
+    :raises ProtocolError: ``modalities`` not an object, ``vision`` not a boolean, or
+        ``media_marker`` neither a string nor null.
+    """
+    reply = decode(_PROPS, raw, "/props")
+    return reply.modalities.vision, reply.media_marker or None

@@ -1,0 +1,264 @@
+"""vLLM's wire: the request bodies the SDK sends and one strict decoder per reply it reads.
+
+Pure functions, no I/O: `typevet_async._backends.vllm` awaits between them. Each decoder is a
+`msgspec.Struct` shape naming only the fields the SDK uses, decoded from the body's bytes in
+strict mode (why msgspec, and what strict means here: `typevet_async._backends.wire`).
+
+==========================  ==============================================  ====================
+reply                       fields read                                     checked while
+                                                                            decoding
+==========================  ==============================================  ====================
+``POST /v1/chat/            ``choices[0].logprobs.content[0].token`` and    tokens
+completions`` (scoring)     ``.top_logprobs[].token`` / ``.logprob``,       ``"token_id:N"``
+                            ``usage.prompt_tokens``,                        with N a
+                            ``usage.prompt_tokens_details.cached_tokens``   non-negative
+                                                                            integer, logprobs
+                                                                            numbers, counts
+                                                                            non-negative
+                                                                            integers, no id
+                                                                            but the candidates
+                                                                            and the sampled one
+``POST /v1/chat/            ``choices[0].message.content``,                 shared with
+completions`` (generation)  ``finish_reason``, ``usage``                    llama.cpp:
+                                                                            `openai_chat`
+``POST /tokenize``          ``tokens`` (``prompt`` form), ``token_strs``    ids non-negative
+                            (``messages`` form)                             integers, strings
+``GET /v1/models``          ``data[].id``                                   strings
+==========================  ==============================================  ====================
+
+The values' rules (repeated ids, finite logprobs at most 0 in a ``*_logprobs`` mode, every
+candidate present) are `typevet_async._core.readings`' and are applied right after decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from typevet_async._backends import wire
+from typevet_async._backends.openai_chat import NO_THINKING, user_message
+from typevet_async._core.framing import PROBE_MESSAGE
+from typevet_async._core.generation import GenerationRequest
+from typevet_async._core.layouts import Message
+from typevet_async._core.readings import TopLogprobs
+from typevet_async._errors import InvalidLogprobsError
+
+__all__ = [
+    "Scoring",
+    "chat_messages",
+    "decode_model_ids",
+    "decode_rendered",
+    "decode_scoring",
+    "decode_tokens",
+    "generation_body",
+    "render_body",
+    "scoring_body",
+    "tokenize_body",
+]
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+# -- request bodies -------------------------------------------------------------------------
+
+
+def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """OpenAI chat messages; a message's images go before its text as data-URI parts."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        entry = user_message(message.content, message.images)
+        entry["role"] = message.role
+        out.append(entry)
+    return out
+
+
+def scoring_body(
+    model: str, messages: Sequence[Message], token_ids: Sequence[int]
+) -> dict[str, Any]:
+    """One position, exactly the candidates' logprobs, thinking off, no sampling processors."""
+    return {
+        "model": model,
+        "messages": chat_messages(messages),
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "logprobs": True,
+        "logprob_token_ids": list(token_ids),
+        "return_tokens_as_token_ids": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def generation_body(model: str, request: GenerationRequest) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [user_message(request.prompt, request.images)],
+        "structured_outputs": {"json": request.schema},
+        "temperature": 0.0,
+        "max_tokens": request.max_tokens,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def tokenize_body(model: str, text: str) -> dict[str, Any]:
+    return {"model": model, "prompt": text, "add_special_tokens": False}
+
+
+def render_body(model: str) -> dict[str, Any]:
+    """The probe message through the served template, as token strings."""
+    return {
+        "model": model,
+        "messages": [user_message(PROBE_MESSAGE)],
+        "add_generation_prompt": True,
+        "return_token_strs": True,
+    }
+
+
+# -- POST /v1/chat/completions (scoring) ----------------------------------------------------
+
+
+class _Top(wire.Reply):
+    token: str
+    logprob: float
+
+
+class _Position(wire.Reply):
+    token: str
+    top_logprobs: list[_Top]
+
+
+class _Logprobs(wire.Reply):
+    content: list[_Position]
+
+
+class _Choice(wire.Reply):
+    logprobs: _Logprobs
+
+
+class _Details(wire.Reply):
+    cached_tokens: wire.Count | None = None
+
+
+class _Usage(wire.Reply):
+    prompt_tokens: wire.Count = 0
+    #: null unless the server runs with --enable-prompt-tokens-details.
+    prompt_tokens_details: _Details | None = None
+
+
+class _ScoringReply(wire.Reply):
+    choices: list[_Choice]
+    usage: _Usage | None = None
+
+
+_SCORING = wire.decoder_for(_ScoringReply)
+_NO_USAGE = _Usage()
+_NO_DETAILS = _Details()
+
+
+@attrs.frozen
+class Scoring:
+    """A scoring read's reply: the candidates' entries and what the prompt cost."""
+
+    top: TopLogprobs
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def token_id(token: str, what: str, raw: bytes) -> int:
+    """The id in ``"token_id:N"`` (``return_tokens_as_token_ids``): N ASCII digits only.
+
+    :raises ProtocolError: any other token text (``int`` alone would take ``" 5"``, ``"+5"``,
+        ``"1_0"`` or other scripts' digits).
+    """
+    digits = token[len(_TOKEN_ID_PREFIX) :]
+    if not (token.startswith(_TOKEN_ID_PREFIX) and digits.isascii() and digits.isdigit()):
+        raise wire.protocol_error(
+            what, f"expected a token as 'token_id:N', got {token[:80]!r}", raw
+        )
+    return int(digits)
+
+
+def decode_scoring(raw: bytes, token_ids: Sequence[int]) -> Scoring:
+    """The candidates' entries (the sampled token may come along; nothing else may).
+
+    Repeated ids and bad values are `validated_entries`' to refuse.
+
+    :raises ProtocolError: the shape is wrong, or a token is not ``"token_id:N"``.
+    :raises InvalidLogprobsError: an entry that is neither a candidate nor the sampled token.
+    """
+    what = "/v1/chat/completions"
+    reply = wire.decode(_SCORING, raw, what)
+    if not reply.choices or not reply.choices[0].logprobs.content:
+        raise wire.protocol_error(what, "the reply has no choices[0].logprobs.content[0]", raw)
+    position = reply.choices[0].logprobs.content[0]
+    sampled = token_id(position.token, what, raw)
+    wanted = set(token_ids)
+    kept: list[tuple[int, float]] = []
+    unexpected: list[int] = []
+    for entry in position.top_logprobs:
+        tid = token_id(entry.token, what, raw)
+        if tid in wanted:
+            kept.append((tid, entry.logprob))
+        elif tid != sampled:
+            unexpected.append(tid)
+    if unexpected:
+        raise InvalidLogprobsError(f"unexpected token ids {unexpected} in a logprob_token_ids read")
+    usage = reply.usage or _NO_USAGE
+    details = usage.prompt_tokens_details or _NO_DETAILS
+    return Scoring(
+        TopLogprobs(tuple(kept), len(token_ids)), usage.prompt_tokens, details.cached_tokens or 0
+    )
+
+
+# -- POST /tokenize -------------------------------------------------------------------------
+
+
+class _Tokens(wire.Reply):
+    tokens: list[wire.TokenId]
+
+
+class _TokenStrs(wire.Reply):
+    #: null unless ``return_token_strs`` was asked for.
+    token_strs: list[str] | None = None
+
+
+_TOKENS = wire.decoder_for(_Tokens)
+_TOKEN_STRS = wire.decoder_for(_TokenStrs)
+
+
+def decode_tokens(raw: bytes) -> list[int]:
+    """:raises ProtocolError: no ``tokens``, or one that is not a non-negative integer."""
+    return wire.decode(_TOKENS, raw, "/tokenize").tokens
+
+
+def decode_rendered(raw: bytes) -> str:
+    """The rendered template: the ``token_strs`` of a ``messages`` tokenization, joined.
+
+    :raises ProtocolError: no ``token_strs`` list of strings.
+    """
+    pieces = wire.decode(_TOKEN_STRS, raw, "/tokenize").token_strs
+    if pieces is None:
+        raise wire.protocol_error("/tokenize", "the reply has no token_strs", raw)
+    return "".join(pieces)
+
+
+# -- GET /v1/models -------------------------------------------------------------------------
+
+
+class _Model(wire.Reply):
+    id: str
+
+
+class _Models(wire.Reply):
+    data: list[_Model]
+
+
+_MODELS = wire.decoder_for(_Models)
+
+
+def decode_model_ids(raw: bytes) -> tuple[str, ...]:
+    """Every served model id. :raises ProtocolError: no ``data[].id`` strings."""
+    return tuple(model.id for model in wire.decode(_MODELS, raw, "/v1/models").data)
