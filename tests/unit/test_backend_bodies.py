@@ -35,7 +35,40 @@ def test_llama_cpp_scoring_body() -> None:
         "post_sampling_probs": False,
         "cache_prompt": True,
         "return_tokens": False,
+        # Only the top-level fields the decoder reads (the nested two come back unnested).
+        "response_fields": [
+            "completion_probabilities",
+            "tokens_evaluated",
+            "timings/cache_n",
+            "generation_settings/n_probs",
+        ],
     }
+
+
+def test_a_trimmed_completion_reply_decodes_like_a_full_one() -> None:
+    entries = [{"id": 7, "token": "a", "bytes": [97], "logprob": -0.5}]
+    position = {"id": 7, "token": "a", "bytes": [97], "logprob": -0.5, "top_logprobs": entries}
+    full = {
+        "completion_probabilities": [position],
+        "tokens_evaluated": 10,
+        "timings": {"cache_n": 9, "prompt_ms": 1.0},
+        "generation_settings": {"n_probs": 1, "temperature": 0.8},
+        "content": "",
+        "prompt": "P",
+    }
+    # As llama.cpp answers when the request names `response_fields` (seen on build 11549).
+    trimmed = {
+        "completion_probabilities": [position],
+        "tokens_evaluated": 10,
+        "timings/cache_n": 9,
+        "generation_settings/n_probs": 1,
+    }
+    decoded = [llama_wire.decode_completion(json.dumps(r).encode(), 1) for r in (full, trimmed)]
+    assert decoded[0] == decoded[1]
+    assert (decoded[0].prompt_tokens, decoded[0].cached_tokens) == (10, 9)
+    wrong_echo = {**trimmed, "generation_settings/n_probs": 2}
+    with pytest.raises(tv.ProtocolError, match="server echoed 2"):
+        llama_wire.decode_completion(json.dumps(wrong_echo).encode(), 1)
 
 
 def test_llama_cpp_escalation_never_goes_below_the_exact_floor() -> None:

@@ -92,6 +92,7 @@ def completion_body(
         "post_sampling_probs": False,
         "cache_prompt": cache_prompt,
         "return_tokens": False,
+        "response_fields": list(COMPLETION_FIELDS),
     }
 
 
@@ -148,6 +149,20 @@ class _Completion(Reply):
     generation_settings: _Settings = msgspec.field(default_factory=_Settings)
     tokens_evaluated: Count = 0
     timings: _Timings = msgspec.field(default_factory=_Timings)
+    # With `response_fields`, llama.cpp moves a nested field to the top under its slashed path.
+    n_probs_unnested: Count | None = msgspec.field(default=None, name="generation_settings/n_probs")
+    cache_n_unnested: Count | None = msgspec.field(default=None, name="timings/cache_n")
+
+
+#: The top-level fields a scoring read uses; llama.cpp then leaves out the rest (the prompt,
+#: the generated text, settings). A server that ignores the request sends them all, and the
+#: decoder reads either shape.
+COMPLETION_FIELDS = (
+    "completion_probabilities",
+    "tokens_evaluated",
+    "timings/cache_n",
+    "generation_settings/n_probs",
+)
 
 
 _COMPLETION = decoder_for(_Completion)
@@ -170,14 +185,16 @@ def decode_completion(raw: bytes, requested: int) -> Completion:
     """
     what = "/completion"
     reply = decode(_COMPLETION, raw, what)
-    echoed = reply.generation_settings.n_probs
-    if echoed is not None and echoed != requested:
-        raise protocol_error(what, f"asked for n_probs {requested}, server echoed {echoed}", raw)
+    for echoed in (reply.generation_settings.n_probs, reply.n_probs_unnested):
+        if echoed is not None and echoed != requested:
+            raise protocol_error(
+                what, f"asked for n_probs {requested}, server echoed {echoed}", raw
+            )
     if not reply.completion_probabilities:
         raise protocol_error(what, "the reply has no completion_probabilities[0]", raw)
     top = reply.completion_probabilities[0].top_logprobs
     entries = tuple([(entry.id, entry.logprob) for entry in top])
-    cached = reply.timings.cache_n
+    cached = reply.timings.cache_n if reply.cache_n_unnested is None else reply.cache_n_unnested
     return Completion(TopLogprobs(entries, requested), reply.tokens_evaluated, cached)
 
 
