@@ -77,7 +77,7 @@ def test_a_llama_cpp_backend_needs_a_url_or_server_options_not_both() -> None:
 
 
 def test_the_first_read_has_one_size_setting() -> None:
-    assert tv.LlamaCppConfig(base_url=URL).first_top_k == 64
+    assert tv.LlamaCppConfig(base_url=URL).first_top_k == 128
     assert tv.LlamaCppConfig(base_url=URL, on_missing="clamp").first_top_k == 20
     assert tv.LlamaCppConfig(base_url=URL, on_missing="error").first_top_k == 20
     assert tv.LlamaCppConfig(base_url=URL, on_missing="clamp", top_k=50).first_top_k == 50

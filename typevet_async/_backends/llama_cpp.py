@@ -65,13 +65,13 @@ __all__ = [
 
 #: The first read under ``on_missing="exact"``. The size of a read does not change an answer:
 #: llama.cpp's float32 normaliser shifts every logprob of a top-K read by one common amount,
-#: which cancels in the answer's softmax (measured on 60 question reads, benchmarks/
-#: measure_top_k.py: answers within 1.2e-7 of the whole-vocabulary read at every K from 16
-#: up). So the first read only has to find the candidates: 64 found them for 28 of 30 demo
-#: question reads at a 7 KB body (top 4,096: 370 KB), and a read that misses one escalates.
-DEFAULT_TOP_K = 64
-#: An escalated read asks for at least this many: on the measured set every candidate missing
-#: from the top 64 but 4 was in the top 4,096.
+#: which cancels in the answer's softmax (benchmarks/measure_top_k.py, 1,014 complete reads:
+#: answers within 1.2e-7 of the whole-vocabulary read at every K from 16 up). So the first read
+#: only has to find the candidates: 128 found them for every one of the demo's questions (64
+#: missed one) at a 12 KB body (top 4,096: 370 KB); a read that misses one escalates.
+DEFAULT_TOP_K = 128
+#: An escalated read asks for at least this many: on the measured set every read that missed a
+#: candidate at 128 but 4 (20- and 36-option menus) found it in the top 4,096.
 ESCALATED_TOP_K = 4096
 #: The one read under ``on_missing="clamp"`` and ``"error"``: the Jev gateway reads 20.
 DEFAULT_CLAMP_TOP_K = 20
