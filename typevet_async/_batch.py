@@ -65,6 +65,7 @@ from typing import Any, Final, Literal
 import anyio
 import anyio.abc
 import attrs
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from typevet_async._core.answers import Judgment
 from typevet_async._errors import (
@@ -335,7 +336,7 @@ class _Engine:
         self.on_progress = on_progress
         self.total = total
         self.scope = anyio.CancelScope()
-        self.slots = anyio.Semaphore(options.window)
+        self.slots = anyio.Semaphore(options.window, fast_acquire=True)
         # Unbounded buffer, but never more than ``window`` items: each holds a window slot.
         self.done_send, self.done_receive = anyio.create_memory_object_stream[_Outcome](math.inf)
         #: The input's own exception; raised once every pulled record is out.
@@ -352,6 +353,8 @@ class _Engine:
         self.done_receive.close()
 
     async def run(self) -> None:
+        # A rendezvous: a record is handed over only to a free worker, so a permanent error
+        # stops the batch after at most ``max_in_flight`` records.
         jobs_send, jobs_receive = anyio.create_memory_object_stream[tuple[int, Any, Any]](0)
         try:
             with self.scope:
@@ -367,7 +370,7 @@ class _Engine:
             jobs_receive.close()
             self.done_send.close()
 
-    async def _produce(self, jobs: anyio.abc.ObjectSendStream[tuple[int, Any, Any]]) -> None:
+    async def _produce(self, jobs: MemoryObjectSendStream[tuple[int, Any, Any]]) -> None:
         async with jobs:
             pull = _puller(self.records)
             index = 0
@@ -386,11 +389,20 @@ class _Engine:
 
     async def _work(
         self,
-        jobs: anyio.abc.ObjectReceiveStream[tuple[int, Any, Any]],
-        done: anyio.abc.ObjectSendStream[_Outcome],
+        jobs: MemoryObjectReceiveStream[tuple[int, Any, Any]],
+        done: MemoryObjectSendStream[_Outcome],
     ) -> None:
         async with jobs, done:
-            async for index, record_id, state in jobs:
+            while True:
+                try:
+                    index, record_id, state = jobs.receive_nowait()
+                except anyio.WouldBlock:
+                    try:
+                        index, record_id, state = await jobs.receive()
+                    except anyio.EndOfStream:
+                        return
+                except anyio.EndOfStream:
+                    return
                 try:
                     item = BatchItem(index, record_id, judgment=await self.judge(state))
                 except Exception as error:  # cancellation is not an Exception: never an item
@@ -404,8 +416,10 @@ class _Engine:
                         self.on_progress(Progress(self.finished, self.failed, self.total, elapsed))
                     except Exception as error:
                         outcome = _Failure(error)
+                # The hand-overs use the ``*_nowait`` calls where they cannot block: each
+                # blocking call is a checkpoint and a backend look-up, per record.
                 try:
-                    await done.send(outcome)
+                    done.send_nowait(outcome)  # an unbounded buffer: it never blocks
                 except anyio.BrokenResourceError:  # the stream was dropped: nobody listens
                     return
                 if isinstance(outcome, _Failure):
@@ -531,7 +545,10 @@ class BatchStream(AsyncIterator[BatchItem]):
         assert engine is not None
         while not self._ready:
             try:
-                outcome: _Outcome | None = await engine.done_receive.receive()
+                try:
+                    outcome: _Outcome | None = engine.done_receive.receive_nowait()
+                except anyio.WouldBlock:
+                    outcome = await engine.done_receive.receive()
             except anyio.EndOfStream:
                 outcome = None
             except BaseException:  # cancelled while waiting: the batch ends with it

@@ -79,11 +79,28 @@ def validated_entries(
     """Entries by token id; a repeated id, an id not below ``vocab_size`` (when it is known),
     a non-finite value or a positive logprob is refused.
 
-    The one check of a read's entries, whichever backend returned them.
+    The one check of a read's entries, whichever backend returned them. The checks run as
+    builtins over the whole read (a read holds 128 entries or more, on the hot path); only a
+    read that fails one is walked entry by entry, to name the first offender.
     """
-    logprobs: dict[int, float] = {}
+    logprobs = dict(entries)
+    values = logprobs.values()
+    if (
+        len(logprobs) != len(entries)
+        or (vocab_size is not None and logprobs and max(logprobs) >= vocab_size)
+        or not all(map(math.isfinite, values))
+        or (not allow_positive and values and max(values) > LOGPROB_SLACK)
+    ):
+        _refuse_first(entries, allow_positive, vocab_size)
+    return logprobs
+
+
+def _refuse_first(
+    entries: Sequence[tuple[int, float]], allow_positive: bool, vocab_size: int | None
+) -> None:
+    seen: set[int] = set()
     for token_id, logprob in entries:
-        if token_id in logprobs:
+        if token_id in seen:
             raise InvalidLogprobsError(f"token id {token_id} appears twice in one read")
         if vocab_size is not None and token_id >= vocab_size:
             raise InvalidLogprobsError(
@@ -93,8 +110,8 @@ def validated_entries(
             raise InvalidLogprobsError(f"token id {token_id} has a non-finite logprob {logprob!r}")
         if logprob > LOGPROB_SLACK and not allow_positive:
             raise InvalidLogprobsError(f"token id {token_id} has a positive logprob {logprob!r}")
-        logprobs[token_id] = logprob
-    return logprobs
+        seen.add(token_id)
+    raise AssertionError("unreachable: a check above failed")
 
 
 def read_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:

@@ -5,6 +5,7 @@ These two pure steps sit either side of the one ``await`` of a read (``typevet_a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -64,13 +65,13 @@ class ScoringRequest:
     #: What follows a server-rendered template at the answer position (Gemma 4: no thinking).
     answer_prefill: str = ""
 
-    @property
+    @functools.cached_property
     def option_groups(self) -> tuple[tuple[int, ...], ...]:
         """Each option's accepted tokens: its control's, then its variants."""
         variants = self.variant_ids or tuple(() for _ in self.token_ids)
         return tuple((token, *extra) for token, extra in zip(self.token_ids, variants, strict=True))
 
-    @property
+    @functools.cached_property
     def read_ids(self) -> tuple[int, ...]:
         """Every token id to read: the controls, then their variants."""
         extra = tuple(token for variants in self.variant_ids for token in variants)
@@ -216,11 +217,12 @@ def interpret_read(
         tuple(zip(read.token_ids, read.logprobs, strict=True)),
         allow_positive=not read.off_menu_known,
     )
-    missing = missing_options(logprob, request.option_groups)
+    groups = request.option_groups
+    missing = missing_options(logprob, groups)
     if missing:
         raise InvalidLogprobsError(f"no logprob was read for any of the tokens {list(missing[0])}")
     chosen: list[int] = []
-    for group in request.option_groups:
+    for group in groups:
         present = [token for token in group if token in logprob]
         # The most probable accepted token; ties go to the control itself (first in group).
         chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
