@@ -153,7 +153,9 @@ async def test_async_iterable_input_and_early_exit_cancel_everything() -> None:
             async with contextlib.aclosing(stream):
                 async for item in stream:
                     assert item.index == 0
-                    while backend.in_flight < 3:  # the other workers' slow reads have started
+                    for _ in range(100):  # until the other workers' slow reads have started
+                        if backend.in_flight >= 3:
+                            break
                         await anyio.sleep(0.01)
                     break
     assert len(asyncio.all_tasks()) == tasks_before
