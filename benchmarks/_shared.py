@@ -1,0 +1,156 @@
+"""What the benchmarks share: tickets, the results folder, statistics and Markdown tables.
+
+Not a benchmark itself. Every benchmark writes its figures to ``benchmarks/results/<name>.json``
+(with the machine, the Python and the SDK's source revision) and prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+OPENINGS = (
+    "Hi,",
+    "Hello team,",
+    "Urgent:",
+    "Quick question:",
+    "Dear support,",
+    "Hey,",
+    "Good morning,",
+    "Sorry to bother you,",
+)
+ISSUES = (
+    "I was charged twice for order {n} and want my money back.",
+    "my parcel {n} has been stuck in transit for three weeks.",
+    "the app crashes when I open settings (build {n}).",
+    "the replacement for order {n} arrived and works perfectly, thanks!",
+    "please send a VAT invoice for order {n} by Friday.",
+    "I cannot log in since the password reset; ticket {n}.",
+    "the jacket from order {n} is the wrong size, can I return it?",
+    "my subscription renewed although I cancelled it; account {n}.",
+    "the discount code {n} was not applied at checkout.",
+    "order {n} arrived with a cracked screen.",
+    "how do I change the delivery address of order {n}?",
+    "the tracking page for parcel {n} shows an error.",
+)
+
+
+def ticket(n: int) -> str:
+    """Ticket number ``n``: an opening and an issue, both chosen by ``n``, naming ``n``."""
+    opening = OPENINGS[n % len(OPENINGS)]
+    issue = ISSUES[(n // len(OPENINGS)) % len(ISSUES)]
+    return f"{opening} {issue.format(n=n)}"
+
+
+def tickets(count: int, start: int = 0) -> list[str]:
+    """``count`` distinct tickets, numbers ``start`` .. ``start + count - 1``."""
+    return [ticket(n) for n in range(start, start + count)]
+
+
+def ticket_stream(count: int, start: int = 0) -> Iterator[str]:
+    """The same tickets made one at a time (for batches that must not sit in a list)."""
+    return (ticket(n) for n in range(start, start + count))
+
+
+def current_rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def peak_rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min and max (what every table shows: the machine is noisy)."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def fmt(cell: dict[str, float], digits: int = 0, unit: str = "") -> str:
+    """``median (min-max)``."""
+    median, low, high = cell["median"], cell["min"], cell["max"]
+    return f"{median:,.{digits}f}{unit} ({low:,.{digits}f}-{high:,.{digits}f})"
+
+
+def percentile(sorted_values: Sequence[float], share: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, round(share * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _revision() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=False, timeout=10,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "typevet_async"],
+            capture_output=True, text=True, check=False, timeout=10,
+        ).stdout.strip()  # fmt: skip
+    except OSError:
+        return "unknown"
+    return f"{head}{' + uncommitted changes in typevet_async/' if dirty else ''}"
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "revision": _revision(),
+    }
+
+
+def write_results(name: str, figures: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"benchmark": name, "machine": machine(), **figures}
+    path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def run_json_subprocess(args: Sequence[str], timeout: float = 3600) -> dict[str, Any]:
+    """Run ``python -m <args>`` in a fresh process from the repository root; its last stdout
+    line is JSON."""
+    done = subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT,
+    )  # fmt: skip
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"{' '.join(args[:3])} ... exited {done.returncode}")
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"{' '.join(args[:3])} ... printed nothing")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result

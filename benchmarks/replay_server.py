@@ -1,0 +1,392 @@
+"""A llama.cpp server that replays real recorded reply bodies at once, for client-cost benchmarks.
+
+Not a benchmark itself: `bench_client_cost`, `bench_event_loop_lag` and `bench_memory` start it
+in a CHILD process (`ReplayServerProcess`), so its CPU is never counted as the client's.
+
+Every body it sends was recorded from the real server (xllamacpp, llama.cpp build 11549, Gemma 3
+270M), with real ``token`` and ``bytes`` fields in every entry:
+
+- ``POST /completion``: the recorded read of the ``n_probs`` the request asks for (exact
+  candidate ids included, since they are the ids the same server tokenized the controls to).
+  A request with ``response_fields`` gets the recorded body filtered the way llama.cpp filters
+  it (each path ``a/b`` looked up in the object and kept under the key ``"a/b"``; a path into
+  an array is dropped): ``--check`` compares that emulation with real filtered replies. A K
+  with no recording is answered 501 and counted, so a benchmark fails loudly instead of
+  measuring something else;
+- ``POST /tokenize``, ``GET /v1/models``, ``GET /props``, ``POST /apply-template`` (the probe),
+  ``GET /health``.
+
+Bodies come from ``tests/fixtures/replies/llama_cpp/`` (``scripts/record_replies.py``) where
+that folder has them, else from ``benchmarks/recorded/llama_cpp/``
+(``python -m benchmarks.record_llama_cpp_bodies``).
+
+``GET /_replay/stats`` reports what was asked (requests per path, ``n_probs`` and
+``response_fields`` seen, unanswered requests); ``GET /_replay/last-completion`` returns the
+last ``/completion`` request body as received, so a floor client can send the very bodies the
+SDK sends.
+
+    python -m benchmarks.replay_server --check    # the emulation against real filtered replies
+    python -m benchmarks.replay_server --serve    # prints {"url": ...}; stops when stdin closes
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "replies" / "llama_cpp"
+RECORDED = Path(__file__).resolve().parent / "recorded" / "llama_cpp"
+
+
+def _read(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.name.endswith(".gz") else data
+
+
+def _find(name: str) -> tuple[bytes, Path] | None:
+    """A recorded body by name: the fixtures first, then this folder's recordings."""
+    for folder in (FIXTURES, RECORDED):
+        for suffix in (".json", ".json.gz"):
+            path = folder / f"{name}{suffix}"
+            if path.exists():
+                return _read(path), path
+    return None
+
+
+def filter_fields(payload: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """llama.cpp's ``response_fields``: each ``/``-separated path, kept under its own text."""
+    kept: dict[str, Any] = {}
+    for path in paths:
+        current: Any = payload
+        found = True
+        for key in path.split("/"):
+            if isinstance(current, dict) and key in current:
+                current = current[key]
+            else:
+                found = False
+                break
+        if found:
+            kept[path] = current
+    return kept
+
+
+def _requests(folder: Path) -> dict[str, dict[str, Any]]:
+    """File name -> the request body that recorded it, from the folder's ``requests.json``
+    (``scripts/record_replies.py``'s shape, or ours with a top-level ``requests``)."""
+    index = folder / "requests.json"
+    if not index.exists():
+        return {}
+    named = json.loads(index.read_text())
+    named = named.get("requests", named)
+    return {
+        entry["file"]: entry.get("body") or {}
+        for entry in named.values()
+        if isinstance(entry, dict) and entry.get("path") == "/completion"
+    }
+
+
+class RecordedBodies:
+    """Every recorded reply the replay server can send, and where each came from."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, str] = {}
+        #: Bodies recorded without ``response_fields``, by K: filtered here when asked.
+        self.completions: dict[int, bytes] = {}
+        #: Bodies recorded with ``response_fields``, by (K, fields): sent as they are.
+        self.filtered: dict[tuple[int, tuple[str, ...]], bytes] = {}
+        for folder in (RECORDED, FIXTURES):  # fixtures last: they win
+            requests = _requests(folder)
+            for path in sorted(folder.glob("completion*.json*")):
+                request = requests.get(path.name)
+                if request is None:  # no request named: K from the name, no field filter
+                    stem = path.name.split(".")[0].removeprefix("completion_top")
+                    if not stem.isdigit():
+                        continue
+                    request = {"n_probs": int(stem)}
+                k = request.get("n_probs")
+                if not isinstance(k, int) or request.get("n_predict", 0) != 0:
+                    continue
+                fields = tuple(request.get("response_fields") or ())
+                source = str(path.relative_to(ROOT))
+                if fields:
+                    self.filtered[k, fields] = _read(path)
+                    self.sources[f"completion_top{k} {list(fields)}"] = source
+                else:
+                    self.completions[k] = _read(path)
+                    self.sources[f"completion_top{k}"] = source
+        self.fixed: dict[str, bytes] = {}
+        for name in ("models", "props", "apply_template"):
+            found = _find(name)
+            if found is None:
+                raise SystemExit(
+                    f"no recorded {name} reply: run benchmarks.record_llama_cpp_bodies"
+                )
+            self.fixed[name] = found[0]
+            self.sources[name] = str(found[1].relative_to(ROOT))
+        tokenized = RECORDED / "tokenize.json"
+        if not tokenized.exists():
+            raise SystemExit(
+                "no recorded /tokenize replies: run benchmarks.record_llama_cpp_bodies"
+            )
+        self.tokens: dict[str, bytes] = {
+            content: reply.encode() for content, reply in json.loads(tokenized.read_text()).items()
+        }
+        self.sources["tokenize"] = str(tokenized.relative_to(ROOT))
+        # The fixtures' own /tokenize reply must agree with ours.
+        fixture_requests = FIXTURES / "requests.json"
+        if fixture_requests.exists():
+            named = json.loads(fixture_requests.read_text()).get("tokenize")
+            if named and (FIXTURES / named["file"]).exists():
+                content = named["body"]["content"]
+                fixture_reply = orjson.loads((FIXTURES / named["file"]).read_bytes())
+                if content in self.tokens and orjson.loads(self.tokens[content]) != fixture_reply:
+                    raise SystemExit(f"recorded /tokenize of {content!r} differs from the fixture")
+        if not self.completions and not self.filtered:
+            raise SystemExit(
+                "no recorded /completion bodies: run benchmarks.record_llama_cpp_bodies"
+            )
+
+
+class ReplayLlamaCppServer:
+    def __init__(self, bodies: RecordedBodies) -> None:
+        self.bodies = bodies
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.n_probs: collections.Counter[int] = collections.Counter()
+        self.fields: collections.Counter[str] = collections.Counter()
+        self.unanswered: list[str] = []
+        self.last_completion = b""
+        self._filtered: dict[tuple[int, tuple[str, ...]], bytes] = {}
+        self._parsed: dict[int, dict[str, Any]] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_post("/completion", self.completion)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/apply-template", self.apply_template)
+        app.router.add_get("/v1/models", self.fixed("models"))
+        app.router.add_get("/props", self.fixed("props"))
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/_replay/stats", self.stats)
+        app.router.add_get("/_replay/last-completion", self.last)
+        return app
+
+    @staticmethod
+    def _json(body: bytes, status: int = 200) -> web.Response:
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    def _refuse(self, what: str) -> web.Response:
+        if len(self.unanswered) < 20:
+            self.unanswered.append(what)
+        self.requests["unanswered"] += 1
+        return self._json(orjson.dumps({"error": {"code": 501, "message": what}}), status=501)
+
+    def fixed(self, name: str) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            self.requests[request.path] += 1
+            return self._json(self.bodies.fixed[name])
+
+        return handler
+
+    async def health(self, request: web.Request) -> web.Response:
+        return self._json(b'{"status":"ok"}')
+
+    async def apply_template(self, request: web.Request) -> web.Response:
+        self.requests[request.path] += 1
+        body = orjson.loads(await request.read())
+        messages = body.get("messages") or [{}]
+        if len(messages) != 1 or messages[0].get("content") != "typevet-probe":
+            return self._refuse(f"no recorded /apply-template rendering of {messages!r:.200}")
+        return self._json(self.bodies.fixed["apply_template"])
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        self.requests[request.path] += 1
+        content = orjson.loads(await request.read()).get("content")
+        reply = self.bodies.tokens.get(content) if isinstance(content, str) else None
+        if reply is None:
+            return self._refuse(f"no recorded /tokenize of {content!r:.100}")
+        return self._json(reply)
+
+    async def completion(self, request: web.Request) -> web.Response:
+        self.requests[request.path] += 1
+        raw = await request.read()
+        self.last_completion = raw
+        body = orjson.loads(raw)
+        k = body.get("n_probs")
+        fields = body.get("response_fields") or []
+        self.n_probs[k] += 1
+        if fields:
+            self.fields[json.dumps(fields)] += 1
+        if not isinstance(k, int):
+            return self._refuse(f"n_probs {k!r} is not an integer")
+        key = (k, tuple(fields))
+        exact = self.bodies.filtered.get(key)
+        if exact is not None:  # recorded with these very fields
+            return self._json(exact)
+        recorded = self.bodies.completions.get(k)
+        if recorded is None:
+            return self._refuse(f"no recorded /completion body for n_probs {k!r}")
+        if not fields:
+            return self._json(recorded)
+        reply = self._filtered.get(key)
+        if reply is None:
+            parsed = self._parsed.get(k)
+            if parsed is None:
+                parsed = self._parsed[k] = orjson.loads(recorded)
+            reply = self._filtered[key] = orjson.dumps(filter_fields(parsed, list(fields)))
+        return self._json(reply)
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return self._json(
+            orjson.dumps(
+                {
+                    "requests": dict(self.requests),
+                    "n_probs": {str(k): v for k, v in self.n_probs.items()},
+                    "response_fields": dict(self.fields),
+                    "unanswered": self.unanswered,
+                    "recorded_ks": sorted(self.bodies.completions),
+                    "recorded_filtered": [
+                        [k, list(fields)] for k, fields in sorted(self.bodies.filtered)
+                    ],
+                    "sources": self.bodies.sources,
+                }
+            )
+        )
+
+    async def last(self, request: web.Request) -> web.Response:
+        return self._json(self.last_completion)
+
+
+async def serve() -> None:
+    """Child process: serve on a free port, print the URL, stop when stdin closes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    runner = web.AppRunner(ReplayLlamaCppServer(RecordedBodies()).app(), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock, backlog=1024).start()
+    print(json.dumps({"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await runner.cleanup()
+
+
+class ReplayServerProcess:
+    """The replay server in a child process; ``url`` once entered."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __enter__(self) -> ReplayServerProcess:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.replay_server", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("the replay server did not start")
+        self.url = json.loads(line)["url"]
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/_replay/stats", timeout=30) as response:
+            result: dict[str, Any] = json.loads(response.read())
+        return result
+
+    def last_completion(self) -> bytes:
+        with urllib.request.urlopen(f"{self.url}/_replay/last-completion", timeout=30) as response:
+            return bytes(response.read())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        assert process.stdin is not None
+        process.stdin.close()  # the child stops when its stdin closes
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _same_shape(real: Any, emulated: Any, path: str = "") -> bool:
+    """Same keys everywhere and the same values, up to the sampled token (the read samples one
+    token at random: its ``id``, ``token``, ``bytes`` and ``logprob`` differ between two reads)
+    and float noise between two reads of one prompt."""
+    if isinstance(real, dict) and isinstance(emulated, dict):
+        if list(real) != list(emulated):
+            return False
+        sampled = path.endswith("completion_probabilities[]")
+        return all(
+            (sampled and key in ("id", "token", "bytes", "logprob"))
+            or _same_shape(real[key], emulated[key], f"{path}.{key}")
+            for key in real
+        )
+    if isinstance(real, list) and isinstance(emulated, list):
+        return len(real) == len(emulated) and all(
+            _same_shape(a, b, f"{path}[]") for a, b in zip(real, emulated, strict=True)
+        )
+    if isinstance(real, float) and isinstance(emulated, float):
+        return abs(real - emulated) <= 2e-2
+    return bool(real == emulated)
+
+
+def check() -> None:
+    """The ``response_fields`` emulation against the real filtered replies recorded beside it."""
+    named = json.loads((RECORDED / "requests.json").read_text())["requests"]
+    checked = 0
+    for name, request in named.items():
+        fields = (request.get("body") or {}).get("response_fields")
+        if not fields:
+            continue
+        k = request["body"]["n_probs"]
+        full = orjson.loads(_read(RECORDED / named[f"completion_top{k}"]["file"]))
+        real = orjson.loads(_read(RECORDED / request["file"]))
+        emulated = orjson.loads(orjson.dumps(filter_fields(full, fields)))
+        same = _same_shape(real, emulated)
+        print(f"{name}: fields {fields}: keys {list(real)}; same shape and values: {same}")
+        if not same:
+            raise SystemExit(f"the emulation differs from the real server for {name}")
+        checked += 1
+    bodies = RecordedBodies()
+    print(f"{checked} filtered replies match; recorded K: {sorted(bodies.completions)}")
+    for key, source in sorted(bodies.sources.items()):
+        print(f"  {key}: {source}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve())
+    else:
+        check()
+
+
+if __name__ == "__main__":
+    main()
