@@ -4,10 +4,10 @@ and validate each output on the client (server grammars do not enforce every key
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import anyio
 from jsonschema import Draft202012Validator
 
 from typevet_async._backends.base import Backend
@@ -60,11 +60,11 @@ def plan_generations(
 
 def _generator(
     backend: Backend,
-    slots: anyio.Semaphore,
+    slots: asyncio.Semaphore,
     validator: Draft202012Validator,
     options: GenerationOptions,
 ) -> Callable[[GenerationRequest], Awaitable[Generation]]:
-    call_slots = anyio.Semaphore(options.max_in_flight, fast_acquire=True)
+    call_slots = asyncio.Semaphore(options.max_in_flight)
 
     async def one(request: GenerationRequest) -> Generation:
         async with call_slots, slots:
@@ -80,7 +80,7 @@ def _tag(error: TypevetError, index: int) -> None:
 
 async def generate_in_order(
     backend: Backend,
-    slots: anyio.Semaphore,
+    slots: asyncio.Semaphore,
     requests: list[GenerationRequest],
     validator: Draft202012Validator,
     options: GenerationOptions,
@@ -94,7 +94,7 @@ async def generate_in_order(
 
 async def generate_settled(
     backend: Backend,
-    slots: anyio.Semaphore,
+    slots: asyncio.Semaphore,
     requests: list[GenerationRequest],
     validator: Draft202012Validator,
     options: GenerationOptions,

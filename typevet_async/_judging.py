@@ -9,10 +9,10 @@ task outlives it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 
-import anyio
 import attrs
 
 from typevet_async._backends.base import Backend
@@ -117,7 +117,7 @@ def _from_cache(usage: Usage) -> bool:
 async def read_judgment(
     backend: Backend,
     probe: Probe,
-    slots: anyio.Semaphore,
+    slots: asyncio.Semaphore,
     requests: list[ScoringRequest],
     strategy: PrefixReuse,
     options: ReadOptions,

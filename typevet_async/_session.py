@@ -9,6 +9,7 @@ semaphore every read and generation of the session shares. Judgments run through
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import (
@@ -118,9 +119,10 @@ class Session:
         self._settings = settings if settings is not None else SessionSettings()
         limit = backend.capabilities.max_concurrency
         slots = self._settings.max_concurrency
-        self._slots = anyio.Semaphore(
-            slots if limit is None else min(slots, limit), fast_acquire=True
-        )
+        # asyncio's own semaphores on the hot path (every read takes three): an uncontended
+        # acquire and release is 0.7 µs against anyio's 2.4 µs, which checks for cancellation
+        # first; cancelling a waiting acquire works the same (anyio cancels the task).
+        self._slots = asyncio.Semaphore(slots if limit is None else min(slots, limit))
         self._state: Literal["unopened", "open", "closed"] = "unopened"
         self._probe: Probe | None = None
         self._planner: Planner | None = None
@@ -348,11 +350,21 @@ class Session:
             max_retries=max_retries,
             timeout=timeout,
         )
+        return await self._judge_checked(state_text, checked, images, options)
+
+    async def _judge_checked(
+        self,
+        state_text: str,
+        checked: Sequence[tuple[str, Question]],
+        images: tuple[Image, ...],
+        options: ReadOptions,
+    ) -> Judgment:
+        """`judge` once its arguments are checked (a batch checks them once, not per record)."""
         with _deadline(options.timeout, "the judgment"):
             probe, planner = await self._ready_planner()
             requests = planner.plan(state_text, checked, images)
             return await read_judgment(
-                self._backend, probe, self._slots, requests, settings.prefix_reuse, options
+                self._backend, probe, self._slots, requests, self._settings.prefix_reuse, options
             )
 
     def judge_many(
@@ -402,10 +414,10 @@ class Session:
             mapping, not iterable), at the call (nothing was sent).
         """
         self._require_open()
-        checked = dict(check_questions(questions))
+        checked = check_questions(questions)
         batch = BatchOptions.for_call(self._settings, max_in_flight=max_in_flight, window=window)
-        # Checked here, at the call, not at the first record.
-        ReadOptions.for_call(
+        # Checked here, at the call, not at the first record, nor again for every record.
+        options = ReadOptions.for_call(
             self._settings,
             off_menu_threshold=UNSET,
             raise_off_menu=UNSET,
@@ -418,7 +430,8 @@ class Session:
                 await self.probe()
 
         async def judge_one(state: Any) -> Judgment:
-            return await self.judge(state, checked, timeout=timeout, max_retries=max_retries)
+            self._require_open()
+            return await self._judge_checked(render_state(state), checked, (), options)
 
         return judge_stream(
             records,

@@ -20,7 +20,7 @@ from typevet_async._backends import llama_cpp, vllm_wire
 from typevet_async._backends import llama_cpp_wire as llama_wire
 from typevet_async._backends.openai_chat import decode_chat_output, user_message
 from typevet_async._core.layouts import Message
-from typevet_async._core.readings import validated_entries
+from typevet_async._core.readings import read_entries, validated_logprobs
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 24
@@ -134,7 +134,7 @@ def vllm_payload(entries: list[tuple[str, float]], sampled: str = "token_id:5") 
 def test_vllm_decode_keeps_candidates_and_tolerates_the_sampled_token() -> None:
     payload = vllm_payload([("token_id:11", -1.0), ("token_id:5", -0.1), ("token_id:12", -2.0)])
     reply = vllm_wire.decode_scoring(encode(payload), [11, 12])
-    assert reply.top.entries == ((11, -1.0), (12, -2.0))
+    assert tuple(reply.top.pairs()) == ((11, -1.0), (12, -2.0))
     assert (reply.prompt_tokens, reply.cached_tokens) == (40, 16)
 
 
@@ -178,9 +178,9 @@ def test_vllm_decode_failures(payload: Any, error: type[Exception], message: str
 def test_vllm_repeated_ids_are_left_to_the_one_entries_check() -> None:
     payload = vllm_payload([("token_id:11", -1.0), ("token_id:11", -1.5)])
     reply = vllm_wire.decode_scoring(encode(payload), [11, 12])
-    assert reply.top.entries == ((11, -1.0), (11, -1.5))
+    assert tuple(reply.top.pairs()) == ((11, -1.0), (11, -1.5))
     with pytest.raises(tv.InvalidLogprobsError, match="appears twice"):
-        validated_entries(reply.top.entries)
+        validated_logprobs(reply.top)
 
 
 @pytest.mark.parametrize(
@@ -234,11 +234,24 @@ def completion(**fields: Any) -> dict[str, Any]:
 
 def test_llama_cpp_decode_completion() -> None:
     reply = llama_wire.decode_completion(encode(completion()), 2)
-    assert reply.top.entries == ((10, -0.5), (11, -1.5))
+    assert tuple(reply.top.pairs()) == ((10, -0.5), (11, -1.5))
     assert (reply.top.requested, reply.prompt_tokens, reply.cached_tokens) == (2, 7, 3)
     minimal = {"completion_probabilities": [{"top_logprobs": []}]}
     reply = llama_wire.decode_completion(encode(minimal), 2)
-    assert (reply.top.entries, reply.prompt_tokens, reply.cached_tokens) == ((), 0, 0)
+    assert (tuple(reply.top.pairs()), reply.prompt_tokens, reply.cached_tokens) == ((), 0, 0)
+
+
+def test_llama_cpp_repeated_ids_are_named_by_the_one_entries_check() -> None:
+    top = [{"id": 10, "logprob": -0.5}, {"id": 12, "logprob": -0.9}, {"id": 10, "logprob": -2.0}]
+    payload = completion(
+        completion_probabilities=[{"top_logprobs": top}], generation_settings={"n_probs": 3}
+    )
+    reply = llama_wire.decode_completion(encode(payload), 3)
+    assert reply.top.returned == 3
+    assert len(reply.top.logprobs) == 2
+    assert tuple(reply.top.pairs()) == ((10, -0.5), (12, -0.9), (10, -2.0))
+    with pytest.raises(tv.InvalidLogprobsError, match="token id 10 appears twice"):
+        read_entries(reply.top, 100)
 
 
 def test_llama_cpp_decode_checks_the_n_probs_echo() -> None:

@@ -24,7 +24,7 @@ JEV_GROUPS = ((A, SPACE_A), (B, SPACE_B))
 
 
 def top(*entries: tuple[int, float], requested: int | None = None) -> TopLogprobs:
-    return TopLogprobs(tuple(entries), len(entries) if requested is None else requested)
+    return TopLogprobs.from_pairs(tuple(entries), len(entries) if requested is None else requested)
 
 
 def test_candidates_in_candidate_order() -> None:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import typevet_async as tv
 from typevet_async._backends import llama_cpp_wire, vllm_wire
 from typevet_async._backends.openai_chat import decode_chat_output
-from typevet_async._core.readings import LOGPROB_SLACK, read_entries, validated_entries
+from typevet_async._core.readings import LOGPROB_SLACK, read_entries, validated_logprobs
 
 REPLIES = Path(__file__).resolve().parents[1] / "fixtures" / "replies"
 VOCAB = 262_144
@@ -279,7 +279,7 @@ def sdk_completion(raw: bytes) -> Any:
 def sdk_vllm_scoring(raw: bytes) -> Any:
     ids = request_body("vllm", "chat_scoring")["logprob_token_ids"]
     reply = vllm_wire.decode_scoring(raw, ids)
-    return validated_entries(reply.top.entries), reply.prompt_tokens, reply.cached_tokens
+    return validated_logprobs(reply.top), reply.prompt_tokens, reply.cached_tokens
 
 
 @attrs.frozen
@@ -590,7 +590,7 @@ def test_the_recorded_top_4096_read_decodes_like_a_plain_json_reading() -> None:
     reply = llama_cpp_wire.decode_completion(raw, 4096)
     payload = json.loads(raw)
     top = payload["completion_probabilities"][0]["top_logprobs"]
-    assert reply.top.entries == tuple((item["id"], item["logprob"]) for item in top)
+    assert tuple(reply.top.pairs()) == tuple((item["id"], item["logprob"]) for item in top)
     assert (reply.prompt_tokens, reply.cached_tokens) == (
         payload["tokens_evaluated"],
         payload["timings"]["cache_n"],

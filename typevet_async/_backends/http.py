@@ -22,13 +22,13 @@ itself, and starts a request's clock only once it holds one.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
-import anyio
 import attrs
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
@@ -190,7 +190,7 @@ class HttpClient:
         self.settings = settings or HttpSettings()
         # Our own slots, as many as the connector's: a request waits here, untimed, and the
         # connector then never makes it wait for a connection.
-        self._connections = anyio.Semaphore(self.settings.max_connections, fast_acquire=True)
+        self._connections = asyncio.Semaphore(self.settings.max_connections)
         self._timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False

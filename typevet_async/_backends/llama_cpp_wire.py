@@ -193,9 +193,14 @@ def decode_completion(raw: bytes, requested: int) -> Completion:
     if not reply.completion_probabilities:
         raise protocol_error(what, "the reply has no completion_probabilities[0]", raw)
     top = reply.completion_probabilities[0].top_logprobs
-    entries = tuple([(entry.id, entry.logprob) for entry in top])
+    # One pass builds the logprobs by id; the pairs are rebuilt only for a read that fails.
+    logprobs = {entry.id: entry.logprob for entry in top}
     cached = reply.timings.cache_n if reply.cache_n_unnested is None else reply.cache_n_unnested
-    return Completion(TopLogprobs(entries, requested), reply.tokens_evaluated, cached)
+    return Completion(
+        TopLogprobs(logprobs, len(top), requested, lambda: [(e.id, e.logprob) for e in top]),
+        reply.tokens_evaluated,
+        cached,
+    )
 
 
 # -- POST /tokenize -------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
 from typevet_async._core.framing import classify_template
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model
-from typevet_async._core.readings import CandidateRead, missing_options, validated_entries
+from typevet_async._core.readings import CandidateRead, missing_options, validated_logprobs
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import ConfigurationError, InvalidLogprobsError
 from typevet_async._fanout import gather_in_order
@@ -143,7 +143,7 @@ class AsyncVllm:
             "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
         )
         reply = decode_scoring(raw, ids)
-        logprobs = validated_entries(reply.top.entries, allow_positive=not self.off_menu_known)
+        logprobs = validated_logprobs(reply.top, allow_positive=not self.off_menu_known)
         # A read that names its ids returns every one of them, variants included.
         missing = missing_options(logprobs, [(token,) for token in ids])
         if missing:

@@ -184,7 +184,7 @@ def token_id(token: str, what: str, raw: bytes) -> int:
 def decode_scoring(raw: bytes, token_ids: Sequence[int]) -> Scoring:
     """The candidates' entries (the sampled token may come along; nothing else may).
 
-    Repeated ids and bad values are `validated_entries`' to refuse.
+    Repeated ids and bad values are `validated_logprobs`' to refuse.
 
     :raises ProtocolError: the shape is wrong, or a token is not ``"token_id:N"``.
     :raises InvalidLogprobsError: an entry that is neither a candidate nor the sampled token.
@@ -209,7 +209,9 @@ def decode_scoring(raw: bytes, token_ids: Sequence[int]) -> Scoring:
     usage = reply.usage or _NO_USAGE
     details = usage.prompt_tokens_details or _NO_DETAILS
     return Scoring(
-        TopLogprobs(tuple(kept), len(token_ids)), usage.prompt_tokens, details.cached_tokens or 0
+        TopLogprobs.from_pairs(tuple(kept), len(token_ids)),
+        usage.prompt_tokens,
+        details.cached_tokens or 0,
     )
 
 

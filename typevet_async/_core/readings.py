@@ -12,7 +12,7 @@ one owner each.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -31,6 +31,7 @@ __all__ = [
     "read_entries",
     "softmax",
     "validated_entries",
+    "validated_logprobs",
 ]
 
 #: Servers compute log-softmax in float32; the top token of a near-certain distribution can
@@ -43,10 +44,24 @@ MASS_SLACK = 1e-3
 
 @attrs.frozen
 class TopLogprobs:
-    """One read's (token id, logprob) pairs in the order returned, and how many were asked for."""
+    """One read's logprobs by token id, how many entries the server returned, and how many
+    were asked for.
 
-    entries: tuple[tuple[int, float], ...]
+    A decoder builds ``logprobs`` in one pass over the entries it decoded (a repeated id keeps
+    its last value, and shows as ``len(logprobs) < returned``); ``pairs`` walks the entries
+    again, in the order returned, only for a read that fails a check, to name its first
+    offender.
+    """
+
+    logprobs: dict[int, float]
+    returned: int
     requested: int
+    pairs: Callable[[], Iterable[tuple[int, float]]] = attrs.field(eq=False, repr=False)
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[int, float]], requested: int) -> TopLogprobs:
+        """From (token id, logprob) pairs in the order returned."""
+        return cls(dict(pairs), len(pairs), requested, lambda: pairs)
 
 
 @attrs.frozen
@@ -70,33 +85,41 @@ class CandidateRead:
     attempts: int = 1
 
 
+def validated_logprobs(
+    top: TopLogprobs, *, allow_positive: bool = False, vocab_size: int | None = None
+) -> dict[int, float]:
+    """The read's logprobs by token id; a repeated id, an id not below ``vocab_size`` (when it
+    is known), a non-finite value or a positive logprob is refused.
+
+    The one check of a read's entries, whichever backend returned them. The checks run as
+    builtins over the whole read (a read holds 128 entries or more, on the hot path); only a
+    read that fails one is walked entry by entry, to name the first offender.
+    """
+    logprobs = top.logprobs
+    values = logprobs.values()
+    if (
+        len(logprobs) != top.returned
+        or (vocab_size is not None and logprobs and max(logprobs) >= vocab_size)
+        or not all(map(math.isfinite, values))
+        or (not allow_positive and values and max(values) > LOGPROB_SLACK)
+    ):
+        _refuse_first(top.pairs(), allow_positive, vocab_size)
+    return logprobs
+
+
 def validated_entries(
     entries: Sequence[tuple[int, float]],
     *,
     allow_positive: bool = False,
     vocab_size: int | None = None,
 ) -> dict[int, float]:
-    """Entries by token id; a repeated id, an id not below ``vocab_size`` (when it is known),
-    a non-finite value or a positive logprob is refused.
-
-    The one check of a read's entries, whichever backend returned them. The checks run as
-    builtins over the whole read (a read holds 128 entries or more, on the hot path); only a
-    read that fails one is walked entry by entry, to name the first offender.
-    """
-    logprobs = dict(entries)
-    values = logprobs.values()
-    if (
-        len(logprobs) != len(entries)
-        or (vocab_size is not None and logprobs and max(logprobs) >= vocab_size)
-        or not all(map(math.isfinite, values))
-        or (not allow_positive and values and max(values) > LOGPROB_SLACK)
-    ):
-        _refuse_first(entries, allow_positive, vocab_size)
-    return logprobs
+    """`validated_logprobs` of (token id, logprob) pairs in the order returned."""
+    top = TopLogprobs.from_pairs(entries, len(entries))
+    return validated_logprobs(top, allow_positive=allow_positive, vocab_size=vocab_size)
 
 
 def _refuse_first(
-    entries: Sequence[tuple[int, float]], allow_positive: bool, vocab_size: int | None
+    entries: Iterable[tuple[int, float]], allow_positive: bool, vocab_size: int | None
 ) -> None:
     seen: set[int] = set()
     for token_id, logprob in entries:
@@ -122,11 +145,11 @@ def read_entries(top: TopLogprobs, vocab_size: int) -> dict[int, float]:
         or a positive logprob.
     """
     expected = min(top.requested, vocab_size)
-    if len(top.entries) != expected:
+    if top.returned != expected:
         raise ProtocolError(
-            f"asked for the top {top.requested} logprobs, the server returned {len(top.entries)}"
+            f"asked for the top {top.requested} logprobs, the server returned {top.returned}"
         )
-    return validated_entries(top.entries, vocab_size=vocab_size)
+    return validated_logprobs(top, vocab_size=vocab_size)
 
 
 def missing_options(
@@ -139,15 +162,22 @@ def missing_options(
     tokens, and a token missing from a top-K read is below every token read, so an option with
     one token present needs no larger read for the others.
     """
-    return [tuple(group) for group in groups if not any(token in logprobs for token in group)]
+    missing: list[tuple[int, ...]] = []
+    for group in groups:  # loops, not generators: this runs for every read
+        for token in group:
+            if token in logprobs:
+                break
+        else:
+            missing.append(tuple(group))
+    return missing
 
 
 def present_candidates(
     logprobs: Mapping[int, float], groups: Sequence[Sequence[int]]
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The options' tokens that were read, in option order, and their logprobs."""
-    present = tuple(token for group in groups for token in group if token in logprobs)
-    return present, tuple(logprobs[token] for token in present)
+    present = [token for group in groups for token in group if token in logprobs]
+    return tuple(present), tuple([logprobs[token] for token in present])
 
 
 def clamp_missing(

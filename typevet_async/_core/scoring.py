@@ -95,11 +95,11 @@ class QuestionPlan:
     #: The default layout's field block (question, a line per control, the answer rule).
     field_block: str | None
 
-    @property
+    @functools.cached_property
     def controls(self) -> tuple[str, ...]:
         return tuple(b.control for b in self.bound)
 
-    @property
+    @functools.cached_property
     def token_ids(self) -> tuple[int, ...]:
         return tuple(b.token_id for b in self.bound)
 
@@ -223,6 +223,9 @@ def interpret_read(
         raise InvalidLogprobsError(f"no logprob was read for any of the tokens {list(missing[0])}")
     chosen: list[int] = []
     for group in groups:
+        if len(group) == 1:  # no variants: the control itself
+            chosen.append(group[0])
+            continue
         present = [token for token in group if token in logprob]
         # The most probable accepted token; ties go to the control itself (first in group).
         chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
