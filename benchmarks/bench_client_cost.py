@@ -56,17 +56,18 @@ from benchmarks._shared import (
     markdown_table,
     run_json_subprocess,
     spread,
-    ticket,
     ticket_stream,
     write_results,
 )
-from benchmarks.replay_server import ReplayServerProcess
+from benchmarks.replay_server import (
+    QUESTIONS,
+    ReplayServerProcess,
+    capture_sdk_body,
+    floor_loop,
+)
 
 NAME = "bench_client_cost"
-QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
 WARM_UP = 300
-#: The ticket the captured body was rendered for; the floor swaps it for each question's.
-PRIME_TICKET = 10**9
 CONCURRENCIES = (1, 64)
 READS: dict[str, int | None] = {"default": None, "top4096": 4096}  # top_k
 TARGET_CPU_US = 600.0
@@ -155,35 +156,9 @@ async def sdk_pass(
 async def floor_pass(
     url: str, template: dict[str, Any], concurrency: int, count: int, profile: bool = False
 ) -> dict[str, Any]:
-    prompt: str = template["prompt"]
-    primed = ticket(PRIME_TICKET)
-    if primed not in prompt:
-        raise RuntimeError("the captured body does not hold the priming ticket")
-    headers = {"Content-Type": "application/json"}
-    endpoint = f"{url}/completion"
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
-
-        async def one(n: int) -> int:
-            body = dict(template)
-            body["prompt"] = prompt.replace(primed, ticket(n))
-            async with http.post(endpoint, data=orjson.dumps(body), headers=headers) as response:
-                response.raise_for_status()
-                return len(await response.read())
-
-        async def run(count: int, start: int) -> int:
-            numbers = iter(range(start, start + count))
-            received = 0
-
-            async def worker() -> None:
-                nonlocal received
-                for n in numbers:
-                    size = await one(n)  # (not `received += await ...`: that reads first)
-                    received += size
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return received
-
+        run = floor_loop(http, url, template, concurrency)
         await run(WARM_UP, 2 * 10**9)
         gc.collect()
         profiler = cProfile.Profile(time.process_time) if profile else None
@@ -209,12 +184,6 @@ async def floor_pass(
 # -- the orchestrating process ------------------------------------------------------------
 
 
-async def capture_body(url: str, read: str) -> None:
-    """One SDK judgment of the priming ticket, so the replay server holds its exact body."""
-    async with _session(url, read, 1) as session:
-        await session.judge(ticket(PRIME_TICKET), QUESTIONS)
-
-
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
@@ -232,7 +201,7 @@ def run(args: argparse.Namespace) -> None:
     with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
         for read in args.reads:
             before = server.stats()["n_probs"]
-            asyncio.run(capture_body(server.url, read))
+            asyncio.run(capture_sdk_body(_session(server.url, read, 1)))
             raw = server.last_completion()
             path = Path(scratch) / f"{read}.json"
             path.write_bytes(raw)
@@ -285,7 +254,7 @@ def profile_only(args: argparse.Namespace) -> None:
     """The SDK's and the floor's own CPU per package, side by side (process clock)."""
     profiles: dict[str, Any] = {}
     with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
-        asyncio.run(capture_body(server.url, "default"))
+        asyncio.run(capture_sdk_body(_session(server.url, "default", 1)))
         body_file = Path(scratch) / "default.json"
         body_file.write_bytes(server.last_completion())
         for concurrency in CONCURRENCIES:

@@ -44,18 +44,20 @@ from benchmarks._shared import (
     percentile,
     run_json_subprocess,
     spread,
-    ticket,
     ticket_stream,
     write_results,
 )
-from benchmarks.replay_server import ReplayServerProcess
+from benchmarks.replay_server import (
+    QUESTIONS,
+    ReplayServerProcess,
+    capture_sdk_body,
+    floor_loop,
+)
 
 NAME = "bench_event_loop_lag"
-QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
 IN_FLIGHT = 64
 WARM_UP = 300
 TICK = 0.001
-PRIME_TICKET = 10**9
 TARGET_P99_MS = 5.0
 READS: dict[str, int | None] = {"default": None, "top4096": 4096}  # top_k
 PASSES = ("idle", "floor", "sdk default", "sdk top4096")
@@ -113,27 +115,8 @@ async def sdk_pass(url: str, read: str, count: int) -> dict[str, Any]:
 
 
 async def floor_pass(url: str, template: dict[str, Any], count: int) -> dict[str, Any]:
-    prompt: str = template["prompt"]
-    primed = ticket(PRIME_TICKET)
-    headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=IN_FLIGHT)) as http:
-
-        async def run(count: int, start: int) -> int:
-            numbers = iter(range(start, start + count))
-
-            async def worker() -> None:
-                for n in numbers:
-                    body = dict(template)
-                    body["prompt"] = prompt.replace(primed, ticket(n))
-                    async with http.post(
-                        f"{url}/completion", data=orjson.dumps(body), headers=headers
-                    ) as response:
-                        response.raise_for_status()
-                        await response.read()
-
-            await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-            return count
-
+        run = floor_loop(http, url, template, IN_FLIGHT)
         await run(WARM_UP, 2 * 10**9)
         return await with_ticker(lambda: run(count, 0))
 
@@ -146,16 +129,11 @@ async def idle_pass(seconds: float) -> dict[str, Any]:
     return await with_ticker(work)
 
 
-async def capture_body(url: str) -> None:
-    async with tv.Session.llama_cpp(url) as session:
-        await session.judge(ticket(PRIME_TICKET), QUESTIONS)
-
-
 def run(args: argparse.Namespace) -> None:
     results: dict[str, list[dict[str, Any]]] = {p: [] for p in PASSES}
     started = time.perf_counter()
     with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
-        asyncio.run(capture_body(server.url))
+        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url)))
         body_file = Path(scratch) / "body.json"
         body_file.write_bytes(server.last_completion())
         default_k = orjson.loads(body_file.read_bytes())["n_probs"]

@@ -30,12 +30,11 @@ from benchmarks._shared import (
     ticket_stream,
     write_results,
 )
-from benchmarks.replay_server import ReplayServerProcess
+from benchmarks.replay_server import QUESTIONS, ReplayServerProcess
 
 NAME = "bench_memory"
 IN_FLIGHT = 64
 WARM_UP = 2000
-QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
 FLAT_MIB = 8.0
 
 

@@ -18,7 +18,7 @@ Every body it sends was recorded from the real server (xllamacpp, llama.cpp buil
 
 Bodies come from ``tests/fixtures/replies/llama_cpp/`` (``scripts/record_replies.py``) where
 that folder has them, else from ``benchmarks/recorded/llama_cpp/``
-(``python -m benchmarks.record_llama_cpp_bodies``).
+(``scripts/record_replies.py --only bodies``).
 
 ``GET /_replay/stats`` reports what was asked (requests per path, ``n_probs`` and
 ``response_fields`` seen, unanswered requests); ``GET /_replay/last-completion`` returns the
@@ -40,12 +40,18 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
+
+import typevet_async as tv
+from benchmarks._shared import ticket
+from typevet_async._backends.embedded import stop_child
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "replies" / "llama_cpp"
@@ -133,14 +139,14 @@ class RecordedBodies:
             found = _find(name)
             if found is None:
                 raise SystemExit(
-                    f"no recorded {name} reply: run benchmarks.record_llama_cpp_bodies"
+                    f"no recorded {name} reply: run scripts/record_replies.py --only bodies"
                 )
             self.fixed[name] = found[0]
             self.sources[name] = str(found[1].relative_to(ROOT))
         tokenized = RECORDED / "tokenize.json"
         if not tokenized.exists():
             raise SystemExit(
-                "no recorded /tokenize replies: run benchmarks.record_llama_cpp_bodies"
+                "no recorded /tokenize replies: run scripts/record_replies.py --only bodies"
             )
         self.tokens: dict[str, bytes] = {
             content: reply.encode() for content, reply in json.loads(tokenized.read_text()).items()
@@ -157,7 +163,7 @@ class RecordedBodies:
                     raise SystemExit(f"recorded /tokenize of {content!r} differs from the fixture")
         if not self.completions and not self.filtered:
             raise SystemExit(
-                "no recorded /completion bodies: run benchmarks.record_llama_cpp_bodies"
+                "no recorded /completion bodies: run scripts/record_replies.py --only bodies"
             )
 
 
@@ -321,15 +327,62 @@ class ReplayServerProcess:
         tb: TracebackType | None,
     ) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        assert process.stdin is not None
-        process.stdin.close()  # the child stops when its stdin closes
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop_child(process, timeout=30)  # the child stops when its stdin closes
+
+
+# -- what the client-cost benchmarks send it -----------------------------------------------
+
+#: The benchmarks' one question per ticket.
+QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
+#: The ticket `capture_sdk_body` renders; `floor_loop` swaps it for each question's own.
+PRIME_TICKET = 10**9
+
+
+async def capture_sdk_body(session: tv.Session) -> None:
+    """One SDK judgment of the priming ticket, so the replay server holds its exact body
+    (``ReplayServerProcess.last_completion``)."""
+    async with session:
+        await session.judge(ticket(PRIME_TICKET), QUESTIONS)
+
+
+def floor_loop(
+    http: aiohttp.ClientSession, url: str, template: dict[str, Any], concurrency: int
+) -> Callable[[int, int], Awaitable[int]]:
+    """The least any client pays for the SDK's exchange: ``concurrency`` workers on one
+    aiohttp session posting the captured SDK body (``template``, its ticket swapped for each
+    question's, serialised with orjson) and reading the reply's bytes, no parse.
+
+    Returns ``run(count, start)``: posts tickets ``start .. start + count - 1`` and returns the
+    bytes received."""
+    prompt: str = template["prompt"]
+    primed = ticket(PRIME_TICKET)
+    if primed not in prompt:
+        raise RuntimeError("the captured body does not hold the priming ticket")
+    headers = {"Content-Type": "application/json"}
+    endpoint = f"{url}/completion"
+
+    async def one(n: int) -> int:
+        body = dict(template)
+        body["prompt"] = prompt.replace(primed, ticket(n))
+        async with http.post(endpoint, data=orjson.dumps(body), headers=headers) as response:
+            response.raise_for_status()
+            return len(await response.read())
+
+    async def run(count: int, start: int) -> int:
+        numbers = iter(range(start, start + count))
+        received = 0
+
+        async def worker() -> None:
+            nonlocal received
+            for n in numbers:
+                size = await one(n)  # (not `received += await ...`: that reads first)
+                received += size
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return received
+
+    return run
 
 
 def _same_shape(real: Any, emulated: Any, path: str = "") -> bool:

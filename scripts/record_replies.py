@@ -1,6 +1,7 @@
-"""Record real reply bodies of every endpoint the SDK reads, on both servers, for the wire tests.
+"""Record real reply bodies: of every endpoint the SDK reads, on both servers, for the wire tests;
+and of llama.cpp scoring reads at many K, for the benchmarks' replay server.
 
-    .venv/bin/python scripts/record_replies.py [--only llama_cpp|vllm]
+    .venv/bin/python scripts/record_replies.py [--only llama_cpp|vllm|bodies] [--ks 16 64 ...]
 
 Starts the servers the way the live tests do (tests/live/conftest.py: the embedded llama.cpp
 server with the built-in ``gemma`` template; tests/live/servers.py: vLLM on CPU with
@@ -8,6 +9,21 @@ server with the built-in ``gemma`` template; tests/live/servers.py: vLLM on CPU 
 ``*_wire`` body builders, on prompts the SDK itself rendered) and saves each reply's bytes as
 the server sent them under tests/fixtures/replies/<server>/ (the top-4,096 read gzipped), with
 ``requests.json`` naming each request. tests/unit/test_wire.py decodes and mutates them.
+
+``--only bodies`` records, under benchmarks/recorded/llama_cpp/, what
+``benchmarks.replay_server`` replays (it prefers the fixtures above where they have a reply):
+
+- ``POST /completion`` scoring reads of the benchmarks' Noul prompt (the prompt the SDK itself
+  rendered for ticket 0) at each K of ``--ks``, as the SDK's body builder makes them but without
+  its ``response_fields`` (``completion_top{K}.json``, gzipped above 16 KB: the whole reply,
+  real ``token`` and ``bytes`` fields included), and with them
+  (``completion_top{K}_sdk_fields.json``: the very reply the SDK's request gets);
+- the same read at K=64 with several ``response_fields`` lists, so the replay server's
+  emulation of that field filter can be checked against the real server
+  (``python -m benchmarks.replay_server --check``);
+- ``POST /tokenize`` for every control the SDK probes, with and without a leading space
+  (``tokenize.json``: content -> reply body); ``/v1/models``, ``/props`` and the probe's
+  ``/apply-template``.
 """
 
 from __future__ import annotations
@@ -27,12 +43,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import typevet_async as tv  # noqa: E402
+from benchmarks._shared import ticket  # noqa: E402
 from tests.live.helpers import TICKET, questions  # noqa: E402
 from tests.live.servers import VLLM_MODEL_ID, VllmServerProcess  # noqa: E402
 from typevet_async._backends import llama_cpp_wire, vllm_wire  # noqa: E402
+from typevet_async._core.controls import PROBED_CONTROLS  # noqa: E402
 from typevet_async._core.layouts import Message  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "replies"
+BODIES = ROOT / "benchmarks" / "recorded" / "llama_cpp"
+DEFAULT_KS = (16, 20, 32, 64, 128, 256, 1024, 2048, 4096)
+#: The benchmarks' question (`benchmarks.bench_client_cost` and the replay server's prompt).
+BENCHMARK_QUESTIONS: dict[str, tv.Question] = {
+    "refund": tv.Noul(instructions="Is a refund requested?")
+}
+#: Field filters whose real replies are kept to check the replay server's emulation.
+RESPONSE_FIELDS_CHECKS: dict[str, list[str]] = {
+    "fields_sdk_like": [
+        "completion_probabilities",
+        "generation_settings/n_probs",
+        "tokens_evaluated",
+        "timings/cache_n",
+    ],
+    "fields_into_array": ["completion_probabilities/0/top_logprobs"],
+    "fields_whole_object": ["generation_settings", "missing_field"],
+}
 SCHEMA = {
     "type": "object",
     "properties": {"team": {"type": "string", "enum": ["billing", "shipping", "technical"]}},
@@ -50,8 +85,8 @@ def send(url: str, method: str, path: str, body: Any = None) -> bytes:
 
 
 class Recorder:
-    def __init__(self, server: str, url: str) -> None:
-        self.folder = OUT / server
+    def __init__(self, folder: Path, url: str) -> None:
+        self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.url = url
         self.requests: dict[str, dict[str, Any]] = {}
@@ -67,8 +102,10 @@ class Recorder:
         print(f"{self.folder.name}/{file}: {len(raw):,} bytes ({len(data):,} stored)")
         return raw
 
-    def save(self) -> None:
-        text = json.dumps(self.requests, indent=1, ensure_ascii=False)
+    def save(self, extra: dict[str, Any] | None = None) -> None:
+        """``requests.json``: the requests by name (with ``extra``: under ``"requests"``)."""
+        payload = self.requests if extra is None else {"requests": self.requests, **extra}
+        text = json.dumps(payload, indent=1, ensure_ascii=False)
         (self.folder / "requests.json").write_text(text + "\n")
 
 
@@ -77,17 +114,22 @@ async def scored(session: tv.Session) -> tv.Judgment:
         return await session.judge(TICKET, questions())
 
 
-def record_llama_cpp() -> None:
+def llama_cpp_server(name: str) -> tv.EmbeddedServer:
+    """The embedded server as the live tests start it (built-in ``gemma`` template)."""
     logs = tv.cache_dir() / "test-logs"
     logs.mkdir(parents=True, exist_ok=True)
     options = tv.ServerOptions(chat_template="gemma", n_ctx=8192, n_parallel=4)
-    server = tv.EmbeddedServer(attrs.evolve(options, log_file=logs / "record-gemma3.log"))
+    return tv.EmbeddedServer(attrs.evolve(options, log_file=logs / f"{name}.log"))
+
+
+def record_llama_cpp() -> None:
+    server = llama_cpp_server("record-gemma3")
     server.start()
     try:
         url = server.url
         judgment = anyio.run(scored, tv.Session.llama_cpp(url))
         route = judgment.diagnostics["route"]
-        recorder = Recorder("llama_cpp", url)
+        recorder = Recorder(OUT / "llama_cpp", url)
         for k in (64, 4096):
             body = llama_cpp_wire.completion_body(route.prompt, k, cache_prompt=True)
             recorder.record(f"completion_top{k}", "POST", "/completion", body, compress=k > 64)
@@ -113,7 +155,7 @@ def record_vllm() -> None:
         judgment = anyio.run(scored, tv.Session.vllm(url, model=VLLM_MODEL_ID))
         route = judgment.diagnostics["route"]
         ids = [token for token, _ in route.candidates]
-        recorder = Recorder("vllm", url)
+        recorder = Recorder(OUT / "vllm", url)
         body = vllm_wire.scoring_body(VLLM_MODEL_ID, [Message("user", route.prompt)], ids)
         recorder.record("chat_scoring", "POST", "/v1/chat/completions", body)
         request = tv.GenerationRequest(f"Route this ticket: {TICKET}", SCHEMA, (), 64)
@@ -129,13 +171,69 @@ def record_vllm() -> None:
         server.stop()
 
 
+async def benchmark_prompt(url: str) -> str:
+    async with tv.Session.llama_cpp(url) as session:
+        judgment = await session.judge(ticket(0), BENCHMARK_QUESTIONS)
+    return judgment.diagnostics["refund"].prompt
+
+
+def record_bodies(ks: list[int]) -> None:
+    server = llama_cpp_server("record-bodies")
+    server.start()
+    try:
+        url = server.url
+        recorder = Recorder(BODIES, url)
+        prompt = anyio.run(benchmark_prompt, url)
+        for k in ks:
+            body = llama_cpp_wire.completion_body(prompt, k, cache_prompt=True)
+            sdk_fields = body.pop("response_fields", None)
+            big = k > 128  # above about 16 KB: gzipped
+            recorder.record(f"completion_top{k}", "POST", "/completion", body, compress=big)
+            if sdk_fields:  # and the SDK's very request, fields filter included
+                body = {**body, "response_fields": sdk_fields}
+                name = f"completion_top{k}_sdk_fields"
+                recorder.record(name, "POST", "/completion", body, compress=big)
+        for name, fields in RESPONSE_FIELDS_CHECKS.items():
+            body = {**llama_cpp_wire.completion_body(prompt, 64, cache_prompt=True)}
+            body["response_fields"] = fields
+            recorder.record(f"completion_top64_{name}", "POST", "/completion", body)
+        contents = sorted(
+            {*PROBED_CONTROLS, *(c.strip() for c in PROBED_CONTROLS)}
+            | {" " + c.strip() for c in PROBED_CONTROLS}
+        )
+        tokenized = {
+            content: send(url, "POST", "/tokenize", llama_cpp_wire.tokenize_body(content)).decode()
+            for content in contents
+        }
+        text = json.dumps(tokenized, indent=0, ensure_ascii=False)
+        (BODIES / "tokenize.json").write_text(text + "\n")
+        print(f"tokenize.json: {len(tokenized)} contents")
+        recorder.record("models", "GET", "/v1/models")
+        recorder.record("props", "GET", "/props")
+        body = llama_cpp_wire.probe_template_body()
+        recorder.record("apply_template", "POST", "/apply-template", body)
+        recorder.save({"prompt": prompt, "ticket": ticket(0), "ks": ks})
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["llama_cpp", "vllm"])
-    only = parser.parse_args().only
-    if only in (None, "llama_cpp"):
+    parser.add_argument(
+        "--only",
+        choices=["llama_cpp", "vllm", "bodies"],
+        help="one recording (default: the fixtures of both servers; bodies only when asked)",
+    )
+    parser.add_argument(
+        "--ks", type=int, nargs="+", default=list(DEFAULT_KS), help="the K of each body read"
+    )
+    args = parser.parse_args()
+    if args.only == "bodies":
+        record_bodies(args.ks)
+        return
+    if args.only in (None, "llama_cpp"):
         record_llama_cpp()
-    if only in (None, "vllm"):
+    if args.only in (None, "vllm"):
         record_vllm()
 
 

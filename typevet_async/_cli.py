@@ -2,78 +2,220 @@
 
 Backend, URL, model, API key and concurrency come from flags or the ``TYPEVET_*`` variables
 (flags win); with no URL the embedded llama.cpp server is started.
+
+Exit codes: 0 done; 1 a batch wrote an error line for some record (and went on); 2 the command
+itself failed (a flag, a file, the server, an SDK error): one line on stderr, starting
+``typevet-async: ``; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import io
 import json
 import os
+import stat
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, Final, NoReturn, TextIO
 
 import anyio
+import attrs
 import orjson
 from tqdm import tqdm
 
 import typevet_async as tv
 from typevet_async._backends import embedded
 from typevet_async._convert import converter, questions_from_json
+from typevet_async._core.jsonvalues import parse_json
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_FAILED_RECORDS",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "CommandLineError",
+    "build_parser",
+    "main",
+    "questions_from_args",
+    "read_state",
+    "session_from_args",
+]
+
+EXIT_OK: Final = 0
+#: A batch wrote an error line for at least one record (it still judged every other one).
+EXIT_FAILED_RECORDS: Final = 1
+#: The command failed: one line on stderr.
+EXIT_ERROR: Final = 2
+EXIT_INTERRUPTED: Final = 130
+
+PROG: Final = "typevet-async"
+
+QUESTIONS_SHAPE = """\
+--questions FILE is a JSON object of question id to question, or that object under a
+"questions" key; a question is one of
+  {"type": "noul", "instructions": "Is a refund requested?"}
+  {"type": "choice", "instructions": "Which team?",
+   "criteria": {"billing": "money matters", "shipping": null}}   (or a list of labels)
+  {"type": "score", "instructions": "How urgent?", "levels": ["can wait", "today"]}
+e.g. {"questions": {"refund": {"type": "noul", "instructions": "Is a refund requested?"}}}.
+An id may be given once, across --questions, --noul, --choice and --score."""
+
+EXIT_CODES = """\
+exit codes: 0 done; 1 a batch had records that failed (each has an error line); 2 the command
+failed (one line on stderr, starting "typevet-async: "); 130 interrupted."""
 
 EXAMPLES = {
-    "judge": """example:
+    "judge": f"""example:
   typevet-async judge "I was charged twice and want a refund" \\
       --noul refund="Is a refund requested?" \\
       --choice route="Which team?:billing,shipping,technical" \\
       --score urgency="How urgent?:can wait,this week,today" --table
-  echo '{"ticket": "..."}' | typevet-async judge - --questions questions.json""",
-    "batch": """example:
+  echo '{{"ticket": "..."}}' | typevet-async judge - --questions questions.json
+  typevet-async judge @@home --noul q="..."    # judges the literal text "@home"
+
+{QUESTIONS_SHAPE}
+
+{EXIT_CODES}""",
+    "batch": f"""example:
   typevet-async batch tickets.jsonl --questions questions.json --out answers.jsonl
   typevet-async batch tickets.jsonl --questions questions.json --out answers.jsonl --resume
-input lines: {"id": "t1", "state": "..."} or a bare JSON string (its id is its line number).
-output lines, in input order: {"id": ..., "answers": {...}, "usage": {...}}
-                           or {"id": ..., "error": {"type": ..., "message": ...}}""",
-    "generate": """example:
-  typevet-async generate 'Reply in JSON like {"colour": "red"}. The car is red.' \\
-      --schema colour.schema.json""",
+  zcat tickets.jsonl.gz | typevet-async batch - --questions questions.json --out answers.jsonl
+
+input lines: {{"id": "t1", "state": "..."}}, or any other JSON value: a bare state whose id is
+its line number. Blank lines are skipped. Ids must be unique (compared as JSON: 5, 5.0 and "5"
+are three ids; a bare state on line 5 has the id 5).
+output lines, one per input line, in input order:
+  {{"id": ..., "answers": {{...}}, "usage": {{...}}}}
+  {{"id": ..., "error": {{"type": ..., "message": ...}}}}   (the record failed; the batch goes on)
+A line that is not JSON, or repeats an earlier id, gets an error line naming its line number:
+  {{"id": 7, "error": {{"type": "InvalidInputError", "message": "line 7: not valid JSON ..."}}}}
+--resume skips the records --out already has (a last line cut short by a kill is judged
+again); --out must not be the input.
+
+{QUESTIONS_SHAPE}
+
+{EXIT_CODES}""",
+    "generate": f"""example (examples/ticket.schema.json: a closed object of enums and a short
+string, which the bundled 270M model fills in; an open schema lets it invent keys until
+--max-tokens):
+  typevet-async generate "Sort this support ticket. Ticket: I was charged twice for \\
+      my order and want my money back." --schema examples/ticket.schema.json --max-tokens 100
+
+{EXIT_CODES}""",
     "serve-local": """example:
   typevet-async serve-local --port 8080
-  TYPEVET_BASE_URL=http://127.0.0.1:8080 typevet-async judge "..." --noul q="Refund?" """,
+  TYPEVET_BASE_URL=http://127.0.0.1:8080 typevet-async judge "..." --noul q="Refund?"
+In Python, Session.local(server=tv.ServerOptions(n_ctx=16384, n_parallel=4)) starts the same
+server for one session (on a free port).
+
+exit codes: 0 stopped by Ctrl-C; 2 it could not start (a port in use, a missing --model file,
+a bad flag): one line on stderr, starting "typevet-async: ".""",
 }
+
+
+class CommandLineError(Exception):
+    """The command line itself failed (a flag, a file, --out): printed as one line, exit 2."""
 
 
 # -- arguments -----------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a flag error as one `CommandLineError` line instead of usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix(PROG).strip()
+        raise CommandLineError(
+            f"{command + ': ' if command else ''}{message} (see '{self.prog} --help')"
+        )
+
+
+class _QuestionSpec(argparse.Action):
+    """Collects --noul/--choice/--score in the order given: answers come back in that order."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.question_specs = [*namespace.question_specs, (option_string, values)]
+
+
 def _connection_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("server (flags win over TYPEVET_* variables)")
-    group.add_argument("--backend", choices=["llama_cpp", "vllm"], help="TYPEVET_BACKEND")
-    group.add_argument("--base-url", help="TYPEVET_BASE_URL (unset: the embedded server)")
-    group.add_argument("--model", help="TYPEVET_MODEL (required for vllm)")
-    group.add_argument("--api-key", help="TYPEVET_API_KEY")
-    group.add_argument("--max-concurrency", type=int, help="TYPEVET_MAX_CONCURRENCY")
+    group = parser.add_argument_group("server (flags win over the TYPEVET_* variables)")
+    group.add_argument(
+        "--backend",
+        choices=["llama_cpp", "vllm"],
+        help="the server's kind (TYPEVET_BACKEND; default: llama_cpp)",
+    )
+    group.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="the server's URL (TYPEVET_BASE_URL; unset with llama_cpp: start the embedded "
+        "llama.cpp server with the bundled model, about 10 s)",
+    )
+    group.add_argument(
+        "--model",
+        help="the model the server serves; every request names it (TYPEVET_MODEL; required "
+        "with vllm)",
+    )
+    group.add_argument("--api-key", metavar="KEY", help="a bearer token (TYPEVET_API_KEY)")
+    group.add_argument(
+        "--max-concurrency",
+        type=embedded.positive_int_argument,
+        metavar="N",
+        help="reads in flight at once (TYPEVET_MAX_CONCURRENCY)",
+    )
 
 
 def _question_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--questions", type=Path, help="a JSON file of questions")
-    parser.add_argument("--noul", action="append", default=[], metavar="ID=INSTRUCTIONS")
-    parser.add_argument(
-        "--choice", action="append", default=[], metavar="ID=INSTRUCTIONS:LABEL,LABEL,..."
+    group = parser.add_argument_group("questions (at least one; see the shape below)")
+    group.add_argument(
+        "--questions",
+        type=Path,
+        metavar="FILE",
+        help='a JSON file: {"questions": {ID: QUESTION, ...}} or {ID: QUESTION, ...}',
     )
-    parser.add_argument(
-        "--score", action="append", default=[], metavar="ID=INSTRUCTIONS:LEVEL,LEVEL,..."
+    group.add_argument(
+        "--noul",
+        action=_QuestionSpec,
+        metavar="ID=INSTRUCTIONS",
+        help="a yes/no question; its answer is P(true)",
     )
+    group.add_argument(
+        "--choice",
+        action=_QuestionSpec,
+        metavar="ID=INSTRUCTIONS:LABEL,LABEL,...",
+        help="one label of two or more",
+    )
+    group.add_argument(
+        "--score",
+        action=_QuestionSpec,
+        metavar="ID=INSTRUCTIONS:LEVEL,LEVEL,...",
+        help="a level on a rubric, lowest first; its answer is the expected level",
+    )
+    parser.set_defaults(question_specs=[])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="typevet-async",
+    parser = _Parser(
+        prog=PROG,
         description="Typed questions to language-model servers, typed answers with probabilities.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="the command; COMMAND --help"
+    )
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return commands.add_parser(
@@ -84,64 +226,121 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    judge = command("judge", "Judge one state and print the typed answers.")
-    judge.add_argument("state", help="the state text, @FILE to read a file, or - for stdin")
+    judge = command("judge", "Judge one state and print the typed answers (JSON, or --table).")
+    judge.add_argument(
+        "state",
+        help="the state: the text itself; - to read stdin; @FILE to read a file; @@TEXT for "
+        "the literal text @TEXT. Read text that parses as JSON is judged as that JSON value",
+    )
     _question_flags(judge)
-    judge.add_argument("--table", action="store_true", help="a readable table, not JSON")
+    judge.add_argument("--table", action="store_true", help="print a readable table, not JSON")
     _connection_flags(judge)
 
     batch = command("batch", "Judge every line of a JSONL file into another, in input order.")
-    batch.add_argument("input", type=Path)
+    batch.add_argument(
+        "input",
+        help="the JSONL records: a file, - for stdin, or a pipe such as /dev/stdin or <(...) "
+        "(read once, as it comes; the progress bar then has no total)",
+    )
     _question_flags(batch)
-    batch.add_argument("--out", type=Path, required=True)
-    batch.add_argument("--resume", action="store_true", help="skip ids already in --out")
-    batch.add_argument("--no-progress", action="store_true")
+    batch.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the JSONL answers, one line per input line, each flushed as written; it must not "
+        "exist or be empty, unless --resume; it must not be the input",
+    )
+    batch.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue --out: skip the records it already has (a last line cut short by a "
+        "kill is dropped and judged again)",
+    )
+    batch.add_argument(
+        "--no-progress", action="store_true", help="no progress bar on stderr (the summary stays)"
+    )
     _connection_flags(batch)
 
     generate = command("generate", "Generate one JSON value that passes a JSON Schema.")
-    generate.add_argument("prompt")
-    generate.add_argument("--schema", type=Path, required=True)
+    generate.add_argument("prompt", help="the instructions, as one user message")
     generate.add_argument(
-        "--max-tokens", type=int, default=None, help="the token limit (default: the session's)"
+        "--schema",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="a JSON Schema (Draft 2020-12) file; local $refs only",
+    )
+    generate.add_argument(
+        "--max-tokens",
+        type=embedded.positive_int_argument,
+        default=None,
+        metavar="N",
+        help="the most tokens to generate (default: the session's, 512); a value cut off "
+        "by it is a TruncatedOutputError",
     )
     _connection_flags(generate)
 
-    serve = command("serve-local", "Run the embedded llama.cpp server in the foreground.")
-    serve.add_argument(
-        "options", nargs=argparse.REMAINDER, help="serving flags: see serve-local --help"
+    command("serve-local", "Run the embedded llama.cpp server in the foreground.").add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="--model GGUF, --host, --port, --ctx-size, --parallel, ...: see serve-local --help",
     )
     return parser
 
 
 def _split_spec(spec: str, flag: str) -> tuple[str, str, list[str]]:
     if "=" not in spec:
-        raise tv.QuestionError(f"{flag} wants ID=INSTRUCTIONS[:OPTIONS], got {spec!r}")
+        raise tv.QuestionError(f"{flag} wants ID=INSTRUCTIONS:OPTION,OPTION,..., got {spec!r}")
     question_id, rest = spec.split("=", 1)
     instructions, _, options = rest.rpartition(":") if ":" in rest else (rest, "", "")
     return question_id, instructions, [o.strip() for o in options.split(",") if o.strip()]
 
 
-def questions_from_args(args: argparse.Namespace) -> dict[str, tv.Question]:
-    questions: dict[str, tv.Question] = {}
-    if args.questions is not None:
-        questions.update(questions_from_json(json.loads(args.questions.read_text())))
-    for spec in args.noul:
+def _question_from_spec(flag: str, spec: str) -> tuple[str, tv.Question]:
+    if flag == "--noul":
         if "=" not in spec:
             raise tv.QuestionError(f"--noul wants ID=INSTRUCTIONS, got {spec!r}")
         question_id, instructions = spec.split("=", 1)
-        questions[question_id] = tv.Noul(instructions=instructions)
-    for spec in args.choice:
-        question_id, instructions, labels = _split_spec(spec, "--choice")
-        questions[question_id] = tv.Choice(labels, instructions=instructions)
-    for spec in args.score:
-        question_id, instructions, levels = _split_spec(spec, "--score")
-        questions[question_id] = tv.Score(levels, instructions=instructions)
+        return question_id, tv.Noul(instructions=instructions)
+    question_id, instructions, options = _split_spec(spec, flag)
+    if flag == "--choice":
+        return question_id, tv.Choice(options, instructions=instructions)
+    return question_id, tv.Score(options, instructions=instructions)
+
+
+def questions_from_args(args: argparse.Namespace) -> dict[str, tv.Question]:
+    """The questions of --questions, then of --noul/--choice/--score in the order given.
+
+    :raises QuestionError: none at all, a bad one, or an id given twice.
+    :raises CommandLineError: the --questions file cannot be read or is not JSON.
+    """
+    questions: dict[str, tv.Question] = {}
+    given_by: dict[str, str] = {}
+    if args.questions is not None:
+        data = _read_json_file(args.questions, "--questions")
+        questions.update(questions_from_json(data))
+        given_by = dict.fromkeys(questions, f"--questions {args.questions}")
+    for flag, spec in args.question_specs:
+        question_id, question = _question_from_spec(flag, spec)
+        if question_id in questions:
+            error = tv.QuestionError(
+                f"given twice, by {given_by[question_id]} and by {flag}: each id names one question"
+            )
+            error.question_id = question_id
+            raise error
+        questions[question_id] = question
+        given_by[question_id] = flag
     if not questions:
         raise tv.QuestionError("no questions: give --questions FILE or --noul/--choice/--score")
     return questions
 
 
 def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> tv.Session:
+    """The session the flags and variables describe; nothing is opened or started.
+
+    :raises ConfigurationError: naming the flag (and its variable) that is missing or wrong.
+    """
     env = dict(environ)
     for flag, variable in (
         ("backend", "TYPEVET_BACKEND"),
@@ -153,21 +352,95 @@ def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> t
         value = getattr(args, flag, None)
         if value is not None:
             env[variable] = str(value)
+    if env.get("TYPEVET_BACKEND", "").strip() == "vllm":
+        chosen_by = "--backend vllm" if args.backend else "TYPEVET_BACKEND=vllm"
+        for flag, variable, why in (
+            ("--base-url URL", "TYPEVET_BASE_URL", "vLLM has no embedded server"),
+            ("--model MODEL", "TYPEVET_MODEL", "the name the vLLM server serves the model by"),
+        ):
+            if not env.get(variable):
+                raise tv.ConfigurationError(f"{chosen_by} needs {flag} (or {variable}): {why}")
     return tv.Session.from_env(env)
 
 
+# -- JSON ------------------------------------------------------------------------------------
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # an integer beyond 64 bits: the stdlib writes it exactly
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _json_error(error: ValueError) -> str:
+    if isinstance(error, json.JSONDecodeError):  # orjson's too
+        return f"{error.msg} at column {error.colno}"
+    return str(error)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        seen[key] = value
+    return seen
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+def _read_json_file(path: Path, flag: str) -> Any:
+    """A whole JSON file (--questions, --schema); a key given twice is refused, not dropped."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise CommandLineError(f"{flag} {path}: cannot read it: {_reason(error)}") from None
+    try:
+        return json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise CommandLineError(f"{flag} {path}: not valid JSON: nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError among them
+        raise CommandLineError(f"{flag} {path}: not valid JSON: {error}") from None
+
+
 def read_state(argument: str, stdin: TextIO) -> Any:
-    """The state: the argument itself, or from stdin (-) or a file (@FILE), JSON if it parses."""
+    """The state: the argument itself; stdin (``-``) or a file (``@FILE``), as the JSON value
+    it holds if it is JSON; ``@@TEXT`` is the literal text ``@TEXT``.
+
+    :raises CommandLineError: the file or stdin cannot be read as UTF-8 text.
+    """
+    if argument.startswith("@@"):
+        return argument[1:]
     if argument != "-" and not argument.startswith("@"):
         return argument
-    text = stdin.read() if argument == "-" else Path(argument[1:]).read_text()
+    source = "stdin" if argument == "-" else argument[1:]
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
+        text = stdin.read() if argument == "-" else Path(source).read_bytes().decode("utf-8")
+    except OSError as error:
+        hint = (
+            "" if argument == "-" else f" (to judge text that starts with @, write @@: @{argument})"
+        )
+        raise CommandLineError(
+            f"cannot read the state from {source}: {_reason(error)}{hint}"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise CommandLineError(
+            f"cannot read the state from {source}: not UTF-8 text ({error.reason})"
+        ) from None
+    try:
+        return parse_json(text)
+    except ValueError:
         return text
 
 
-# -- commands ------------------------------------------------------------------------------
+# -- judge, generate ---------------------------------------------------------------------
 
 
 def _table(judgment: tv.Judgment) -> str:
@@ -187,8 +460,9 @@ def _table(judgment: tv.Judgment) -> str:
 
 async def run_judge(args: argparse.Namespace, out: TextIO) -> int:
     questions = questions_from_args(args)
+    session = session_from_args(args, os.environ)
     state = read_state(args.state, sys.stdin)
-    async with session_from_args(args, os.environ) as session:
+    async with session:
         judgment = await session.judge(state, questions)
     if args.table:
         print(_table(judgment), file=out)
@@ -196,106 +470,445 @@ async def run_judge(args: argparse.Namespace, out: TextIO) -> int:
         data = converter.unstructure(judgment)
         data.pop("diagnostics")
         print(json.dumps(data, indent=2, ensure_ascii=False), file=out)
-    return 0
+    return EXIT_OK
 
 
-def _done_ids(out: Path) -> set[Any]:
-    """Ids already in OUT; a last line cut off by a kill is removed so it is judged again."""
-    if not out.exists():
-        return set()
-    raw = out.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]
-    if len(complete) != len(raw):
-        out.write_bytes(complete)
-    done: set[Any] = set()
-    for line in complete.splitlines():
-        if line.strip():
-            done.add(_id_key(orjson.loads(line)["id"]))
-    return done
+async def run_generate(args: argparse.Namespace, out: TextIO) -> int:
+    schema = _read_json_file(args.schema, "--schema")
+    session = session_from_args(args, os.environ)
+    max_tokens = tv.UNSET if args.max_tokens is None else args.max_tokens
+    async with session:
+        result = await session.generate(args.prompt, schema=schema, max_tokens=max_tokens)
+    print(json.dumps(result.value, indent=2, ensure_ascii=False), file=out)
+    return EXIT_OK
 
 
-def _id_key(value: Any) -> Any:
+# -- batch -------------------------------------------------------------------------------
+
+#: Error lines (bad JSON, repeated ids) the reader may hold back behind records still being
+#: judged, before it waits for them to be written: the order is kept in bounded memory.
+_BACKLOG_LIMIT: Final = 1024
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+def _id_key(value: Any) -> str:
+    """A record id's identity: its JSON, keys sorted, so 5, 5.0, "5" and true differ."""
     return json.dumps(value, sort_keys=True)
 
 
-def _records(path: Path, skip: set[Any]) -> Iterator[tuple[Any, Any]]:
-    with path.open("rb") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            data = orjson.loads(line)
-            record_id, state = (
-                (data["id"], data["state"])
-                if isinstance(data, dict) and "id" in data and "state" in data
-                else (number, data)
+def _error_line(record_id: Any, error_type: str, message: str) -> bytes:
+    return _dumps({"id": record_id, "error": {"type": error_type, "message": message}}) + b"\n"
+
+
+def _answer_line(item: tv.BatchItem) -> bytes:
+    if item.judgment is None:
+        assert item.error is not None
+        return _error_line(item.record_id, type(item.error).__name__, str(item.error))
+    data = converter.unstructure(item.judgment)
+    body = {"id": item.record_id, "answers": data["answers"], "usage": data["usage"]}
+    return _dumps(body) + b"\n"
+
+
+@attrs.define
+class _Previous:
+    """What --out already holds, for --resume."""
+
+    #: Lines per record id.
+    counts: Counter[str] = attrs.Factory(Counter)
+    lines: int = 0
+    #: Where a last line cut short by a kill starts (None: there is none).
+    cut_at: int | None = None
+    #: The last line is complete but has no newline.
+    needs_newline: bool = False
+
+
+def _read_previous(out: Path) -> _Previous:
+    """The answer lines of --out. Only the last line may be cut short (by a kill): it is
+    dropped when it does not parse. Any other bad line is refused: exit 2, nothing written.
+    """
+    previous = _Previous()
+    try:
+        raw = out.read_bytes()
+    except FileNotFoundError:
+        return previous
+    except OSError as error:
+        raise CommandLineError(f"--out {out}: cannot read it: {_reason(error)}") from None
+    start = 0
+    number = 0
+    while start < len(raw):
+        end = raw.find(b"\n", start)
+        last = end == -1
+        line = raw[start:] if last else raw[start:end]
+        number += 1
+        if line.strip():
+            try:
+                data = parse_json(line)
+                if not isinstance(data, dict) or "id" not in data:
+                    raise ValueError('not an answer line {"id": ..., ...}')
+            except ValueError as error:
+                if last or not raw[end + 1 :].strip():
+                    # A kill cuts the last line short; it is judged again.
+                    previous.cut_at = start
+                    return previous
+                raise CommandLineError(
+                    f"--out {out} line {number} is not an answer line ({_json_error(error)}); "
+                    "it is not the last line, so no kill cut it short: fix or remove it, then "
+                    "--resume again"
+                ) from None
+            previous.counts[_id_key(data["id"])] += 1
+            previous.lines += 1
+            previous.needs_newline = last
+        if last:
+            break
+        start = end + 1
+    return previous
+
+
+class _AnswerSink:
+    """Writes answer lines in input order, each flushed. A record being judged holds its
+    place (its batch index); the error lines the reader makes wait behind it.
+
+    :raises CommandLineError: a write failed (a full disk, a lost mount).
+    """
+
+    def __init__(self, file: io.FileIO, path: Path, bar: tqdm[Any]) -> None:
+        self.file = file
+        self.path = path
+        self.bar = bar
+        self.pending: deque[int | bytes] = deque()
+        self.backlog = 0
+        self.written = 0
+        self.failed = 0
+        self._drained: anyio.Event | None = None
+
+    def write_raw(self, data: bytes) -> None:
+        # Unbuffered, so a killed run keeps every line it wrote, and a failed write is not
+        # tried again (and failed again) when the file closes.
+        pending = memoryview(data)
+        try:
+            while pending:
+                pending = pending[self.file.write(pending) :]
+        except OSError as error:
+            raise CommandLineError(f"cannot write to --out {self.path}: {_reason(error)}") from None
+
+    def _write(self, line: bytes) -> None:
+        self.write_raw(line)
+        self.written += 1
+        self.bar.update(1)
+
+    def expect(self, index: int) -> None:
+        self.pending.append(index)
+
+    def error_line(self, line: bytes) -> None:
+        self.failed += 1
+        if self.pending:
+            self.pending.append(line)
+            self.backlog += 1
+        else:
+            self._write(line)
+
+    def deliver(self, item: tv.BatchItem) -> None:
+        expected = self.pending.popleft()
+        assert expected == item.index, (expected, item.index)  # judge_many is ordered
+        self.failed += not item.ok
+        self._write(_answer_line(item))
+        while self.pending and isinstance(self.pending[0], bytes):
+            line = self.pending.popleft()
+            assert isinstance(line, bytes)
+            self.backlog -= 1
+            self._write(line)
+        if not self.pending and self._drained is not None:
+            self._drained.set()
+
+    async def wait_for_backlog(self) -> None:
+        while self.backlog > _BACKLOG_LIMIT and self.pending:
+            self._drained = anyio.Event()
+            await self._drained.wait()
+
+
+class _Reader:
+    """Turns input lines into records to judge and, in place, error lines for lines that are
+    not JSON or repeat an id; skips (for --resume) the records --out already has."""
+
+    def __init__(self, previous: _Previous, sink: _AnswerSink) -> None:
+        self.previous = previous
+        self.sink = sink
+        self.seen: Counter[str] = Counter()
+        self.first_line: dict[str, int] = {}
+        self.skipped = 0
+        self.judged = 0
+
+    def _take(self, number: int, line: bytes) -> tuple[Any, Any] | None:
+        """The line's (id, state) to judge, or None once it is skipped or its error written."""
+        if number == 1:
+            line = line.removeprefix(_BOM)
+        if not line.strip():
+            return None
+        try:
+            data = parse_json(line)
+        except ValueError as error:
+            record_id: Any = number
+            problem: str | None = f"line {number}: not valid JSON ({_json_error(error)})"
+            state = None
+        else:
+            problem = None
+            is_record = isinstance(data, dict) and "id" in data and "state" in data
+            record_id, state = (data["id"], data["state"]) if is_record else (number, data)
+        key = _id_key(record_id)
+        occurrence = self.seen[key]
+        self.seen[key] += 1
+        if occurrence < self.previous.counts[key]:  # --resume: --out has this line already
+            self.skipped += 1
+            self.first_line.setdefault(key, number)
+            return None
+        if problem is None and key in self.first_line:
+            problem = (
+                f"line {number}: the id {_dumps(record_id).decode()} is already taken, by "
+                f"line {self.first_line[key]}; each record needs its own id"
             )
-            if _id_key(record_id) not in skip:
-                yield record_id, state
+        self.first_line.setdefault(key, number)
+        if problem is not None:
+            self.sink.error_line(_error_line(record_id, "InvalidInputError", problem))
+            return None
+        return record_id, state
+
+    async def records(
+        self, lines: AsyncGenerator[bytes, None]
+    ) -> AsyncGenerator[tuple[Any, Any], None]:
+        number = 0
+        async with contextlib.aclosing(lines):  # a pipe's reader stops as soon as we do
+            async for line in lines:
+                number += 1
+                record = self._take(number, line)
+                if record is None:
+                    await self.sink.wait_for_backlog()
+                    continue
+                self.sink.expect(self.judged)
+                self.judged += 1
+                yield record
 
 
-def _line(item: tv.BatchItem) -> bytes:
-    if item.judgment is not None:
-        data = converter.unstructure(item.judgment)
-        body = {"id": item.record_id, "answers": data["answers"], "usage": data["usage"]}
-    else:
-        error = item.error
-        body = {
-            "id": item.record_id,
-            "error": {"type": type(error).__name__, "message": str(error)},
-        }
-    return orjson.dumps(body) + b"\n"
+#: Lines a pipe's reader thread may read ahead of the batch.
+_PIPE_READ_AHEAD: Final = 256
+
+
+class _PipeReader(threading.Thread):
+    """A daemon thread that reads a pipe's lines with raw reads and hands them to the event
+    loop, at most `_PIPE_READ_AHEAD` ahead: then None, or the OSError that ended the reading.
+
+    Not a worker thread: a pipe may wait for its writer forever, and neither the reads in
+    flight nor the command's exit (Ctrl-C, an error) may wait with it. A worker in
+    ``readline`` would hold the file's lock, so closing the file would block, and the
+    interpreter joins worker threads at exit.
+    """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(name="typevet-async pipe reader", daemon=True)
+        self.fd = fd
+        self.loop = asyncio.get_running_loop()
+        self.lines: asyncio.Queue[bytes | OSError | None] = asyncio.Queue()
+        self.room = threading.Semaphore(_PIPE_READ_AHEAD)
+        self.stopped = threading.Event()
+
+    def _hand_over(self, item: bytes | OSError | None) -> bool:
+        self.room.acquire()
+        if self.stopped.is_set():
+            return False
+        try:
+            self.loop.call_soon_threadsafe(self.lines.put_nowait, item)
+        except RuntimeError:  # the event loop has closed
+            return False
+        return True
+
+    def _lines(self) -> Iterator[bytes]:
+        buffer = bytearray()
+        while chunk := os.read(self.fd, 1 << 16):
+            buffer += chunk
+            start = 0
+            while (end := buffer.find(b"\n", start)) != -1:
+                yield bytes(buffer[start : end + 1])
+                start = end + 1
+            del buffer[:start]
+        if buffer:
+            yield bytes(buffer)
+
+    def run(self) -> None:
+        try:
+            for line in self._lines():
+                if not self._hand_over(line):
+                    return
+        except OSError as error:
+            self._hand_over(error)
+            return
+        self._hand_over(None)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.room.release()  # wakes a hand-over waiting for room, which then sees stopped
+
+
+async def _lines_of_pipe(source: IO[bytes]) -> AsyncGenerator[bytes, None]:
+    reader = _PipeReader(source.fileno())
+    reader.start()
+    try:
+        while (line := await reader.lines.get()) is not None:
+            reader.room.release()
+            if isinstance(line, OSError):
+                raise line
+            yield line
+    finally:
+        reader.stop()
+
+
+async def _lines_of_file(source: IO[bytes]) -> AsyncGenerator[bytes, None]:
+    for line in source:
+        yield line
+
+
+async def _then(
+    first: tuple[Any, Any], rest: AsyncIterator[tuple[Any, Any]]
+) -> AsyncIterator[tuple[Any, Any]]:
+    yield first
+    async for record in rest:
+        yield record
+
+
+@contextlib.contextmanager
+def _open_input(argument: str) -> Iterator[IO[bytes]]:
+    if argument == "-":
+        yield sys.stdin.buffer
+        return
+    try:
+        source = open(argument, "rb")  # noqa: SIM115 (closed below, after the batch)
+    except OSError as error:
+        raise CommandLineError(f"cannot read the input {argument}: {_reason(error)}") from None
+    with source:
+        yield source
+
+
+def _check_out(args: argparse.Namespace, source: IO[bytes]) -> None:
+    """Refuse an --out that is the input (through a symlink, a hard link or another path),
+    or that --resume could not continue, before anything is written."""
+    try:
+        out_status = os.stat(args.out)  # follows symlinks, as the writes would
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise CommandLineError(f"--out {args.out}: {_reason(error)}") from None
+    input_status = os.fstat(source.fileno())
+    if (out_status.st_dev, out_status.st_ino) == (input_status.st_dev, input_status.st_ino):
+        raise CommandLineError(
+            f"--out {args.out} is the input {args.input} (the same file): the answers would "
+            "overwrite the records; write them to another file"
+        )
+    regular = stat.S_ISREG(out_status.st_mode)
+    if args.resume and not regular:
+        raise CommandLineError(f"--resume needs --out to be a regular file; {args.out} is not")
+    if not args.resume and regular and out_status.st_size:
+        raise CommandLineError(
+            f"--out {args.out} exists and is not empty; pass --resume to continue it, or "
+            "write to another file"
+        )
+
+
+def _count_lines(source: IO[bytes]) -> int:
+    count = sum(1 for line in source if line.strip())
+    source.seek(0)
+    return count
 
 
 async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
     questions = questions_from_args(args)
-    skip = _done_ids(args.out) if args.resume else set()
-    if not args.resume and args.out.exists() and args.out.stat().st_size:
-        raise tv.ConfigurationError(f"{args.out} exists; pass --resume to continue it")
-    with args.input.open("rb") as lines:
-        total = sum(1 for line in lines if line.strip()) - len(skip)
-    started = time.monotonic()
-    done = failed = 0
-    bar = tqdm(total=total, unit="rec", disable=args.no_progress, file=sys.stderr)
-    async with session_from_args(args, os.environ) as session:
-        with args.out.open("ab") as sink:
-            stream = session.judge_many(_records(args.input, skip), questions, ordered=True)
-            async for item in stream:
-                sink.write(_line(item))
-                sink.flush()  # a killed run keeps every line it wrote
-                done += 1
-                failed += not item.ok
-                bar.update(1)
-    bar.close()
+    session = session_from_args(args, os.environ)
+    with _open_input(args.input) as source:
+        _check_out(args, source)
+        previous = _read_previous(args.out) if args.resume else _Previous()
+        regular = stat.S_ISREG(os.fstat(source.fileno()).st_mode)
+        # A pipe can be read once only: its total is unknown.
+        total = max(_count_lines(source) - previous.lines, 0) if regular else None
+        try:
+            sink_file = args.out.open("ab", buffering=0)
+        except OSError as error:
+            raise CommandLineError(f"cannot write to --out {args.out}: {_reason(error)}") from None
+        started = time.monotonic()
+        # disable=None: a bar only when stderr is a terminal (a log would fill with redraws).
+        bar = tqdm(
+            total=total, unit="rec", disable=True if args.no_progress else None, file=sys.stderr
+        )
+        with sink_file, bar:
+            sink = _AnswerSink(sink_file, args.out, bar)
+            if previous.cut_at is not None:
+                sink_file.truncate(previous.cut_at)
+            elif previous.needs_newline:
+                sink.write_raw(b"\n")
+            reader = _Reader(previous, sink)
+            lines = _lines_of_file(source) if regular else _lines_of_pipe(source)
+            records = reader.records(lines)
+            async with contextlib.aclosing(records):
+                # The server starts only once there is a record to judge.
+                first = await anext(records, None)
+                if first is not None:
+                    async with session:
+                        stream = session.judge_many(_then(first, records), questions)
+                        async with contextlib.aclosing(stream):
+                            async for item in stream:
+                                sink.deliver(item)
     elapsed = time.monotonic() - started
     print(
-        f"{done} records ({len(skip)} skipped as done), {failed} failed, "
-        f"{done / elapsed if elapsed else 0:.2f} records/s",
+        f"{sink.written} records ({reader.skipped} skipped as done), {sink.failed} failed, "
+        f"{sink.written / elapsed if elapsed else 0:.2f} records/s",
         file=out,
     )
-    return 1 if failed else 0
+    return EXIT_FAILED_RECORDS if sink.failed else EXIT_OK
 
 
-async def run_generate(args: argparse.Namespace, out: TextIO) -> int:
-    schema = json.loads(args.schema.read_text())
-    max_tokens = tv.UNSET if args.max_tokens is None else args.max_tokens
-    async with session_from_args(args, os.environ) as session:
-        result = await session.generate(args.prompt, schema=schema, max_tokens=max_tokens)
-    print(json.dumps(result.value, indent=2, ensure_ascii=False), file=out)
-    return 0
+# -- main --------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> int:
+    # One line, whatever the message holds (a server's reply may have line breaks).
+    one_line = message.replace("\r", "\\r").replace("\n", "\\n")
+    print(f"{PROG}: {one_line}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _run(argv: list[str]) -> int:
+    if argv[:1] == ["serve-local"]:  # its flags are the embedded server's own
+        embedded.main(argv[1:], prog=f"{PROG} serve-local", epilog=EXAMPLES["serve-local"])
+        return EXIT_OK
+    args = build_parser().parse_args(argv)
+    runner = {"judge": run_judge, "batch": run_batch, "generate": run_generate}[args.command]
+    return anyio.run(runner, args, sys.stdout)
+
+
+def _message(error: BaseException) -> str | None:
+    """What a failure of the command says on its line; None for a bug (its traceback shows)."""
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return _message(error.exceptions[0])
+    if isinstance(error, CommandLineError):
+        return str(error)
+    if isinstance(error, tv.TypevetError):
+        return f"{type(error).__name__}: {error}"
+    if isinstance(error, OSError):  # any other file or socket failure
+        where = f": {error.filename}" if error.filename else ""
+        return f"{type(error).__name__}: {_reason(error)}{where}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve-local"]:  # its flags are the embedded server's own
-        embedded.main(argv[1:], prog="typevet-async serve-local")
-        return 0
-    args = build_parser().parse_args(argv)
-    runner = {"judge": run_judge, "batch": run_batch, "generate": run_generate}[args.command]
+    """Run one command; its exit code (see the module's docstring)."""
     try:
-        return anyio.run(runner, args, sys.stdout)
-    except tv.TypevetError as error:
-        print(f"typevet-async: {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
+        return _run(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as done:  # --help
+        return EXIT_OK if done.code is None else done.code if isinstance(done.code, int) else 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        message = _message(error)
+        if message is None:
+            raise
+        return _fail(message)
 
 
 if __name__ == "__main__":

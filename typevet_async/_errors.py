@@ -29,11 +29,18 @@ A `GenerationError` is the client's verdict on what the server sent (checked on 
 not a failure to talk to it, so it is not a `BackendError`. Errors raised while reading one
 question carry its id in ``question_id``; errors of one prompt of a generation carry the
 prompt's index in ``prompt_index``.
+
+Every error redacts itself as it is built: its message, every attribute it is given (a body,
+a payload, the raw output) and every note pass through `typevet_async._core.redaction`, so no
+API key or URL password reaches ``str``, ``repr``, a traceback or a batch's answers file,
+whichever part of the SDK raised it.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from typevet_async._core.redaction import redact, redact_value
 
 __all__ = [
     "BackendError",
@@ -68,6 +75,19 @@ class TypevetError(Exception):
     question_id: str | None = None
     #: The index of the prompt being generated when the error happened, if any.
     prompt_index: int | None = None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact_value(arg) for arg in args))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Dunder slots (__cause__, __context__, __traceback__, __notes__) are the
+        # interpreter's: only the error's own fields are redacted.
+        if not name.startswith("__"):
+            value = redact_value(value)
+        super().__setattr__(name, value)
+
+    def add_note(self, note: str, /) -> None:
+        super().add_note(redact(note))
 
     def __str__(self) -> str:
         message = super().__str__()

@@ -1,5 +1,10 @@
 """The generation pipeline: check every prompt and the schema, generate under the caps, parse
 and validate each output on the client (server grammars do not enforce every keyword).
+
+A generation that outlives ``request_timeout`` fails once: sent again it would start from
+scratch and take as long again (the backends send it with ``retry_timeouts=False``), so its
+`RequestTimeoutError` says so and how to allow it longer. Its other transient failures are
+retried as a scoring read's are.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from jsonschema import Draft202012Validator
 from typevet_async._backends.base import Backend
 from typevet_async._core.generation import Generation, GenerationRequest, interpret_output
 from typevet_async._core.schemas import check_schema
-from typevet_async._errors import InvalidInputError, TypevetError
+from typevet_async._errors import InvalidInputError, RequestTimeoutError, TypevetError
 from typevet_async._fanout import gather_in_order, gather_settled
 from typevet_async._images import Image, check_images
 from typevet_async._settings import GenerationOptions, SessionSettings
@@ -68,7 +73,15 @@ def _generator(
 
     async def one(request: GenerationRequest) -> Generation:
         async with call_slots, slots:
-            output = await backend.generate(request, max_retries=options.max_retries)
+            try:
+                output = await backend.generate(request, max_retries=options.max_retries)
+            except RequestTimeoutError as error:
+                raise RequestTimeoutError(
+                    f"the generation outlived request_timeout and was not retried (it would "
+                    f"start again from scratch): {error}. Allow it longer with "
+                    f"request_timeout= (Session.llama_cpp, Session.vllm, Session.local), or "
+                    f"ask for fewer tokens with max_tokens= ({request.max_tokens} here)"
+                ) from None
         return interpret_output(output, validator)
 
     return one

@@ -1,10 +1,17 @@
-"""Images for requests that take them: checked by their bytes, capped in size, sent as data URIs."""
+"""Images for requests that take them: checked by their bytes, capped in size, sent as data URIs.
+
+Every `Image` is checked when it is built, however it is built (``Image(data, mime)``,
+`Image.from_bytes`, `Image.from_path`): bytes, not empty, a supported type that its bytes'
+signature confirms. The size cap is a caller's choice: `from_bytes` and `from_path` take one,
+and every call checks the session's ``max_image_bytes`` (`check_images`).
+"""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -30,12 +37,42 @@ def _sniff(data: bytes) -> str | None:
     return None
 
 
+def _image_bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidInputError(f"image data must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def _check_mime_type(image: Image, _: attrs.Attribute[Any], mime_type: Any) -> None:
+    if not image.data:
+        raise InvalidInputError("image data is empty")
+    if not isinstance(mime_type, str) or mime_type not in _SUPPORTED:
+        raise InvalidInputError(
+            f"image type {mime_type!r} is not supported; use one of {list(_SUPPORTED)}"
+        )
+    sniffed = _sniff(image.data[:16])
+    if sniffed != mime_type:
+        raise InvalidInputError(
+            f"image bytes are {sniffed or 'not a supported image'}, not {mime_type}"
+        )
+
+
+def _check_cap(max_bytes: Any) -> None:
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+        raise InvalidInputError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+
+
 @attrs.frozen(repr=False)
 class Image:
-    """A PNG, JPEG or WebP image; its MIME type must match its bytes."""
+    """A PNG, JPEG or WebP image; its MIME type must match its bytes (checked when built).
 
-    data: bytes
-    mime_type: str
+    :raises InvalidInputError: data that is not bytes or is empty, an unsupported type, or
+        bytes whose signature is not the declared type.
+    """
+
+    data: bytes = attrs.field(converter=_image_bytes)
+    # Checked after ``data`` (attrs runs validators in field order, after every converter).
+    mime_type: str = attrs.field(validator=_check_mime_type)
 
     def __repr__(self) -> str:
         return f"Image({self.mime_type}, {len(self.data)} bytes)"
@@ -44,24 +81,16 @@ class Image:
     def from_bytes(
         cls, data: bytes, mime_type: str, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     ) -> Image:
-        if not isinstance(data, bytes | bytearray):
-            raise InvalidInputError(f"image data must be bytes, got {type(data).__name__}")
-        if len(data) > max_bytes:
+        """The image of ``data``, once it is at most ``max_bytes`` (checked before any copy)."""
+        _check_cap(max_bytes)
+        if isinstance(data, bytes | bytearray | memoryview) and len(data) > max_bytes:
             raise InvalidInputError(f"image of {len(data)} bytes exceeds the {max_bytes}-byte cap")
-        if mime_type not in _SUPPORTED:
-            raise InvalidInputError(
-                f"image type {mime_type!r} is not supported; use one of {list(_SUPPORTED)}"
-            )
-        sniffed = _sniff(bytes(data[:16]))
-        if sniffed != mime_type:
-            raise InvalidInputError(
-                f"image bytes are {sniffed or 'not a supported image'}, not {mime_type}"
-            )
-        return cls(bytes(data), mime_type)
+        return cls(data, mime_type)
 
     @classmethod
     def from_path(cls, path: str | Path, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> Image:
         """Read an image file; its type comes from its bytes, its size is checked first."""
+        _check_cap(max_bytes)
         file = Path(path)
         size = file.stat().st_size
         if size > max_bytes:
@@ -87,7 +116,17 @@ def check_images(
 
     :raises InvalidInputError: too many images, one that is not an `Image`, or one too large.
     """
-    checked = (images,) if isinstance(images, Image) else tuple(images)
+    if isinstance(images, Image):
+        checked: tuple[Image, ...] = (images,)
+    elif isinstance(images, tuple):  # the default (), without the slower ABC check
+        checked = images
+    elif isinstance(images, Sequence) and not isinstance(images, str | bytes | bytearray):
+        checked = tuple(images)
+    else:
+        raise InvalidInputError(
+            f"images must be a tv.Image or a sequence of them (raw bytes: tv.Image.from_bytes), "
+            f"got {type(images).__name__}"
+        )
     if len(checked) > max_images:
         raise InvalidInputError(
             f"{len(checked)} images, but this session takes at most {max_images}"

@@ -10,6 +10,7 @@ task outlives it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -17,6 +18,7 @@ import attrs
 
 from typevet_async._backends.base import Backend
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
+from typevet_async._core.markers import ALL_RUNS, marker_runs
 from typevet_async._core.probe import Probe
 from typevet_async._core.questions import Question
 from typevet_async._core.scoring import (
@@ -45,22 +47,84 @@ class _Scored:
 PLAN_CACHE_SIZE = 1024
 
 
+#: Marker runs whose verdict (special token or not) a session keeps.
+VERDICT_CACHE_SIZE = 4096
+
+
+def _question_texts(question: Question) -> list[str]:
+    texts = [question.instructions]
+    for option in question.options():
+        texts.append(option.label)
+        if option.description:
+            texts.append(option.description)
+    return texts
+
+
 class Planner:
     """Plans a session's judgments: binds each question once (`bind_question`, cached) and
-    renders its request about each state (`request_for`)."""
+    renders its request about each state (`request_for`).
+
+    Caller text is neutralised by the served tokenizer's own verdict on each marker run
+    (`typevet_async._core.markers`): before a judgment's first request, the runs in its state
+    and questions that the session has not met yet are put to the backend in one
+    `Backend.special_runs` call, and the verdicts kept (`VERDICT_CACHE_SIZE`). A backend that
+    cannot tell answers None once, and every run is then neutralised (`ALL_RUNS`).
+    """
 
     def __init__(self, backend: Backend, probe: Probe, settings: SessionSettings) -> None:
         capabilities = backend.capabilities
+        self._backend = backend
         self._probe = probe
         self._family = probe.family if capabilities.framing == "sdk" else None
         control_ids, layout = probe.control_ids, settings.layout
         limit = capabilities.max_candidates
+        #: Marker run -> whether the served tokenizer reads it as a special token (recently
+        #: used last); None once the backend has said it cannot tell.
+        self._verdicts: collections.OrderedDict[str, bool] | None = collections.OrderedDict()
+        is_special = self.is_special
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def bind(question: Question) -> QuestionPlan:
-            return bind_question(question, layout, control_ids, limit)
+            return bind_question(question, layout, control_ids, limit, is_special)
+
+        @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+        def question_runs(question: Question) -> frozenset[str]:
+            return frozenset(marker_runs(_question_texts(question)))
 
         self._bind = bind
+        self._question_runs = question_runs
+
+    def is_special(self, run: str) -> bool:
+        """The served tokenizer's verdict on a marker run (unknown: special, to be safe)."""
+        verdicts = self._verdicts
+        if verdicts is None:
+            return ALL_RUNS(run)
+        verdict = verdicts.get(run)
+        if verdict is None:
+            return True
+        verdicts.move_to_end(run)
+        return verdict
+
+    async def learn(self, state_text: str, questions: Sequence[tuple[str, Question]]) -> None:
+        """Ask the backend about the marker runs of this judgment it has not judged yet (no
+        request when there are none: the common case)."""
+        verdicts = self._verdicts
+        if verdicts is None:
+            return
+        runs = marker_runs((state_text,)) if ("<" in state_text or "[" in state_text) else set()
+        for _, question in questions:
+            runs |= self._question_runs(question)
+        unknown = sorted(run for run in runs if run not in verdicts)
+        if not unknown:
+            return
+        special = await self._backend.special_runs(unknown)
+        if special is None:
+            self._verdicts = None
+            return
+        for run in unknown:
+            verdicts[run] = run in special
+        while len(verdicts) > VERDICT_CACHE_SIZE:
+            verdicts.popitem(last=False)
 
     def plan(
         self,
@@ -104,6 +168,7 @@ class Planner:
                     family=family,
                     images=images,
                     media_marker=probe.media_marker,
+                    is_special=self.is_special,
                 )
             )
         return requests

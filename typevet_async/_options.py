@@ -20,7 +20,11 @@ from typevet_async._errors import ConfigurationError
 __all__ = [
     "UNSET",
     "Unset",
+    "api_key",
     "boolean",
+    "callable_or_none",
+    "instance_of",
+    "non_empty_text",
     "non_negative_int",
     "non_negative_number",
     "one_of",
@@ -29,6 +33,7 @@ __all__ = [
     "positive_number",
     "probability_or_none",
     "resolve",
+    "sequence_of",
     "unset_or",
 ]
 
@@ -97,6 +102,75 @@ def probability_or_none(_: Any, attribute: attrs.Attribute[Any], value: Any) -> 
 def boolean(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, bool):
         _refuse(attribute, "True or False", value)
+
+
+def _is_text(value: Any) -> bool:
+    """A non-empty string that UTF-8 can carry (no lone surrogate)."""
+    if not isinstance(value, str) or not value.strip():
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def non_empty_text(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not _is_text(value):
+        _refuse(attribute, "a non-empty string (with no lone surrogate)", value)
+
+
+#: What an HTTP header value may carry unquoted: visible ASCII, no spaces, no line breaks.
+_HEADER_SAFE = frozenset(map(chr, range(0x21, 0x7F)))
+
+
+def api_key(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """None, or a key that can go in an ``Authorization: Bearer`` header as it is. The key is
+    never shown: the message names what is wrong with it (a key read from a file often ends in
+    a newline, which would otherwise fail inside aiohttp at the first request)."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"{attribute.name} must be a string or None, got {type(value).__name__}"
+        )
+    if not value:
+        raise ConfigurationError(f"{attribute.name} is empty; pass None for no key")
+    if value != value.strip():
+        raise ConfigurationError(
+            f"{attribute.name} starts or ends with whitespace (a trailing newline?); strip it "
+            "(the key is not shown)"
+        )
+    if not _HEADER_SAFE.issuperset(value):
+        raise ConfigurationError(
+            f"{attribute.name} must be visible ASCII with no spaces or control characters, "
+            "as an HTTP header carries it (the key is not shown)"
+        )
+
+
+def instance_of(kind: type | tuple[type, ...], wanted: str) -> Validator:
+    """A validator for a value of ``kind`` (``wanted`` says it in words)."""
+
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, kind):
+            _refuse(attribute, wanted, value)
+
+    return check
+
+
+def sequence_of(kind: type, wanted: str) -> Validator:
+    """A validator for a list or tuple whose every item is a ``kind``."""
+
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, list | tuple) or not all(isinstance(v, kind) for v in value):
+            _refuse(attribute, wanted, value)
+
+    return check
+
+
+def callable_or_none(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not callable(value):
+        _refuse(attribute, "a callable or None", value)
 
 
 def one_of(kind: Any) -> Validator:

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypedDict, Unpack, overload
 
 import aiohttp
 import anyio
+import attrs
 
 from typevet_async._backends.base import Backend
 from typevet_async._backends.embedded import ServerOptions
@@ -39,19 +40,29 @@ from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
 from typevet_async._batch import BatchStream, Progress, judge_stream
 from typevet_async._core.answers import Judgment
 from typevet_async._core.generation import Generation
-from typevet_async._core.jsonvalues import render_state
+from typevet_async._core.jsonvalues import check_text, render_state
+from typevet_async._core.layouts import jev_option_descriptions
 from typevet_async._core.probe import Probe, check_requested_model
-from typevet_async._core.questions import Question, check_questions
+from typevet_async._core.questions import Question, check_questions, refuse_lookalike_options
 from typevet_async._errors import (
     ConfigurationError,
     DeadlineExceededError,
+    InvalidInputError,
     SessionStateError,
     TypevetError,
 )
 from typevet_async._generating import generate_in_order, generate_settled, plan_generations
 from typevet_async._images import Image, check_images
 from typevet_async._judging import Planner, read_judgment
-from typevet_async._options import UNSET, Unset
+from typevet_async._options import (
+    UNSET,
+    Unset,
+    api_key,
+    instance_of,
+    non_empty_text,
+    optional,
+    sequence_of,
+)
 from typevet_async._settings import (
     DEFAULT_MAX_CONCURRENCY,
     BatchOptions,
@@ -61,6 +72,24 @@ from typevet_async._settings import (
 )
 
 __all__ = ["Session"]
+
+
+@attrs.frozen(kw_only=True)
+class _FactoryArguments:
+    """The factories' own arguments that no backend record checks, checked the same way (a
+    key with a trailing newline, a model that is not a string, a ``server`` that is not a
+    `ServerOptions` would otherwise fail as a raw error at ``open`` or at the first request).
+    The numeric ones are checked by `HttpSettings` and `RetryPolicy`."""
+
+    api_key: str | None = attrs.field(validator=api_key)
+    trace_configs: Sequence[aiohttp.TraceConfig] = attrs.field(
+        validator=sequence_of(aiohttp.TraceConfig, "a list or tuple of aiohttp.TraceConfig")
+    )
+    model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
+    server: ServerOptions | None = attrs.field(
+        default=None,
+        validator=optional(instance_of(ServerOptions, "a tv.ServerOptions or None")),
+    )
 
 
 def _http(
@@ -75,6 +104,29 @@ def _http(
         retry=RetryPolicy(max_retries=max_retries),
         trace_configs=trace_configs,
     )
+
+
+def _checked_prompts(prompts: Any) -> Sequence[str]:
+    """``prompts`` as a list once each string in it can be sent (the rest of the checks are
+    `plan_generations`'); nothing is sent before this passes."""
+    if isinstance(prompts, str):
+        raise InvalidInputError("prompts must be a sequence of strings, not one string")
+    if not isinstance(prompts, Iterable):
+        raise InvalidInputError(
+            f"prompts must be a sequence of strings, got {type(prompts).__name__}"
+        )
+    listed = list(prompts)
+    for index, prompt in enumerate(listed):
+        if isinstance(prompt, str):
+            check_text(prompt, f"prompt {index}")
+    return listed
+
+
+def _refuse_jev_lookalikes(checked: Sequence[tuple[str, Question]]) -> None:
+    """The Jev layouts show an option's description in place of its label: two options must
+    not read the same there either."""
+    for question_id, question in checked:
+        refuse_lookalike_options(question_id, question, jev_option_descriptions(question))
 
 
 class _GenerationKeywords(TypedDict, total=False):
@@ -117,6 +169,10 @@ class Session:
     def __init__(self, backend: Backend, settings: SessionSettings | None = None) -> None:
         self._backend = backend
         self._settings = settings if settings is not None else SessionSettings()
+        if not isinstance(self._settings, SessionSettings):
+            raise ConfigurationError(
+                f"settings must be a tv.SessionSettings or None, got {type(settings).__name__}"
+            )
         limit = backend.capabilities.max_concurrency
         slots = self._settings.max_concurrency
         # asyncio's own semaphores on the hot path (every read takes three): an uncontended
@@ -124,6 +180,8 @@ class Session:
         # first; cancelling a waiting acquire works the same (anyio cancels the task).
         self._slots = asyncio.Semaphore(slots if limit is None else min(slots, limit))
         self._state: Literal["unopened", "open", "closed"] = "unopened"
+        #: The event loop the session was opened in: its pool and tasks belong to that loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._probe: Probe | None = None
         self._planner: Planner | None = None
         self._probe_lock = anyio.Lock(fast_acquire=True)
@@ -174,7 +232,10 @@ class Session:
         :param trace_configs: aiohttp trace hooks.
         :param settings: `SessionSettings` by name (``max_concurrency``, ``layout``, the
             off-menu guard, image caps, ``prefix_reuse``, ``max_tokens``).
+        :raises ConfigurationError: an option of the wrong type or value, or an unknown one,
+            named.
         """
+        _FactoryArguments(api_key=api_key, trace_configs=trace_configs, model=model, server=server)
         config = LlamaCppConfig(
             base_url=base_url,
             server=server,
@@ -203,6 +264,7 @@ class Session:
 
         ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
         """
+        _FactoryArguments(api_key=api_key, trace_configs=trace_configs)
         http = _http(api_key, request_timeout, max_retries, trace_configs)
         config = VllmConfig(base_url=base_url, model=model, logprobs_mode=logprobs_mode, http=http)
         return cls(AsyncVllm(config), SessionSettings.from_keywords(settings))
@@ -214,7 +276,7 @@ class Session:
         The server starts when the session opens and stops when it closes. ``options`` are
         those of `Session.llama_cpp`.
         """
-        return cls.llama_cpp(None, server=server or ServerOptions(), **options)
+        return cls.llama_cpp(None, server=ServerOptions() if server is None else server, **options)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
@@ -270,8 +332,10 @@ class Session:
         if self._state == "closed":
             raise SessionStateError("cannot reopen a closed session")
         if self._state == "open":
+            self._require_open()  # opened in this loop, not another
             return
         await self._backend.open()
+        self._loop = asyncio.get_running_loop()
         self._state = "open"
 
     async def aclose(self) -> None:
@@ -282,9 +346,23 @@ class Session:
         with anyio.CancelScope(shield=True):
             await self._backend.aclose()
 
-    def _require_open(self) -> None:
+    def _require_open(self, *, in_loop: bool = True) -> None:
+        """:raises SessionStateError: the session is not open, or was opened in another event
+        loop (its connections belong to that one). ``in_loop=False``: the caller may be outside
+        any loop (`judge_many` builds its stream synchronously; each record checks again)."""
         if self._state != "open":
             raise SessionStateError(f"the session is {self._state}; use 'async with' to open it")
+        try:
+            loop = asyncio.get_running_loop()  # one C call: cheap enough for every call
+        except RuntimeError:
+            if in_loop:
+                raise
+            return
+        if loop is not self._loop:
+            raise SessionStateError(
+                "the session was opened in another event loop (each asyncio.run starts a new "
+                "one); open and use a session inside one event loop"
+            )
 
     async def probe(self) -> Probe:
         """The served template's family, the controls' token ids and the vocabulary size.
@@ -338,8 +416,10 @@ class Session:
         self._require_open()
         check_requested_model(self._backend.model, model)
         checked = check_questions(questions)
-        state_text = render_state(state)
         settings = self._settings
+        if settings.layout.is_jev:
+            _refuse_jev_lookalikes(checked)
+        state_text = render_state(state)
         images = check_images(
             images, max_images=settings.max_images, max_bytes=settings.max_image_bytes
         )
@@ -362,6 +442,7 @@ class Session:
         """`judge` once its arguments are checked (a batch checks them once, not per record)."""
         with _deadline(options.timeout, "the judgment"):
             probe, planner = await self._ready_planner()
+            await planner.learn(state_text, checked)  # the tokenizer's verdicts, if new
             requests = planner.plan(state_text, checked, images)
             return await read_judgment(
                 self._backend, probe, self._slots, requests, self._settings.prefix_reuse, options
@@ -413,9 +494,18 @@ class Session:
         :raises InvalidInputError: bad questions, options or ``records`` (a string, bytes, a
             mapping, not iterable), at the call (nothing was sent).
         """
-        self._require_open()
+        self._require_open(in_loop=False)
         checked = check_questions(questions)
-        batch = BatchOptions.for_call(self._settings, max_in_flight=max_in_flight, window=window)
+        if self._settings.layout.is_jev:
+            _refuse_jev_lookalikes(checked)
+        batch = BatchOptions.for_call(
+            self._settings,
+            max_in_flight=max_in_flight,
+            window=window,
+            ordered=ordered,
+            fail_fast=fail_fast,
+            on_progress=on_progress,
+        )
         # Checked here, at the call, not at the first record, nor again for every record.
         options = ReadOptions.for_call(
             self._settings,
@@ -426,7 +516,7 @@ class Session:
         )
 
         async def probe_once() -> None:
-            with _deadline(timeout, "the batch's probe"):
+            with _deadline(options.timeout, "the batch's probe"):
                 await self.probe()
 
         async def judge_one(state: Any) -> Judgment:
@@ -437,9 +527,9 @@ class Session:
             records,
             judge_one,
             batch,
-            ordered=ordered,
-            fail_fast=fail_fast,
-            on_progress=on_progress,
+            ordered=batch.ordered,
+            fail_fast=batch.fail_fast,
+            on_progress=batch.on_progress,
             prepare=probe_once,
         )
 
@@ -529,13 +619,14 @@ class Session:
             max_in_flight=max_in_flight,
             max_retries=max_retries,
             timeout=timeout,
+            return_exceptions=return_exceptions,
         )
         requests, validator = plan_generations(
-            self._backend, self._settings, prompts, schema, images, options
+            self._backend, self._settings, _checked_prompts(prompts), schema, images, options
         )
         with _deadline(options.timeout, "the generations"):
             await self.probe()
-            if return_exceptions:
+            if options.return_exceptions:
                 return await generate_settled(
                     self._backend, self._slots, requests, validator, options
                 )

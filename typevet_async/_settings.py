@@ -6,7 +6,7 @@ the caller). A call's overrides become a `ReadOptions` through the same validato
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, Self
 
 import attrs
@@ -18,6 +18,7 @@ from typevet_async._options import (
     UNSET,
     Unset,
     boolean,
+    callable_or_none,
     non_negative_int,
     one_of,
     optional,
@@ -143,6 +144,8 @@ class GenerationOptions(_CallOptions):
     max_tokens: int = attrs.field(validator=positive_int)
     #: This call's generations in flight at once (the session's ``max_concurrency`` holds too).
     max_in_flight: int = attrs.field(validator=positive_int)
+    #: Each failure in its place, instead of raising the first.
+    return_exceptions: bool = attrs.field(default=False, validator=boolean)
 
 
 @attrs.frozen(kw_only=True)
@@ -154,6 +157,13 @@ class BatchOptions:
     #: Records in flight or waiting to be yielded (the reorder buffer); at least
     #: ``max_in_flight``, by default 4 times it.
     window: int = attrs.field(validator=positive_int)
+    #: Yield in input order (else as completed); raise the first error item (else yield it).
+    ordered: bool = attrs.field(default=True, validator=boolean)
+    fail_fast: bool = attrs.field(default=False, validator=boolean)
+    #: Called with each `Progress` (typed loosely: `typevet_async._batch` imports this module).
+    on_progress: Callable[[Any], None] | None = attrs.field(
+        default=None, validator=callable_or_none
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.window < self.max_in_flight:
@@ -163,8 +173,14 @@ class BatchOptions:
 
     @classmethod
     def for_call(
-        cls, settings: SessionSettings, *, max_in_flight: int | Unset, window: int | Unset
+        cls,
+        settings: SessionSettings,
+        *,
+        max_in_flight: int | Unset,
+        window: int | Unset,
+        **flags: Any,
     ) -> BatchOptions:
+        """The call's bounds (``flags``: ``ordered``, ``fail_fast``, ``on_progress``)."""
         in_flight = resolve(max_in_flight, settings.max_concurrency)
         default_window = 4 * in_flight if isinstance(in_flight, int) else in_flight
-        return cls(max_in_flight=in_flight, window=resolve(window, default_window))
+        return cls(max_in_flight=in_flight, window=resolve(window, default_window), **flags)

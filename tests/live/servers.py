@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 import typevet_async as tv
+from typevet_async._backends.embedded import stop_child
 
 VLLM_MODEL_ID = "gemma3-270m"
 GEMMA3_TEMPLATE = (
@@ -82,14 +83,8 @@ class VllmServerProcess:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop_child(process, timeout=30)  # no stdin: SIGTERM
 
     def __enter__(self) -> VllmServerProcess:
         self.start()

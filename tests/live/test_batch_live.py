@@ -1,16 +1,9 @@
-"""judge_many and the command line against the real llama.cpp server."""
+"""judge_many against the real llama.cpp server (the command line: test_cli_live.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import anyio
 import pytest
@@ -82,109 +75,3 @@ async def test_fail_fast_and_cancellation(gemma3_url: str) -> None:
         assert len(asyncio.all_tasks()) == tasks_before
         again = await session.judge(TICKET, QUESTIONS)
     assert list(again) == ["refund"]
-
-
-def cli(*args: str, url: str) -> list[str]:
-    return [sys.executable, "-m", "typevet_async._cli", *args, "--base-url", url]
-
-
-def test_cli_batch_resumes_after_a_kill_without_loss_or_duplicates(
-    gemma3_url: str, tmp_path: Path
-) -> None:
-    questions = tmp_path / "questions.json"
-    questions.write_text(json.dumps({"questions": {"refund": {
-        "type": "noul", "instructions": "Is a refund requested?"}}}))  # fmt: skip
-    source = tmp_path / "in.jsonl"
-    lines = [json.dumps({"id": f"r{n}", "state": f"Ticket {n}: {TICKET}"}) for n in range(30)]
-    lines.insert(10, json.dumps("a bare string state"))  # its id is its line number, 11
-    source.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "out.jsonl"
-    args = cli("batch", str(source), "--questions", str(questions), "--out", str(out),
-               "--no-progress", "--max-concurrency", "2", url=gemma3_url)  # fmt: skip
-    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if out.exists() and out.read_text().count("\n") >= 8:
-            break
-        time.sleep(0.05)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    written = out.read_text().count("\n")
-    assert 8 <= written < 31, "the run was killed mid-way"
-
-    second = subprocess.run(
-        [*args, "--resume"], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert second.returncode == 0, second.stderr
-    assert f"({written} skipped as done)" in second.stdout
-    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
-    expected = [f"r{n}" for n in range(10)] + [11] + [f"r{n}" for n in range(10, 30)]
-    assert ids == expected  # none lost, none duplicated, input order
-    for line in out.read_text().splitlines():
-        record = json.loads(line)
-        assert record["answers"]["refund"]["type"] == "noul"
-        assert 0.0 < record["answers"]["refund"]["noul"] < 1.0
-
-
-def test_cli_judge_and_generate(gemma3_url: str, tmp_path: Path) -> None:
-    judged = subprocess.run(
-        cli("judge", TICKET, "--noul", "refund=Is a refund requested?",
-            "--choice", "route=Which team?:billing,shipping,technical", url=gemma3_url),
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    answers = json.loads(judged.stdout)["answers"]
-    assert list(answers) == ["refund", "route"]
-    assert answers["route"]["choice"] in ("billing", "shipping", "technical")
-    table = subprocess.run(
-        cli("judge", "-", "--score", "u=How urgent?:low,high", "--table", url=gemma3_url),
-        input=json.dumps({"ticket": TICKET}), capture_output=True, text=True, timeout=120,
-        check=True,
-    )  # fmt: skip
-    assert table.stdout.startswith("u ")
-    schema = tmp_path / "colour.json"
-    schema.write_text(json.dumps({"enum": ["red", "green", "blue"]}))
-    generated = subprocess.run(
-        cli("generate", 'Reply in JSON like "red". The car is red.', "--schema", str(schema),
-            "--max-tokens", "10", url=gemma3_url),
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert json.loads(generated.stdout) in ("red", "green", "blue")
-    bad = subprocess.run(
-        cli("judge", TICKET, url=gemma3_url), capture_output=True, text=True, timeout=60,
-        check=False, env={**os.environ},
-    )  # fmt: skip
-    assert bad.returncode == 2
-    assert "QuestionError: no questions" in bad.stderr
-
-
-def test_cli_serve_local_prints_its_url_and_serves() -> None:
-    import urllib.request
-
-    server = subprocess.Popen(
-        [sys.executable, "-m", "typevet_async._cli", "serve-local", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = json.loads(server.stdout.readline())["url"]
-        assert url.startswith("http://127.0.0.1:")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    assert json.loads(response.read()) == {"status": "ok"}
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "serve-local never became healthy"
-                time.sleep(0.2)
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        if server.stdout is not None:
-            server.stdout.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import anyio
@@ -113,8 +113,13 @@ class InMemoryStubBackend:
         capabilities: tv.Capabilities | None = None,
         model: str | None = "stub-model",
         vision: bool = False,
+        special_tokens: frozenset[str] | None = None,
     ) -> None:
         self.family = family
+        #: The marker runs its "tokenizer" reads as special (None: it cannot tell).
+        self.special_tokens = special_tokens
+        #: Every `special_runs` call's runs.
+        self.special_queries: list[list[str]] = []
         self._capabilities = capabilities or tv.Capabilities(
             framing="sdk", prefix_reuse=True, generation_images=False
         )
@@ -199,6 +204,12 @@ class InMemoryStubBackend:
         )
         logprobs = tuple(-1.0 - index for index in range(len(request.token_ids)))
         return tv.CandidateRead(request.token_ids, logprobs, 4096, 1, 10, 0)
+
+    async def special_runs(self, runs: Sequence[str]) -> frozenset[str] | None:
+        self.special_queries.append(list(runs))
+        if self.special_tokens is None:
+            return None
+        return frozenset(run for run in runs if run in self.special_tokens)
 
     async def generate(
         self, request: tv.GenerationRequest, *, max_retries: int | tv.Unset

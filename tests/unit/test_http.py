@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import traceback
 from collections.abc import AsyncIterator
 
 import pytest
@@ -25,8 +26,6 @@ from .stubs import (
     stopwatch,
 )
 
-pytestmark = pytest.mark.asyncio
-
 
 @pytest_asyncio.fixture
 async def stub() -> AsyncIterator[FaultInjectingStubServer]:
@@ -36,6 +35,7 @@ async def stub() -> AsyncIterator[FaultInjectingStubServer]:
     await server.stop()
 
 
+@pytest.mark.asyncio
 async def test_a_pooled_connection_closed_by_the_server_is_retried_once(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -55,6 +55,7 @@ async def test_a_pooled_connection_closed_by_the_server_is_retried_once(
     assert (first.count, replayed.count) == (1, 2)
 
 
+@pytest.mark.asyncio
 async def test_a_second_drop_is_a_transport_error(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: None
     client = HttpClient(stub.url)
@@ -75,6 +76,7 @@ async def client_for(
     return client
 
 
+@pytest.mark.asyncio
 async def test_http_errors_are_typed_with_status_and_body(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(503, b'{"error": "loading model"}')
     client = await client_for(stub)
@@ -87,6 +89,7 @@ async def test_http_errors_are_typed_with_status_and_body(stub: FaultInjectingSt
     assert "loading model" in caught.value.body
 
 
+@pytest.mark.asyncio
 async def test_redirects_are_not_followed(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(302, b"", "Location: http://example.invalid/\r\n")
     client = await client_for(stub)
@@ -100,6 +103,7 @@ async def test_redirects_are_not_followed(stub: FaultInjectingStubServer) -> Non
 
 
 @pytest.mark.parametrize("body", [b"{not json", b'{"logprob": NaN}', b'{"logprob": Infinity}', b""])
+@pytest.mark.asyncio
 async def test_a_body_that_is_not_json_is_a_protocol_error_with_an_excerpt(
     stub: FaultInjectingStubServer, body: bytes
 ) -> None:
@@ -115,6 +119,7 @@ async def test_a_body_that_is_not_json_is_a_protocol_error_with_an_excerpt(
     assert caught.value.payload == body.decode()
 
 
+@pytest.mark.asyncio
 async def test_oversized_body_is_refused(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(200, b"[" + b"0," * 5000 + b"0]")
     client = await client_for(stub, tv.HttpSettings(max_response_bytes=1000))
@@ -133,6 +138,7 @@ def chunked(body: bytes, size: int = 100) -> bytes:
     return head + encoded
 
 
+@pytest.mark.asyncio
 async def test_a_body_of_unknown_length_is_capped_as_it_streams(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -147,6 +153,7 @@ async def test_a_body_of_unknown_length_is_capped_as_it_streams(
         await client.aclose()
 
 
+@pytest.mark.asyncio
 async def test_api_key_is_never_shown_in_a_repr(stub: FaultInjectingStubServer) -> None:
     settings = tv.HttpSettings(api_key="sk-secret-123")
     client = HttpClient(stub.url, settings)
@@ -158,6 +165,7 @@ async def test_api_key_is_never_shown_in_a_repr(stub: FaultInjectingStubServer) 
     assert all("sk-secret-123" not in text for text in shown)
 
 
+@pytest.mark.asyncio
 async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> None:
     client = await client_for(stub)
     await client.aclose()
@@ -167,6 +175,7 @@ async def test_closed_client_cannot_reopen(stub: FaultInjectingStubServer) -> No
         await client.get("/x")
 
 
+@pytest.mark.asyncio
 async def test_a_client_needs_a_base_url_by_the_time_it_opens(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -195,6 +204,7 @@ FAST = tv.RetryPolicy(max_retries=2, initial=0.01, maximum=0.05, jitter=0.0)
         (reply(404, b"{}"), False),
     ],
 )
+@pytest.mark.asyncio
 async def test_transient_statuses_are_retried_and_others_are_not(
     stub: FaultInjectingStubServer, failure: bytes, retryable: bool
 ) -> None:
@@ -218,6 +228,7 @@ async def test_transient_statuses_are_retried_and_others_are_not(
     assert attempts.count == (2 if retryable else 1)
 
 
+@pytest.mark.asyncio
 async def test_retry_after_is_honoured(stub: FaultInjectingStubServer) -> None:
     calls = {"n": 0}
 
@@ -239,6 +250,7 @@ async def test_retry_after_is_honoured(stub: FaultInjectingStubServer) -> None:
     assert_takes_about(watch.elapsed, 1.0)  # the server's 1 s, not the policy's 10 ms backoff
 
 
+@pytest.mark.asyncio
 async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(503, b"{}")
     client = await client_for(stub, tv.HttpSettings(retry=FAST))
@@ -255,6 +267,7 @@ async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer)
     assert len(stub.requests) == 4
 
 
+@pytest.mark.asyncio
 async def test_a_dropped_connection_is_retried(stub: FaultInjectingStubServer) -> None:
     # Every request on connections 1 and 2 is dropped: the stale-connection replay and then
     # one retry are used up before connection 3 answers. Every HTTP attempt is counted.
@@ -295,6 +308,7 @@ async def llama_cpp(
     return backend
 
 
+@pytest.mark.asyncio
 async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubServer) -> None:
     from typevet_async._core.scoring import interpret_read
 
@@ -319,6 +333,7 @@ async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubSer
     assert (read.reads, read.attempts, diagnostics.attempts) == (1, 2, 2)
 
 
+@pytest.mark.asyncio
 async def test_the_stale_connection_replay_counts_in_the_answer_attempts(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -338,6 +353,7 @@ async def test_the_stale_connection_replay_counts_in_the_answer_attempts(
     assert interpret_read(REQUEST, replayed)[1].attempts == 2
 
 
+@pytest.mark.asyncio
 async def test_a_candidate_missing_from_a_whole_vocabulary_read_is_an_error(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -354,6 +370,7 @@ async def test_a_candidate_missing_from_a_whole_vocabulary_read_is_an_error(
     assert len(stub.requests) == 1
 
 
+@pytest.mark.asyncio
 async def test_an_entry_outside_the_vocabulary_is_refused(stub: FaultInjectingStubServer) -> None:
     stub.handler = lambda c, n: reply(200, completion([(10, -0.5), (262_144, -1.0)], 2))
     backend = await llama_cpp(stub, top_k=2)
@@ -368,6 +385,7 @@ async def test_an_entry_outside_the_vocabulary_is_refused(stub: FaultInjectingSt
 JEV_REQUEST = tv.ScoringRequest("q", noul(), (), "P", ("A", "B"), (10, 11), ((20,), (21,)))
 
 
+@pytest.mark.asyncio
 async def test_clamp_and_error_count_an_option_missing_only_when_none_of_its_tokens_is_read(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -403,6 +421,7 @@ async def test_clamp_and_error_count_an_option_missing_only_when_none_of_its_tok
     assert caught.value.missing == (11, 21)
 
 
+@pytest.mark.asyncio
 async def test_the_model_pin_is_checked_at_the_probe_before_anything_else(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -415,6 +434,7 @@ async def test_the_model_pin_is_checked_at_the_probe_before_anything_else(
     assert stub.seen_heads[0].startswith(b"GET /v1/models ")
 
 
+@pytest.mark.asyncio
 async def test_waiting_for_a_pooled_connection_does_not_count_against_request_timeout(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -435,6 +455,7 @@ async def test_waiting_for_a_pooled_connection_does_not_count_against_request_ti
     assert watch.elapsed >= 10 * stub.delay
 
 
+@pytest.mark.asyncio
 async def test_a_request_slower_than_request_timeout_times_out(
     stub: FaultInjectingStubServer,
 ) -> None:
@@ -450,6 +471,7 @@ async def test_a_request_slower_than_request_timeout_times_out(
     assert isinstance(tv.RequestTimeoutError("x"), TimeoutError)
 
 
+@pytest.mark.asyncio
 async def test_the_api_key_never_leaks(
     stub: FaultInjectingStubServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -513,6 +535,7 @@ def malformed_completion(**fields: object) -> bytes:
          tv.InvalidLogprobsError, "sum to 1.86"),
     ],
 )  # fmt: skip
+@pytest.mark.asyncio
 async def test_a_malformed_read_reply_names_its_question_through_a_session(
     stub: FaultInjectingStubServer, body: bytes, error: type[tv.TypevetError], message: str
 ) -> None:
@@ -534,6 +557,7 @@ async def test_a_malformed_read_reply_names_its_question_through_a_session(
     ("usage", "message"),
     [("40", "usage"), ([40], "usage"), ({"prompt_tokens": "40"}, "prompt_tokens")],
 )
+@pytest.mark.asyncio
 async def test_a_malformed_vllm_read_reply_names_its_question_through_a_session(
     stub: FaultInjectingStubServer, usage: object, message: str
 ) -> None:
@@ -546,3 +570,241 @@ async def test_a_malformed_vllm_read_reply_names_its_question_through_a_session(
         with pytest.raises(tv.ProtocolError, match=message) as caught:
             await session.judge("state", {"q": noul()})
     assert caught.value.question_id == "q"
+
+
+# -- a reply aiohttp cannot parse is a ProtocolError, never a status the server never sent ---
+
+
+class HeadCuttingStubServer:
+    """A raw stub server that answers every request with ``data`` and then closes the
+    connection: a header block cut off mid-way (no real server can be made to do it on cue)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.requests = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> HeadCuttingStubServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            self.requests += 1
+            writer.write(self.data)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (OK_HEAD + b"Content-Length: 2\r\nnot a header line\r\n\r\n{}", "Invalid header token"),
+        (OK_HEAD + b"Content-Length: abc\r\n\r\n{}", "Invalid character in Content-Length"),
+        (OK_HEAD + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "Duplicate Content-Length"),
+        (OK_HEAD + b"X-Long: " + b"a" * 9000 + b"\r\nContent-Length: 2\r\n\r\n{}",
+         "Got more than 8190 bytes"),
+        (OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+         "Invalid character in chunk size"),
+        (b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n{}", "Bad status line"),
+        (OK_HEAD + b"Content-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
+         "body could not be decoded"),
+        (OK_HEAD + b"Content-Length: 2\r\nX-Half", "header block was cut off after 'HTTP/1.1 200'"),
+    ],
+)  # fmt: skip
+@pytest.mark.asyncio
+async def test_a_reply_that_is_not_valid_http_is_a_protocol_error_naming_the_fault(
+    data: bytes, message: str
+) -> None:
+    # aiohttp reports most of these as ClientResponseError(status=400): that 400 is its
+    # parser's, not the server's, so it must never become a ServerError("HTTP 400").
+    settings = tv.HttpSettings(api_key="sk-header-block-0001", retry=FAST)
+    async with HeadCuttingStubServer(data) as stub:
+        client = HttpClient(stub.url, settings)
+        await client.open()
+        try:
+            with pytest.raises(tv.ProtocolError, match=message) as caught:
+                await client.post("/completion", {})
+        finally:
+            await client.aclose()
+    assert type(caught.value) is tv.ProtocolError
+    assert stub.requests == 1  # neither retried nor replayed as a stale connection
+    # Nothing chained: aiohttp's error carries the request headers, the bearer token among them.
+    assert caught.value.__cause__ is None
+    assert caught.value.__context__ is None
+    assert "sk-header-block-0001" not in "".join(traceback.format_exception(caught.value))
+
+
+@pytest.mark.asyncio
+async def test_a_body_cut_off_is_still_a_transient_transport_error() -> None:
+    async with HeadCuttingStubServer(OK_HEAD + b"Content-Length: 20\r\n\r\n{}") as stub:
+        client = HttpClient(stub.url, tv.HttpSettings(retry=FAST))
+        await client.open()
+        try:
+            with pytest.raises(tv.TransportError, match="response body cut off") as caught:
+                await client.post("/x", {})
+        finally:
+            await client.aclose()
+    assert stub.requests == 3  # retried: the next attempt may get the whole body
+    assert caught.value.__cause__ is None
+    assert caught.value.__context__ is None
+
+
+@pytest.mark.asyncio
+async def test_no_client_error_chains_an_aiohttp_error(stub: FaultInjectingStubServer) -> None:
+    # A stale-connection replay that fails again, a timeout, a refused connection: each is
+    # raised outside the except block that mapped it, so nothing aiohttp raised is chained.
+    stub.handler = lambda c, n: None
+    settings = tv.HttpSettings(request_timeout=0.2, retry=FAST, api_key="sk-chain-0002")
+    client = await client_for(stub, settings)
+    refused = HttpClient("http://127.0.0.1:9", settings)  # the discard port: nothing listens
+    await refused.open()
+    try:
+        with pytest.raises(tv.TransportError) as dropped:
+            await client.post("/x", {})
+        stub.delay, stub.handler = 5.0, lambda c, n: reply(200, b"{}")
+        with pytest.raises(tv.RequestTimeoutError, match=r"after 0\.2 s") as late:
+            await client.post("/x", {})
+        with pytest.raises(tv.TransportError, match="Cannot connect") as unreachable:
+            await refused.get("/x")
+    finally:
+        await client.aclose()
+        await refused.aclose()
+    for error in (dropped.value, late.value, unreachable.value):
+        assert error.__cause__ is None, repr(error.__cause__)
+        assert error.__context__ is None, repr(error.__context__)
+
+
+# -- HttpSettings refuses what it could not send, at construction -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("sk-abc\n", "ends with whitespace"),
+        (" sk-abc", "starts or ends with whitespace"),
+        ("sk-abc\r\n", "ends with whitespace"),
+        ("sk ab c", "visible ASCII"),
+        ("sk-\x00abc", "visible ASCII"),
+        ("sk-\x7fabc", "visible ASCII"),
+        ("sk-clé", "visible ASCII"),
+        ("sk-鍵", "visible ASCII"),
+        ("", "empty"),
+        (b"sk-bytes", "must be a string"),
+        (42, "must be a string"),
+    ],
+)
+def test_an_api_key_that_cannot_be_sent_is_refused_when_built(key: object, message: str) -> None:
+    with pytest.raises(tv.ConfigurationError, match=message) as caught:
+        tv.HttpSettings(api_key=key)  # type: ignore[arg-type]
+    assert "api_key" in str(caught.value)
+    if isinstance(key, str) and key.strip():
+        assert key.strip() not in str(caught.value)  # the key itself is never shown
+    with pytest.raises(tv.ConfigurationError, match="api_key"):
+        tv.Session.llama_cpp("http://127.0.0.1:1", api_key=key)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("request_timeout", "x"),
+        ("request_timeout", float("nan")),
+        ("request_timeout", -1.0),
+        ("request_timeout", float("inf")),
+        ("request_timeout", True),
+        ("max_connections", 2.5),
+        ("keepalive", "2"),
+        ("max_response_bytes", 0),
+        ("retry", "x"),
+        ("trace_configs", 5),
+        ("trace_configs", ["not a TraceConfig"]),
+        ("verify_tls", "yes"),
+    ],
+)
+def test_every_http_setting_is_a_typed_error_naming_it(field: str, value: object) -> None:
+    with pytest.raises(tv.ConfigurationError, match=field):
+        tv.HttpSettings(**{field: value})
+
+
+def test_url_credentials_and_an_api_key_together_are_refused_when_built() -> None:
+    # aiohttp would refuse them at the first request with a raw ValueError: both are the
+    # Authorization header.
+    settings = tv.HttpSettings(api_key="sk-both-0003")
+    with pytest.raises(tv.ConfigurationError, match="give one of them") as caught:
+        HttpClient("http://user:pw-both@127.0.0.1:1", settings)
+    assert "pw-both" not in str(caught.value)
+    with pytest.raises(tv.ConfigurationError, match="not a valid URL"):
+        HttpClient("http://[::1", settings)
+
+
+# -- a timed-out generation fails once, clearly -------------------------------------------------
+
+
+GENERATION = tv.GenerationRequest("colour?", {"type": "object"}, (), 512)
+
+
+@pytest.mark.parametrize("backend", ["llama_cpp", "vllm"])
+@pytest.mark.asyncio
+async def test_a_generation_that_outlives_request_timeout_is_not_retried(
+    stub: FaultInjectingStubServer, backend: str
+) -> None:
+    stub.delay = 30.0  # never answers a chat completion in time
+    http = tv.HttpSettings(request_timeout=0.3, retry=FAST)
+    probed: tv.Backend = (
+        ProbedLlamaCpp(tv.LlamaCppConfig(base_url=stub.url, http=http))
+        if backend == "llama_cpp"
+        else ProbedVllm(tv.VllmConfig(base_url=stub.url, model="m", http=http))
+    )
+    async with tv.Session(probed) as session:
+        with stopwatch() as watch, pytest.raises(tv.RequestTimeoutError) as caught:
+            await session.generate("colour?", schema={"type": "object"})
+    assert len(stub.requests) == 1  # sent once: a retry would start from scratch
+    assert_takes_about(watch.elapsed, 0.3)
+    message = str(caught.value)
+    assert "the generation outlived request_timeout and was not retried" in message
+    assert "after 0.3 s (request_timeout)" in message
+    assert "request_timeout= (Session.llama_cpp" in message
+    assert "max_tokens= (512 here)" in message
+    assert caught.value.prompt_index == 0
+
+
+@pytest.mark.asyncio
+async def test_a_scoring_read_that_times_out_is_still_retried(
+    stub: FaultInjectingStubServer,
+) -> None:
+    stub.delay = 30.0
+    http = tv.HttpSettings(request_timeout=0.2, retry=FAST)
+    backend = tv.AsyncLlamaCpp(tv.LlamaCppConfig(base_url=stub.url, top_k=2, http=http))
+    await backend.open()
+    try:
+        with pytest.raises(tv.RequestTimeoutError, match=r"timed out after 0\.2 s"):
+            await backend.read(REQUEST, PROBE, max_retries=2)
+        # Other transient failures of a generation are retried as before.
+        stub.delay = 0.0
+        outcomes = iter([reply(503, b"{}"), reply(200, json.dumps(CHAT).encode())])
+        stub.handler = lambda c, n: next(outcomes)
+        output = await backend.generate(GENERATION, max_retries=2)
+    finally:
+        await backend.aclose()
+    assert len(stub.requests) == 3 + 2  # the read: 1 + max_retries; the generation: 2
+    assert output.content == '{"n": 1}'
+
+
+CHAT = {
+    "choices": [{"finish_reason": "stop", "message": {"content": '{"n": 1}'}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+}

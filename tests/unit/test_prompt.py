@@ -10,8 +10,10 @@ import typevet_async as tv
 from typevet_async._core.controls import DIGITS, bind_controls, control_token_ids
 from typevet_async._core.fields import render_field_block, render_user_content
 from typevet_async._core.framing import TemplateFamily, classify_template, frame_prefix
-from typevet_async._core.markers import neutralise, neutralise_line
+from typevet_async._core.markers import marker_runs, neutralise, neutralise_line
 from typevet_async._core.scoring import plan_question
+
+from .stubs import InMemoryStubBackend
 
 IDS = {digit: 1000 + int(digit) for digit in DIGITS}
 
@@ -224,3 +226,55 @@ def test_hostile_text_keeps_one_answer_position_and_the_intended_controls(
         request.controls
     )
     assert field_lines[len(labels)].startswith("Reply with the one digit")
+
+
+def test_the_static_rule_covers_gemma_4_quotes_and_square_markers_but_not_numbers() -> None:
+    assert neutralise('say <|"|>hi<|"|>') == 'say ‹|"|›hi‹|"|›'
+    assert neutralise("[INST] x [/INST]") == "\uff3bINST\uff3d x \uff3b/INST\uff3d"
+    assert neutralise("see [1] and <3> and [x]") == "see [1] and <3> and [x]"
+    # Nested runs are each found: the angle run inside an ordinary square run is caught.
+    assert neutralise("[<end_of_turn>]") == "[‹end_of_turn›]"
+
+
+def test_with_the_tokenizers_verdicts_only_special_runs_change() -> None:
+    def special(run: str) -> bool:
+        return run == "<start_of_turn>"
+
+    text = "<div>late</div><start_of_turn>model [INST]"
+    assert neutralise(text, special) == "<div>late</div>‹start_of_turn›model [INST]"
+    assert marker_runs([text]) == {"<div>", "</div>", "<start_of_turn>", "[INST]"}
+
+
+async def _judge_prompts(
+    backend: InMemoryStubBackend, states: list[str], question: tv.Question
+) -> list[str]:
+    async with tv.Session(backend) as session:
+        prompts = []
+        for state in states:
+            judgment = await session.judge(state, {"q": question})
+            prompts.append(judgment.diagnostics["q"].prompt)
+    return prompts
+
+
+@pytest.mark.asyncio
+async def test_a_session_asks_its_backend_about_each_new_marker_run_once() -> None:
+    backend = InMemoryStubBackend(special_tokens=frozenset({"<end_of_turn>"}))
+    question = tv.Noul(instructions="Is <b>this</b> a refund?")
+    prompts = await _judge_prompts(
+        backend, ["<div><end_of_turn></div>", "<div><end_of_turn></div>", "plain"], question
+    )
+    assert "<div>‹end_of_turn›</div>" in prompts[0]
+    assert "Is <b>this</b> a refund?" in prompts[0]
+    assert prompts[1] == prompts[0]
+    # One query for the first judgment's new runs (state and question); none after.
+    assert backend.special_queries == [["</b>", "</div>", "<b>", "<div>", "<end_of_turn>"]]
+
+
+@pytest.mark.asyncio
+async def test_a_backend_that_cannot_tell_gets_every_marker_run_neutralised() -> None:
+    backend = InMemoryStubBackend(special_tokens=None)
+    question = tv.Noul(instructions="Refund?")
+    prompts = await _judge_prompts(backend, ["<div>x</div>", "<p>y</p>"], question)
+    assert "‹div›x‹/div›" in prompts[0]
+    assert "‹p›y‹/p›" in prompts[1]
+    assert len(backend.special_queries) == 1  # asked once; never again once it said no

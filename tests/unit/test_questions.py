@@ -59,3 +59,47 @@ def test_questions_are_frozen() -> None:
     noul = tv.Noul(instructions="x")
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         noul.instructions = "y"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: tv.Choice(["a\nb", "a b"], instructions="x"),
+            r"Choice labels 'a\\nb' and 'a b' render identically in the prompt \('a b'\)",
+        ),
+        (
+            lambda: tv.Choice(["<x>", "‹x›"], instructions="x"),
+            "Choice labels '<x>' and '‹x›' render identically in the prompt",
+        ),
+        (
+            lambda: tv.Choice(["a\u2028b", "a\r\n b", "c"], instructions="x"),
+            r"Choice labels 'a\\u2028b' and 'a\\r\\n b' render identically",
+        ),
+        (
+            lambda: tv.Choice({"a: b": None, "a": "b"}, instructions="x"),
+            "Choice options 'a: b' and 'a' render identically in the prompt",
+        ),
+        (
+            lambda: tv.Score(["<low>", "‹low›", "high"], instructions="x"),
+            "Score levels '<low>' and '‹low›' render identically",
+        ),
+        (
+            lambda: tv.Score(["low\n", "low", "high"], instructions="x"),
+            "Score levels must be distinct, 'low' appears twice",
+        ),
+        (
+            lambda: tv.Score(["low\nish", "low ish"], instructions="x"),
+            "Score levels 'low\\\\nish' and 'low ish' render identically",
+        ),
+    ],
+)
+def test_options_that_render_identically_are_refused_naming_both(build: Any, message: str) -> None:
+    with pytest.raises(tv.QuestionError, match=message):
+        build()
+
+
+def test_options_that_only_look_alike_before_rendering_are_kept() -> None:
+    assert tv.Choice(["<x>", "x", "‹y›"], instructions="x").labels == ("<x>", "x", "‹y›")
+    assert tv.Choice({"a": "b", "a b": None}, instructions="x").labels == ("a", "a b")
+    assert tv.Score(["Low", "low"], instructions="x").levels == ("Low", "low")

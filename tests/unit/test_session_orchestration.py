@@ -376,6 +376,30 @@ async def test_a_backend_error_of_one_prompt_carries_its_index() -> None:
     [
         (dict(prompts=["p"], schema={"type": "nope"}), tv.SchemaError, "meta-schema"),
         (dict(prompts=["p"], schema={"$ref": "http://x/s.json"}), tv.SchemaError, "never fetched"),
+        # issue 13: a reference cycle or a dangling $ref, before any request (before the fix a
+        # RecursionError or jsonschema's _WrappedReferencingError, after sending).
+        (dict(prompts=["p"], schema={"$ref": "#"}), tv.SchemaError, "refers to itself"),
+        (
+            dict(prompts=["p"], schema={"allOf": [{"$ref": "#"}]}),
+            tv.SchemaError,
+            "refers to itself",
+        ),
+        (
+            dict(
+                prompts=["p"],
+                schema={
+                    "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                    "$ref": "#/$defs/a",
+                },
+            ),
+            tv.SchemaError,
+            "refers to itself",
+        ),
+        (
+            dict(prompts=["p"], schema={"$ref": "#/$defs/nope"}),
+            tv.SchemaError,
+            "points to nothing",
+        ),
         (dict(prompts="p", schema=SCHEMA), tv.InvalidInputError, "not one string"),
         (dict(prompts=[], schema=SCHEMA), tv.InvalidInputError, "prompts is empty"),
         (dict(prompts=[""], schema=SCHEMA), tv.InvalidInputError, "prompt 0"),
@@ -482,3 +506,30 @@ async def test_each_question_is_bound_once_however_many_judgments_ask_it(
             judgment = await s.judge(f"state {n}", {"refund": refund, "route": route})
             assert f"user\nstate {n}\n\nQuestion: Route?" in judgment.diagnostics["route"].prompt
     assert bound == [refund, route]  # the controls and field block were built once each
+
+
+async def test_a_generated_integer_beyond_64_bits_comes_back_exact() -> None:
+    backend = InMemoryStubBackend()
+    backend.outputs = {"p": tv.ChatOutput('{"n": 12345678901234567890123}', "stop", 5, 3)}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    async with session(backend) as s:
+        generation = await s.generate("p", schema=schema)
+    assert generation.value == {"n": 12345678901234567890123}
+    assert type(generation.value["n"]) is int
+
+
+@pytest.mark.parametrize("layout", ["fused", "split"])
+async def test_the_jev_layouts_refuse_options_that_read_the_same_there(layout: str) -> None:
+    """Jev shows a described option by its description alone: two options with the same
+    description (after folding) cannot be told apart there, though their labels differ."""
+    backend = InMemoryStubBackend()
+    same = tv.Choice({"refund": "Money\nback", "return": "Money back"}, instructions="Route?")
+    async with session(backend, layout=layout) as s:
+        with pytest.raises(tv.QuestionError, match="'refund' and 'return' render identically"):
+            await s.judge("state", {"route": same})
+        with pytest.raises(tv.QuestionError) as caught:
+            s.judge_many(["state"], {"route": same})
+    assert caught.value.question_id == "route"
+    assert backend.probes == 0
+    async with session(backend) as s:  # the default layout shows the labels: accepted
+        await s.judge("state", {"route": same})

@@ -8,6 +8,7 @@ The README's "Writing a backend" section walks through a new one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import attrs
@@ -90,6 +91,15 @@ class Backend(Protocol):
         ``max_retries`` `UNSET`: the backend's retry policy.
 
         :raises BackendError: the read failed, or its logprobs failed validation.
+        """
+        ...
+
+    async def special_runs(self, runs: Sequence[str]) -> frozenset[str] | None:
+        """Which of ``runs`` (marker runs of caller text: `typevet_async._core.markers`) the
+        served tokenizer reads as special tokens; None if the backend cannot tell (every run is
+        then neutralised).
+
+        :raises BackendError: the tokenizer could not be asked.
         """
         ...
 

@@ -12,21 +12,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any, NoReturn
 
 import attrs
 
 from typevet_async._errors import ConfigurationError, TypevetError
 from typevet_async._options import boolean, non_negative_int, positive_int
 
-__all__ = ["SERVE_PORT", "EmbeddedServer", "ServerOptions", "cache_dir", "ensure_model", "main"]
+__all__ = [
+    "SERVE_HOST",
+    "SERVE_PORT",
+    "EmbeddedServer",
+    "ServerOptions",
+    "cache_dir",
+    "ensure_model",
+    "main",
+    "positive_int_argument",
+    "stop_child",
+]
 
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_BYTES = 253_113_024
@@ -35,6 +48,8 @@ _READY_TIMEOUT_SECONDS = 120.0
 #: The port ``typevet-async serve-local`` listens on unless told otherwise (a session's
 #: embedded server takes a free port).
 SERVE_PORT = 8080
+#: The address it listens on unless told otherwise: this machine only.
+SERVE_HOST = "127.0.0.1"
 
 
 def cache_dir() -> Path:
@@ -73,6 +88,8 @@ class ServerOptions:
     #: A built-in llama.cpp template name (``jinja=False``) or a jinja template's text.
     chat_template: str = "gemma"
     jinja: bool = attrs.field(default=False, validator=boolean)
+    #: Tokens of context for all slots together: llama.cpp splits it evenly, so one request
+    #: (prompt plus output) may use ``n_ctx // n_parallel`` tokens (2,048 by default).
     n_ctx: int = attrs.field(default=8192, validator=positive_int)
     #: Server slots: reads the server runs at once.
     n_parallel: int = attrs.field(default=4, validator=positive_int)
@@ -137,24 +154,24 @@ class EmbeddedServer:
         line = self.process.stdout.readline()
         if not line:
             code = self.process.wait()
+            self.stop()
             raise TypevetError(f"the embedded llama.cpp server exited with code {code}")
-        self.url = json.loads(line)["url"]
+        try:
+            started = json.loads(line)
+            self.url = started["url"]
+        except (ValueError, KeyError, TypeError):
+            self.stop()
+            # The child's startup failure, in its own words (`main` writes it).
+            raise _child_error(line) from None
         _wait_healthy(self.url, _READY_TIMEOUT_SECONDS)
         return self.url
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        if process.stdin is not None:
-            process.stdin.close()  # the child exits when its stdin closes
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        if process is not None:
+            stop_child(process, timeout=10)
+            if process.stdout is not None:
+                process.stdout.close()
 
     def __enter__(self) -> EmbeddedServer:
         self.start()
@@ -162,6 +179,35 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_child(process: subprocess.Popen[Any], *, timeout: float) -> None:
+    """Ask a child process to stop and wait for it: close its stdin (a child that serves until
+    its stdin closes, as `main` does), or send SIGTERM if it has none; kill it if it has not
+    exited after ``timeout`` seconds. (The benchmarks' and tests' own servers stop this way too.)
+    """
+    if process.stdin is not None:
+        process.stdin.close()
+    else:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _child_error(line: bytes) -> TypevetError:
+    """The error a child reported on its first line (``{"error": ..., "type": ...}``)."""
+    try:
+        report = json.loads(line)
+    except ValueError:
+        report = None
+    if not isinstance(report, dict) or "error" not in report:
+        return TypevetError(f"the embedded llama.cpp server wrote {line[:200]!r}, not its URL")
+    message, kind = str(report["error"]), report.get("type")
+    error_type = ConfigurationError if kind == "ConfigurationError" else TypevetError
+    return error_type(f"the embedded llama.cpp server did not start: {message}")
 
 
 def _wait_healthy(url: str, timeout: float) -> None:
@@ -185,6 +231,7 @@ def _serve(args: argparse.Namespace) -> None:
     params.model.path = args.model
     params.n_ctx = args.n_ctx
     params.n_parallel = args.parallel
+    params.hostnames = [args.host]
     params.port = args.port
     params.swa_full = args.swa_full
     if args.jinja_template is not None:
@@ -194,7 +241,15 @@ def _serve(args: argparse.Namespace) -> None:
         # use_jinja is on by default: a built-in template name would be read as jinja text.
         params.use_jinja = False
         params.chat_template = args.template
-    server = xllamacpp.Server(params)
+    try:
+        server = xllamacpp.Server(params)
+    except RuntimeError as error:
+        # llama.cpp logs the cause (a port taken since the check, a bad GGUF, memory) and
+        # raises a bare "Failed to init server".
+        raise TypevetError(
+            f"llama.cpp could not start serving {args.model} on {args.host}:{args.port} "
+            f"({error}); its log above says why"
+        ) from None
     url = str(server.listening_address).rstrip("/")
     print(json.dumps({"url": url}), flush=True)
     if args.child:
@@ -205,20 +260,103 @@ def _serve(args: argparse.Namespace) -> None:
             time.sleep(3600)
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The serving flags; their defaults are `ServerOptions`' own."""
+class _ServingFlagParser(argparse.ArgumentParser):
+    """Flag errors as a `ConfigurationError` (one line for the caller to print), not argparse's
+    usage block and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigurationError(f"{message} (see '{self.prog} --help')")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {text!r}")
+    return port
+
+
+def positive_int_argument(text: str) -> int:
+    """An argparse type: a positive integer (the command line's too)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _context_help(defaults: ServerOptions) -> str:
+    # llama.cpp splits the context evenly between its slots (``kv_unified`` is off).
+    per_request = defaults.n_ctx // defaults.n_parallel
+    return (
+        "tokens of context for all slots together (default: %(default)s). llama.cpp splits "
+        "it evenly, so one request (prompt plus output) may use --ctx-size / --parallel "
+        f"tokens: {per_request:,} by default; a longer one gets HTTP 400 'exceeds the "
+        "available context size'"
+    )
+
+
+def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The serving flags; their defaults are `ServerOptions`' own (the port excepted:
+    `SERVE_PORT`). A bad flag raises `ConfigurationError`."""
     defaults = ServerOptions()
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Serve the embedded llama.cpp server in the foreground."
+    parser = _ServingFlagParser(
+        prog=prog,
+        description="Serve the embedded llama.cpp server in the foreground (Ctrl-C stops it).\n"
+        'It prints {"url": ...} on stdout once it listens; its log goes to stderr.',
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
-    parser.add_argument("--port", type=int, default=SERVE_PORT, help="0: a free port")
-    parser.add_argument("--n-ctx", type=int, default=defaults.n_ctx)
-    parser.add_argument("--parallel", type=int, default=defaults.n_parallel)
     parser.add_argument(
-        "--template", default=defaults.chat_template, help="built-in llama.cpp template name"
+        "--model",
+        default=None,
+        metavar="GGUF",
+        help="the GGUF model file to serve (default: the bundled Gemma 3 270M, assembled "
+        "once into the cache folder)",
     )
-    parser.add_argument("--jinja-template", default=None, help="jinja template text")
+    parser.add_argument(
+        "--host",
+        default=SERVE_HOST,
+        help="the address to listen on (default: %(default)s, this machine only; 0.0.0.0: "
+        "every interface, with no authentication)",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=SERVE_PORT,
+        help="the port to listen on (default: %(default)s; 0: a free one, printed)",
+    )
+    parser.add_argument(
+        "--ctx-size",
+        "--n-ctx",
+        dest="n_ctx",
+        type=positive_int_argument,
+        default=defaults.n_ctx,
+        metavar="TOKENS",
+        help=_context_help(defaults),
+    )
+    parser.add_argument(
+        "--parallel",
+        type=positive_int_argument,
+        default=defaults.n_parallel,
+        metavar="SLOTS",
+        help="server slots: requests served at once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--template",
+        default=defaults.chat_template,
+        help="a built-in llama.cpp chat template name (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--jinja-template",
+        default=None,
+        metavar="TEXT",
+        help="a jinja chat template's text, instead of --template",
+    )
     parser.add_argument(
         "--swa-full",
         action=argparse.BooleanOptionalAction,
@@ -229,13 +367,62 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    args = build_parser(prog).parse_args(argv)
-    if args.model is None:
-        args.model = str(ensure_model())
-    with contextlib.suppress(KeyboardInterrupt):
-        _serve(args)
+def _check_listenable(host: str, port: int) -> None:
+    """Refuse, before the model loads, an address llama.cpp could not listen on: its own
+    failure is a bare "Failed to init server" with the cause only in its log."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise ConfigurationError(f"--host {host!r} is not an address here: {error}") from None
+    with socket.socket(family, kind, proto) as probe:
+        # As a listening server binds: a port left in TIME_WAIT is free, a listening one is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigurationError(
+                    f"port {port} on {host} is already in use (another server?): pick another "
+                    "with --port, or --port 0 for a free one"
+                ) from None
+            raise ConfigurationError(
+                f"cannot listen on {host}:{port}: {error.strerror or error}"
+            ) from None
+
+
+def _model_file(given: str | None) -> str:
+    if given is None:
+        return str(ensure_model())
+    path = Path(given)
+    if not path.is_file():
+        reason = "is a directory" if path.is_dir() else "does not exist"
+        raise ConfigurationError(f"--model {given}: {reason}; give the path of a GGUF file")
+    return given
+
+
+def main(argv: list[str] | None = None, prog: str | None = None, epilog: str | None = None) -> None:
+    """Serve until Ctrl-C (``serve-local``), or as a session's child until its stdin closes.
+
+    :raises ConfigurationError: a bad flag, a port in use, a model file that is not there.
+    :raises TypevetError: llama.cpp failed to start.
+    """
+    args = build_parser(prog, epilog).parse_args(argv)
+    try:
+        _check_listenable(args.host, args.port)
+        args.model = _model_file(args.model)
+        with contextlib.suppress(KeyboardInterrupt):
+            _serve(args)
+    except TypevetError as error:
+        if not args.child:
+            raise
+        # The parent reads our first stdout line: the URL, or why there is none.
+        print(json.dumps({"error": str(error), "type": type(error).__name__}), flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TypevetError as failure:
+        print(f"embedded: {type(failure).__name__}: {failure}", file=sys.stderr)
+        sys.exit(2)

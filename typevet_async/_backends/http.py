@@ -5,10 +5,17 @@ own strict decoder (`typevet_async._backends.wire`), so no reply is parsed twice
 into dicts nobody reads.
 
 Security defaults: redirects are never followed, TLS verification stays on, the API key is
-sent as a bearer header and never appears in a repr or an error message, and a response body
-larger than ``max_response_bytes`` is refused: one that declares its length is refused before
-it is read (and then read in one call), one that does not (chunked, or compressed) while it
-streams in.
+sent as a bearer header, and a response body larger than ``max_response_bytes`` is refused: one
+that declares its length is refused before it is read (and then read in one call), one that
+does not (chunked, or compressed) while it streams in.
+
+Secrets: `HttpSettings` registers its API key, and `HttpClient` its URL's user and password,
+with `typevet_async._core.redaction` (with the forms a server may echo them in), and every
+error redacts itself against them. The client's reprs and messages show the URL without its
+credentials, and no error it raises chains an aiohttp exception: aiohttp's carry the request's
+headers, the bearer token among them. Only a status the server sent is a `ServerError`; a reply
+aiohttp could not parse (a malformed or cut-off header block, a body it cannot decode) is a
+`ProtocolError` that says what was wrong.
 
 Retries: the first attempt is sent directly; tenacity's `AsyncRetrying` is entered only after
 a first transient failure, which it then sees as its own first attempt, so the policy (stop,
@@ -17,24 +24,36 @@ the replay of a pooled connection the server had closed included.
 
 ``request_timeout`` bounds one HTTP request from sending it to the end of its body. Waiting
 for a free pooled connection does not count: the client hands out its ``max_connections``
-itself, and starts a request's clock only once it holds one.
+itself, and starts a request's clock only once it holds one. A caller that sends a request too
+costly to send twice (a generation) asks `post` not to retry its timeouts.
+
+Lifecycle: once `aclose` has begun, every request still in flight, waiting for a connection or
+between retries fails with `SessionStateError`, whatever aiohttp raised as its pool closed (a
+wait between retries ends at once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import email.utils
 import time
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
 import attrs
 import orjson
+from aiohttp.http import RawResponseMessage
+from aiohttp.http_exceptions import ContentEncodingError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_base, wait_exponential_jitter
 
+from typevet_async._core.redaction import SHORT, excerpt, redact, register_secret
 from typevet_async._errors import (
+    ConfigurationError,
     ProtocolError,
     RequestTimeoutError,
     ServerError,
@@ -45,13 +64,16 @@ from typevet_async._errors import (
 from typevet_async._options import (
     UNSET,
     Unset,
+    api_key,
     boolean,
+    instance_of,
     non_negative_int,
     non_negative_number,
     positive_int,
     positive_number,
     resolve,
 )
+from typevet_async._slicing import yield_if_busy
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -75,6 +97,9 @@ DEFAULT_MAX_CONNECTIONS = 64
 
 #: A pooled connection the server already closed fails like this on first use.
 _STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+#: Characters of an error reply's body kept in `ServerError.body`, and in its message.
+_BODY_EXCERPT = 2000
+_MESSAGE_EXCERPT = 300
 
 
 @attrs.frozen(kw_only=True)
@@ -93,19 +118,52 @@ class RetryPolicy:
     max_retry_after: float = attrs.field(default=30.0, validator=positive_number)
 
 
-def _trace_configs(value: Sequence[aiohttp.TraceConfig]) -> tuple[aiohttp.TraceConfig, ...]:
-    return tuple(value)
+def _trace_configs(value: Iterable[aiohttp.TraceConfig]) -> tuple[aiohttp.TraceConfig, ...]:
+    configs = tuple(value) if isinstance(value, Iterable) else None
+    if configs is None or not all(isinstance(item, aiohttp.TraceConfig) for item in configs):
+        raise ConfigurationError(
+            f"trace_configs must be a sequence of aiohttp.TraceConfig, got {value!r}"
+        )
+    return configs
+
+
+def _key_forms(key: str) -> tuple[str, ...]:
+    """The forms a server may echo a key in: as sent, percent-encoded, JSON-escaped (with and
+    without ``/`` escaped)."""
+    escaped = orjson.dumps(key).decode()[1:-1]
+    return (key, urllib.parse.quote(key, safe=""), escaped, escaped.replace("/", "\\/"))
+
+
+def _register_url_secrets(parts: urllib.parse.SplitResult) -> None:
+    """Register a URL's user and password, as written and decoded, and the Basic-auth
+    credentials aiohttp sends from them."""
+    if parts.username is None and parts.password is None:
+        return
+    user, password = parts.username or "", parts.password or ""
+    decoded_user, decoded_password = urllib.parse.unquote(user), urllib.parse.unquote(password)
+    pair = f"{decoded_user}:{decoded_password}"
+    try:
+        basic = base64.b64encode(pair.encode("latin-1")).decode()
+    except UnicodeEncodeError:
+        basic = base64.b64encode(pair.encode()).decode()
+    register_secret(
+        user, password, decoded_user, decoded_password, f"{user}:{password}", pair, basic
+    )
 
 
 @attrs.frozen(kw_only=True)
 class HttpSettings:
     """How a backend's HTTP client talks to its server; checked when built."""
 
-    api_key: str | None = attrs.field(default=None, repr=False)
+    #: Sent as ``Authorization: Bearer <api_key>``: visible ASCII, checked when built (a key
+    #: read from a file with its newline is refused here, not at the first request).
+    api_key: str | None = attrs.field(default=None, repr=False, validator=api_key)
     #: Seconds for one HTTP request, from sending it to the end of its body (waiting for a
     #: pooled connection excluded).
     request_timeout: float = attrs.field(default=DEFAULT_REQUEST_TIMEOUT, validator=positive_number)
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    retry: RetryPolicy = attrs.field(
+        factory=RetryPolicy, validator=instance_of(RetryPolicy, "a tv.RetryPolicy")
+    )
     #: Connections open at once to the server (requests beyond wait for one, untimed).
     max_connections: int = attrs.field(default=DEFAULT_MAX_CONNECTIONS, validator=positive_int)
     #: Seconds an idle pooled connection is kept (below llama.cpp's own ~5 s).
@@ -118,6 +176,14 @@ class HttpSettings:
         default=(), converter=_trace_configs
     )
     verify_tls: bool = attrs.field(default=True, validator=boolean)
+
+    def __attrs_post_init__(self) -> None:
+        if self.api_key is not None:
+            register_secret(*_key_forms(self.api_key))
+            if len(self.api_key) < SHORT:
+                # Too short to register on its own (`SHORT`): its header form is not. Not a
+                # fragment's source: the word "Bearer" is no secret.
+                register_secret(f"Bearer {self.api_key}", fragments=False)
 
 
 @attrs.define
@@ -135,6 +201,11 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, ServerError):
         return error.status in (408, 429) or error.status >= 500
     return False
+
+
+def _transient_but_no_timeout(error: BaseException) -> bool:
+    """`is_transient`, for a request that would take as long again if sent again."""
+    return is_transient(error) and not isinstance(error, RequestTimeoutError)
 
 
 class _WaitRetryAfter(wait_base):
@@ -167,18 +238,49 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def map_client_error(error: BaseException, method: str, url: str) -> TypevetError:
-    """The most specific SDK error for an aiohttp or OS error (never carries headers)."""
-    where = f"{method} {url}"
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def map_client_error(
+    error: BaseException, method: str, url: str, *, timeout: float | None = None
+) -> TypevetError:
+    """The most specific SDK error for an aiohttp or OS error.
+
+    It copies what the caller needs into its message and keeps no reference to ``error``
+    (aiohttp's errors carry the request's headers); raise it outside the ``except`` block, so
+    that it does not chain ``error`` as its context either. ``url`` is shown redacted.
+    """
+    where = f"{method} {redact(url)}"
     if isinstance(error, TimeoutError | aiohttp.ServerTimeoutError):
-        return RequestTimeoutError(f"{where}: timed out")
+        limit = f" after {timeout:g} s (request_timeout)" if timeout is not None else ""
+        return RequestTimeoutError(f"{where}: timed out{limit}")
     if isinstance(error, aiohttp.ClientPayloadError):
-        return TransportError(f"{where}: response body cut off ({error})")
+        if isinstance(error.__cause__, ContentEncodingError):
+            detail = _one_line(str(error))
+            return ProtocolError(f"{where}: the reply's body could not be decoded ({detail})")
+        return TransportError(f"{where}: response body cut off ({_one_line(str(error))})")
     if isinstance(error, aiohttp.ClientResponseError):
-        return ServerError(f"{where}: HTTP {error.status}", status=error.status, body="")
+        # Never a status the server sent: redirects are not followed and no status is raised
+        # for, so aiohttp raises this only when it cannot parse the reply (its ``status`` is
+        # the parser's own 400).
+        return ProtocolError(f"{where}: malformed reply: {_one_line(error.message)}")
+    if isinstance(error, aiohttp.ServerDisconnectedError) and isinstance(
+        error.message, RawResponseMessage
+    ):
+        head = f"HTTP/{error.message.version[0]}.{error.message.version[1]} {error.message.code}"
+        return ProtocolError(f"{where}: the reply's header block was cut off after {head!r}")
     if isinstance(error, aiohttp.ClientError | OSError):
-        return TransportError(f"{where}: {type(error).__name__}: {error}")
+        return TransportError(f"{where}: {type(error).__name__}: {_one_line(str(error))}")
     return TransportError(f"{where}: {type(error).__name__}")
+
+
+def _is_stale_connection(error: BaseException) -> bool:
+    """How a pooled connection the server closed while idle fails on first use (no byte of a
+    reply came back: a cut-off header block is the server's answer, not a stale connection)."""
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return not isinstance(error.message, RawResponseMessage)
+    return isinstance(error, _STALE_CONNECTION_ERRORS)
 
 
 class HttpClient:
@@ -186,18 +288,38 @@ class HttpClient:
 
     def __init__(self, base_url: str | None, settings: HttpSettings | None = None) -> None:
         """``base_url`` None: given to `open` (an embedded server's URL is known only then)."""
-        self.base_url = base_url.rstrip("/") if base_url is not None else None
         self.settings = settings or HttpSettings()
+        self.base_url: str | None = None
+        if base_url is not None:
+            self._set_base_url(base_url)
         # Our own slots, as many as the connector's: a request waits here, untimed, and the
         # connector then never makes it wait for a connection.
         self._connections = asyncio.Semaphore(self.settings.max_connections)
         self._timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        #: Set by `aclose`: ends the waits between retries.
+        self._closing = asyncio.Event()
+
+    def _set_base_url(self, base_url: str) -> None:
+        """:raises ConfigurationError: not a URL, or one with credentials and an API key too."""
+        try:
+            parts = urllib.parse.urlsplit(base_url)
+        except ValueError as error:
+            raise ConfigurationError(f"base_url is not a valid URL ({error})") from None
+        _register_url_secrets(parts)
+        if self.settings.api_key is not None and (parts.username or parts.password):
+            # aiohttp would refuse it at the first request, with a raw ValueError.
+            raise ConfigurationError(
+                "base_url has a user or password and api_key is set: both would be the "
+                "Authorization header; give one of them"
+            )
+        self.base_url = base_url.rstrip("/")
 
     def __repr__(self) -> str:
         key = "set" if self.settings.api_key else "none"
-        return f"HttpClient(base_url={self.base_url!r}, api_key=<{key}>)"
+        shown = redact(self.base_url) if self.base_url is not None else None
+        return f"HttpClient(base_url={shown!r}, api_key=<{key}>)"
 
     async def open(self, base_url: str | None = None) -> None:
         if self._closed:
@@ -205,7 +327,7 @@ class HttpClient:
         if self._session is not None:
             return
         if base_url is not None:
-            self.base_url = base_url.rstrip("/")
+            self._set_base_url(base_url)
         if self.base_url is None:
             raise SessionStateError("the HTTP client was opened without a base URL")
         settings = self.settings
@@ -225,7 +347,9 @@ class HttpClient:
         )
 
     async def aclose(self) -> None:
+        """Close the pool. Requests still in flight then fail with `SessionStateError`."""
         self._closed = True
+        self._closing.set()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
@@ -234,7 +358,9 @@ class HttpClient:
         self, path: str, *, max_retries: int | Unset = UNSET, attempts: Attempts | None = None
     ) -> bytes:
         """GET ``path``; the reply's body (a 2xx), retrying transient failures."""
-        return await self._retrying("GET", path, None, max_retries, attempts)
+        raw = await self._retrying("GET", path, None, max_retries, attempts, True)
+        await yield_if_busy()  # before the caller decodes it (`typevet_async._slicing`)
+        return raw
 
     async def post(
         self,
@@ -243,16 +369,26 @@ class HttpClient:
         *,
         max_retries: int | Unset = UNSET,
         attempts: Attempts | None = None,
+        retry_timeouts: bool = True,
     ) -> bytes:
         """POST ``body`` as JSON; the reply's body (a 2xx), retrying transient failures
         (``max_retries`` overrides the policy's).
 
+        ``retry_timeouts=False``: a `RequestTimeoutError` is raised at once, not retried (a
+        request that ran for ``request_timeout`` would run as long again from scratch).
+
         :raises ServerError: a status of 300 or more (redirects are never followed).
         :raises TransportError: the connection failed, or the body was cut off.
         :raises RequestTimeoutError: one attempt outlived ``request_timeout``.
-        :raises ProtocolError: the body is larger than ``max_response_bytes``.
+        :raises ProtocolError: the reply could not be parsed as HTTP, or its body is larger
+            than ``max_response_bytes``.
+        :raises SessionStateError: the client is not open, or was closed meanwhile.
         """
-        return await self._retrying("POST", path, orjson.dumps(body), max_retries, attempts)
+        raw = await self._retrying(
+            "POST", path, orjson.dumps(body), max_retries, attempts, retry_timeouts
+        )
+        await yield_if_busy()  # before the caller decodes it (`typevet_async._slicing`)
+        return raw
 
     async def _retrying(
         self,
@@ -261,14 +397,16 @@ class HttpClient:
         data: bytes | None,
         max_retries: int | Unset,
         attempts: Attempts | None,
+        retry_timeouts: bool,
     ) -> bytes:
         counter = attempts if attempts is not None else Attempts()
         retries = resolve(max_retries, self.settings.retry.max_retries)
+        retryable = is_transient if retry_timeouts else _transient_but_no_timeout
         first: TypevetError | None = None
         try:
             return await self._request(method, path, data, counter)
         except TypevetError as error:
-            if retries == 0 or not is_transient(error):
+            if retries == 0 or not retryable(error):
                 raise
             first = error
         # Only now, after a transient failure, is tenacity entered. Its first attempt re-raises
@@ -278,8 +416,9 @@ class HttpClient:
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(retries + 1),
             wait=_WaitRetryAfter(policy),
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(retryable),
             reraise=True,
+            sleep=self._backoff,
         ):
             with attempt:
                 if first is not None:
@@ -288,6 +427,17 @@ class HttpClient:
                 return await self._request(method, path, data, counter)
         raise AssertionError("unreachable: tenacity reraises the last error")
 
+    async def _backoff(self, seconds: float) -> None:
+        """tenacity's wait between attempts, cut short by `aclose` (the next attempt then finds
+        the client closed)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+
+    def _closed_meanwhile(self, method: str, url: str) -> SessionStateError:
+        return SessionStateError(
+            f"{method} {redact(url)}: the HTTP client was closed while the request was in flight"
+        )
+
     async def _request(
         self, method: str, path: str, data: bytes | None, counter: Attempts
     ) -> bytes:
@@ -295,20 +445,39 @@ class HttpClient:
             state = "closed" if self._closed else "not open"
             raise SessionStateError(f"the HTTP client is {state}")
         url = f"{self.base_url}{path}"
+        await yield_if_busy()  # sending costs CPU too: not in a slice that has run out
         async with self._connections:
-            try:
+            # At most two sends: every request the SDK sends is idempotent, and a pooled
+            # connection the server closed while idle fails on first use, so the first send
+            # that fails so is sent once more, on a fresh connection.
+            for replay in (False, True):
+                # Read again on each send: the client may have closed while this request
+                # waited for a slot, yielded, or met a stale connection.
+                session = self._session
+                if session is None:
+                    raise self._closed_meanwhile(method, url)
                 counter.count += 1
-                return await self._send(self._session, method, url, data)
-            except _STALE_CONNECTION_ERRORS:
-                # Every request the SDK sends is idempotent; a pooled connection the server
-                # closed while idle fails on first use, so send once more on a fresh one.
                 try:
-                    counter.count += 1
-                    return await self._send(self._session, method, url, data)
-                except (TimeoutError, aiohttp.ClientError, OSError) as error:
-                    raise map_client_error(error, method, url) from error
-            except (TimeoutError, aiohttp.ClientError, OSError) as error:
-                raise map_client_error(error, method, url) from error
+                    return await self._send(session, method, url, data)
+                except TypevetError:
+                    raise  # the server's answer, already typed (a status, a body too large)
+                except (aiohttp.ClientError, OSError, RuntimeError) as error:
+                    # TimeoutError is an OSError. A RuntimeError is aiohttp's "Session is
+                    # closed" only once we closed it; otherwise it is a bug, raised as itself.
+                    if isinstance(error, RuntimeError) and not self._closed:
+                        raise
+                    if self._closed:
+                        failure: TypevetError = self._closed_meanwhile(method, url)
+                    elif not replay and _is_stale_connection(error):
+                        continue
+                    else:
+                        failure = map_client_error(
+                            error, method, url, timeout=self.settings.request_timeout
+                        )
+                # Raised outside the except block: no aiohttp error (nor its request headers)
+                # is chained as the failure's cause or context.
+                raise failure
+        raise AssertionError("unreachable: the second send returns or raises")
 
     async def _send(
         self, session: aiohttp.ClientSession, method: str, url: str, data: bytes | None
@@ -326,13 +495,7 @@ class HttpClient:
         ) as response:
             raw = await self._read_capped(response, method, url)
             if response.status >= 300:
-                text = raw[:2000].decode("utf-8", "replace")
-                raise ServerError(
-                    f"{method} {url}: HTTP {response.status}: {text[:300]}",
-                    status=response.status,
-                    body=text,
-                    retry_after=parse_retry_after(response.headers.get("Retry-After")),
-                )
+                raise _server_error(response, raw, method, url)
             return raw
 
     async def _read_capped(self, response: aiohttp.ClientResponse, method: str, url: str) -> bytes:
@@ -340,7 +503,7 @@ class HttpClient:
         length = response.content_length
         if length is not None and length > cap:
             raise ProtocolError(
-                f"{method} {url}: response of {length} bytes exceeds the {cap}-byte cap"
+                f"{method} {redact(url)}: response of {length} bytes exceeds the {cap}-byte cap"
             )
         if length is not None and _identity(response.headers.get("Content-Encoding")):
             # The length is known and is the body's own: read it in one call, no per-chunk work.
@@ -350,8 +513,28 @@ class HttpClient:
         async for chunk in response.content.iter_chunked(1 << 20):
             chunks += chunk
             if len(chunks) > cap:
-                raise ProtocolError(f"{method} {url}: response exceeds the {cap}-byte cap")
+                raise ProtocolError(f"{method} {redact(url)}: response exceeds the {cap}-byte cap")
         return bytes(chunks)
+
+
+def _server_error(
+    response: aiohttp.ClientResponse, raw: bytes, method: str, url: str
+) -> ServerError:
+    """The status the server sent, with a redacted excerpt of its body (and, for a redirect,
+    where it pointed). Neither the reason phrase nor any other header is kept."""
+    # Twice the excerpt's bytes: room for a multi-byte character, or a secret, at the cut.
+    body = excerpt(raw[: 2 * _BODY_EXCERPT].decode("utf-8", "replace"), _BODY_EXCERPT)
+    detail = body[:_MESSAGE_EXCERPT]
+    location = response.headers.get("Location")
+    if 300 <= response.status < 400 and location:
+        shown = excerpt(location, _MESSAGE_EXCERPT)
+        detail = f"redirect to {shown!r} not followed" + (f": {detail}" if detail else "")
+    return ServerError(
+        f"{method} {redact(url)}: HTTP {response.status}: {detail}",
+        status=response.status,
+        body=body,
+        retry_after=parse_retry_after(response.headers.get("Retry-After")),
+    )
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}

@@ -13,6 +13,7 @@ embedded server's lifecycle (`typevet_async._backends.embedded`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import anyio
@@ -45,6 +46,7 @@ from typevet_async._core.readings import (
     present_candidates,
     read_entries,
 )
+from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     CandidateMissingError,
@@ -104,7 +106,7 @@ class LlamaCppConfig:
     :param server: how to start the embedded server, when ``base_url`` is None.
     """
 
-    base_url: str | None = attrs.field(default=None, validator=_url_or_none)
+    base_url: str | None = attrs.field(default=None, validator=_url_or_none, repr=redacted_repr)
     model: str | None = None
     top_k: int | None = attrs.field(default=None, validator=optional(positive_int))
     on_missing: OnMissing = attrs.field(default="exact", validator=one_of(OnMissing))
@@ -145,7 +147,7 @@ class AsyncLlamaCpp:
         self.http = HttpClient(config.base_url, config.http)
 
     def __repr__(self) -> str:
-        where = self.config.base_url or "embedded"
+        where = redact(self.config.base_url) if self.config.base_url else "embedded"
         return (
             f"AsyncLlamaCpp({where!r}, top_k={self.config.first_top_k}, "
             f"on_missing={self.config.on_missing!r}, reproducible={self.config.reproducible})"
@@ -199,8 +201,32 @@ class AsyncLlamaCpp:
             media_marker=marker,
         )
 
-    async def tokenize(self, text: str) -> list[int]:
-        return decode_tokens(await self.http.post("/tokenize", tokenize_body(text)))
+    async def tokenize(self, text: str, *, parse_special: bool = True) -> list[int]:
+        body = tokenize_body(text, parse_special=parse_special)
+        return decode_tokens(await self.http.post("/tokenize", body))
+
+    async def special_runs(self, runs: Sequence[str]) -> frozenset[str]:
+        """The runs the served tokenizer reads as special tokens: those it tokenizes otherwise
+        with ``parse_special`` than without. One pair of ``/tokenize`` requests for all the runs
+        (joined by line breaks, which no run contains) when none is special, the common case;
+        else the runs are halved until each special one is found."""
+
+        async def has_special(texts: Sequence[str]) -> bool:
+            joined = "\n".join(texts)
+            parsed, plain = await gather_in_order(
+                (True, False), lambda parse: self.tokenize(joined, parse_special=parse)
+            )
+            return parsed != plain
+
+        async def find(texts: Sequence[str]) -> list[str]:
+            if not texts or not await has_special(texts):
+                return []
+            if len(texts) == 1:
+                return list(texts)
+            middle = len(texts) // 2
+            return [*await find(texts[:middle]), *await find(texts[middle:])]
+
+        return frozenset(await find(runs))
 
     async def _render(
         self, request: ScoringRequest, max_retries: int | Unset, attempts: Attempts
@@ -283,7 +309,11 @@ class AsyncLlamaCpp:
             )
 
     async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        # Not retried after a timeout: it would generate from scratch, as long again.
         raw = await self.http.post(
-            "/v1/chat/completions", generation_body(request), max_retries=max_retries
+            "/v1/chat/completions",
+            generation_body(request),
+            max_retries=max_retries,
+            retry_timeouts=False,
         )
         return decode_chat_output(raw)

@@ -109,8 +109,10 @@ def probe_template_body() -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": PROBE_MESSAGE}]}
 
 
-def tokenize_body(text: str) -> dict[str, Any]:
-    return {"content": text, "add_special": False}
+def tokenize_body(text: str, *, parse_special: bool = True) -> dict[str, Any]:
+    """``parse_special`` False: special-token text is read as plain text (how the SDK tells
+    special marker runs from ordinary ones)."""
+    return {"content": text, "add_special": False, "parse_special": parse_special}
 
 
 def generation_body(request: GenerationRequest) -> dict[str, Any]:

@@ -11,6 +11,7 @@ but the off-menu mass is unknown and is reported as such.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -33,6 +34,7 @@ from typevet_async._core.framing import classify_template
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model
 from typevet_async._core.readings import CandidateRead, missing_options, validated_logprobs
+from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import ConfigurationError, InvalidLogprobsError
 from typevet_async._fanout import gather_in_order
@@ -78,7 +80,7 @@ class VllmConfig:
         with a ``*_logits`` mode it is reported as unknown (None).
     """
 
-    base_url: str = attrs.field(validator=_non_empty)
+    base_url: str = attrs.field(validator=_non_empty, repr=redacted_repr)
     model: str = attrs.field(validator=_non_empty)
     logprobs_mode: LogprobsMode = attrs.field(
         default="raw_logprobs", validator=one_of(LogprobsMode)
@@ -94,7 +96,7 @@ class AsyncVllm:
         self.http = HttpClient(config.base_url, config.http)
 
     def __repr__(self) -> str:
-        return f"AsyncVllm({self.config.base_url!r}, model={self.config.model!r})"
+        return f"AsyncVllm({redact(self.config.base_url)!r}, model={self.config.model!r})"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -162,7 +164,15 @@ class AsyncVllm:
             attempts=attempts.count,
         )
 
+    async def special_runs(self, runs: Sequence[str]) -> None:
+        """None: vLLM's ``/tokenize`` has no switch to read special-token text as plain text,
+        so every marker run is neutralised."""
+        return None
+
     async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
         body = generation_body(self.model, request)
-        raw = await self.http.post("/v1/chat/completions", body, max_retries=max_retries)
+        # Not retried after a timeout: it would generate from scratch, as long again.
+        raw = await self.http.post(
+            "/v1/chat/completions", body, max_retries=max_retries, retry_timeouts=False
+        )
         return decode_chat_output(raw)

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 from jsonschema import Draft202012Validator
 
-from typevet_async._core.jsonvalues import MAX_JSON_DEPTH, json_depth, parse_json
+from typevet_async._core.jsonvalues import MAX_JSON_DEPTH, check_text, json_depth, parse_json
 from typevet_async._core.layouts import ImagePart
 from typevet_async._core.schemas import validate_output
 from typevet_async._errors import GenerationError, TruncatedOutputError
@@ -16,11 +16,17 @@ from typevet_async._errors import GenerationError, TruncatedOutputError
 __all__ = ["ChatOutput", "Generation", "GenerationRequest", "interpret_output"]
 
 
+def _sendable_prompt(_: Any, __: attrs.Attribute[Any], prompt: Any) -> None:
+    if isinstance(prompt, str):  # the session refuses other types (with the prompt's index)
+        check_text(prompt, "the prompt")
+
+
 @attrs.frozen
 class GenerationRequest:
     """One schema-bound generation, checked: what a backend sends."""
 
-    prompt: str
+    #: Checked here too, so that no way of building a request sends one a server cannot read.
+    prompt: str = attrs.field(validator=_sendable_prompt)
     #: The JSON Schema, already checked against Draft 2020-12.
     schema: Any
     images: tuple[ImagePart, ...]
@@ -53,7 +59,8 @@ def interpret_output(output: ChatOutput, validator: Draft202012Validator) -> Gen
 
     :raises TruncatedOutputError: the token limit stopped the output.
     :raises GenerationError: empty content, not JSON (NaN and Infinity included), or nested
-        deeper than `MAX_JSON_DEPTH`.
+        deeper than `MAX_JSON_DEPTH`. An integer of any size stays an exact ``int`` (never a
+        float that would still pass ``"type": "integer"``).
     :raises OutputValidationError: the value does not pass the schema.
     """
     if output.finish_reason == "length":

@@ -20,7 +20,7 @@ import attrs
 
 from typevet_async._core.controls import BoundOption
 from typevet_async._core.jsonvalues import compact_json
-from typevet_async._core.markers import neutralise, neutralise_line
+from typevet_async._core.markers import ALL_RUNS, IsSpecial, neutralise, neutralise_line
 from typevet_async._core.questions import Noul, Question
 
 __all__ = [
@@ -81,14 +81,15 @@ def jev_messages(
     question: Question,
     bound: Sequence[BoundOption],
     images: Sequence[ImagePart] = (),
+    is_special: IsSpecial = ALL_RUNS,
 ) -> tuple[Message, ...]:
     """The Jev gateway's messages for one question, its JSON compact as the gateway sends it."""
     options = [
-        {"letter": b.control, "description": neutralise_line(description)}
+        {"letter": b.control, "description": neutralise_line(description, is_special)}
         for b, description in zip(bound, jev_option_descriptions(question), strict=True)
     ]
-    evidence = neutralise(evidence)
-    criterion = neutralise_line(question.instructions)
+    evidence = neutralise(evidence, is_special)
+    criterion = neutralise_line(question.instructions, is_special)
     system = Message("system", JEV_SYSTEM_PROMPT)
     if layout is Layout.FUSED:
         fused = {"evidence": evidence, "criterion": criterion, "options": options}

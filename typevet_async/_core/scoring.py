@@ -21,6 +21,7 @@ from typevet_async._core.controls import (
 from typevet_async._core.fields import render_field_block, render_user_content
 from typevet_async._core.framing import TemplateFamily, answer_prefill, frame_prefix
 from typevet_async._core.layouts import ImagePart, Layout, Message, jev_messages
+from typevet_async._core.markers import ALL_RUNS, IsSpecial
 from typevet_async._core.questions import Question
 from typevet_async._core.readings import (
     CandidateRead,
@@ -105,7 +106,11 @@ class QuestionPlan:
 
 
 def bind_question(
-    question: Question, layout: Layout, control_ids: Mapping[str, int], max_candidates: int | None
+    question: Question,
+    layout: Layout,
+    control_ids: Mapping[str, int],
+    max_candidates: int | None,
+    is_special: IsSpecial = ALL_RUNS,
 ) -> QuestionPlan:
     """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
     the state. ``max_candidates`` is the backend's limit of candidate tokens per read.
@@ -129,7 +134,7 @@ def bind_question(
             count=len(options),
             limit=max_candidates,
         )
-    field_block = None if layout.is_jev else render_field_block(question, bound)
+    field_block = None if layout.is_jev else render_field_block(question, bound, is_special)
     return QuestionPlan(question, layout, bound, variants if any(variants) else (), field_block)
 
 
@@ -141,6 +146,7 @@ def request_for(
     family: TemplateFamily | None,
     images: Sequence[ImagePart] = (),
     media_marker: str | None = None,
+    is_special: IsSpecial = ALL_RUNS,
 ) -> ScoringRequest:
     """One question's scoring request about ``state_text``.
 
@@ -151,7 +157,7 @@ def request_for(
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
     controls, token_ids, question = plan.controls, plan.token_ids, plan.question
     if plan.field_block is None:
-        messages = jev_messages(plan.layout, state_text, question, plan.bound, images)
+        messages = jev_messages(plan.layout, state_text, question, plan.bound, images, is_special)
         if markers:
             first = messages[1]
             messages = (
@@ -163,7 +169,7 @@ def request_for(
         return ScoringRequest(
             question_id, question, messages, None, controls, token_ids, plan.variant_ids, prefill
         )
-    content = f"{markers}{render_user_content(state_text, plan.field_block)}"
+    content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
     messages = (Message("user", content, tuple(images)),)
     prompt = frame_prefix(family, content) if family is not None else None
     return ScoringRequest(question_id, question, messages, prompt, controls, token_ids, (), "")

@@ -1,0 +1,762 @@
+"""The command line in-process: batch records and error lines, --resume, pipes, ids, every
+failure as one line and exit 2, help texts, serve-local's startup errors.
+
+Judging goes to `InMemoryStubBackend` (through ``Session.from_env``), which records every read
+and counts opens, so a test can assert that a failing command sent nothing and started no
+server. The real CLI against the real llama.cpp server is in tests/live/test_cli_live.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import typevet_async as tv
+from typevet_async import _cli
+from typevet_async._backends import embedded
+from typevet_async._cli import main
+from typevet_async._core.jsonvalues import parse_json
+
+from .stubs import InMemoryStubBackend, failing_after, state_of
+
+REPOSITORY = Path(__file__).parent.parent.parent
+QUESTION = ["--noul", "q=Is it?"]
+BIG = 2**70  # beyond 64 bits: orjson alone would make it a float
+
+
+@pytest.fixture(autouse=True)
+def no_typevet_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("TYPEVET_") and name != "TYPEVET_CACHE_DIR":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def stub(monkeypatch: pytest.MonkeyPatch) -> InMemoryStubBackend:
+    """Every session the CLI builds (after its own flag checks) judges on this stub."""
+    backend = InMemoryStubBackend()
+
+    def from_env(cls: type[tv.Session], environ: Any = None) -> tv.Session:
+        return tv.Session(backend, tv.SessionSettings(max_concurrency=4))
+
+    monkeypatch.setattr(tv.Session, "from_env", classmethod(from_env))
+    return backend
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_failure(code: int, err: str, *parts: str) -> None:
+    assert code == 2, err
+    assert err.startswith("typevet-async: "), err
+    assert err.endswith("\n"), err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for part in parts:
+        assert part in err, (part, err)
+
+
+def jsonl(path: Path, *lines: Any, raw: bool = False) -> Path:
+    path.write_text("".join((line if raw else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def answers(path: Path) -> list[dict[str, Any]]:
+    # The stdlib parser: it keeps integers of any size exact.
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def judged(stub: InMemoryStubBackend) -> list[str]:
+    return [state_of(request) for request in stub.read_requests]
+
+
+def batch(tmp_path: Path, source: Path | str, *extra: str) -> list[str]:
+    return ["batch", str(source), *QUESTION, "--out", str(tmp_path / "out.jsonl"),
+            "--no-progress", *extra]  # fmt: skip
+
+
+# -- 1. a bad line is an error line; no record stops a batch; exit 1 means failed records ---------
+
+
+def test_a_malformed_line_becomes_an_error_line_naming_it_and_the_batch_goes_on(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = jsonl(
+        tmp_path / "in.jsonl",
+        '{"id": "a", "state": "A"}',
+        '{"id": "b", "state": ',  # cut short
+        "not json at all",
+        "",
+        '{"id": "c", "state": "C"}',
+        '"a bare state"',
+        raw=True,
+    )
+    code, out, err = run(capsys, *batch(tmp_path, source))
+    assert code == 1, err
+    lines = answers(tmp_path / "out.jsonl")
+    assert [line["id"] for line in lines] == ["a", 2, 3, "c", 6]
+    for line, number in ((lines[1], 2), (lines[2], 3)):
+        assert line["error"]["type"] == "InvalidInputError"
+        assert line["error"]["message"].startswith(f"line {number}: not valid JSON")
+    assert lines[0]["answers"]["q"]["type"] == "noul"
+    assert judged(stub) == ["A", "C", "a bare state"]
+    assert out.startswith("5 records (0 skipped as done), 2 failed")
+    # The bad lines are done too: --resume finishes, and starts nothing.
+    stub.opened = 0
+    code, out, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert (code, stub.opened) == (0, 0)
+    assert out.startswith("0 records (5 skipped as done), 0 failed")
+
+
+def test_a_failed_record_is_an_error_line_and_exit_1_while_the_rest_is_judged(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub.state_behaviours["boom"] = failing_after(0.0, tv.ServerError("boom", status=500, body=""))
+    source = jsonl(tmp_path / "in.jsonl", *(["boom"] + [f"s{n}" for n in range(9)] + ["boom"]))
+    code, out, _ = run(capsys, *batch(tmp_path, source))
+    assert code == 1
+    lines = answers(tmp_path / "out.jsonl")
+    assert [line["id"] for line in lines] == list(range(1, 12))
+    assert [("error" in line) for line in lines] == [True] + [False] * 9 + [True]
+    assert lines[0]["error"]["type"] == "ServerError"
+    assert out.startswith("11 records (0 skipped as done), 2 failed")
+
+
+def test_many_error_lines_behind_a_slow_record_keep_their_order(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # More error lines than the reader holds back while a record is being judged.
+    stub.state_behaviours["slow"] = failing_after(0.2, tv.ServerError("x", status=500, body=""))
+    bad = ["{"] * (_cli._BACKLOG_LIMIT + 50)
+    source = jsonl(tmp_path / "in.jsonl", '"slow"', *bad, '"last"', raw=True)
+    code, _, _ = run(capsys, *batch(tmp_path, source))
+    assert code == 1
+    ids = [line["id"] for line in answers(tmp_path / "out.jsonl")]
+    assert ids == list(range(1, len(bad) + 3))
+
+
+# -- every CLI failure: one line on stderr, exit 2, nothing sent ----------------------------------
+
+
+def _bad_questions(tmp_path: Path) -> list[str]:
+    (tmp_path / "q.json").write_text('{"questions": {"a": ')
+    return ["judge", "x", "--questions", str(tmp_path / "q.json")]
+
+
+def _twice_in_questions(tmp_path: Path) -> list[str]:
+    (tmp_path / "q.json").write_text(
+        '{"a": {"type": "noul", "instructions": "A?"}, "a": {"type": "noul", "instructions": "B"}}'
+    )
+    return ["judge", "x", "--questions", str(tmp_path / "q.json")]
+
+
+def _bad_schema(tmp_path: Path) -> list[str]:
+    (tmp_path / "s.json").write_text("{'type': 'object'}")
+    return ["generate", "p", "--schema", str(tmp_path / "s.json")]
+
+
+def _corrupt_middle_of_out(tmp_path: Path) -> list[str]:
+    source = jsonl(tmp_path / "in.jsonl", "s1", "s2", "s3")
+    (tmp_path / "out.jsonl").write_text('{"id": 1, "answers": {}}\n{"id": 2, "ans\n{"id": 3}\n')
+    return batch(tmp_path, source, "--resume")
+
+
+def _input(tmp_path: Path) -> Path:
+    return jsonl(tmp_path / "in.jsonl", "s1")
+
+
+def _out_exists(tmp_path: Path) -> list[str]:
+    (tmp_path / "out.jsonl").write_text('{"id": 1, "answers": {}}\n')
+    return batch(tmp_path, _input(tmp_path))
+
+
+FAILURES = {
+    "unknown command": (lambda t: ["nope"], ["invalid choice: 'nope'"]),
+    "missing --out": (lambda t: ["batch", "x.jsonl", *QUESTION], ["batch: ", "--out"]),
+    "unknown flag": (lambda t: ["judge", "x", *QUESTION, "--tabel"], ["--tabel"]),
+    "bad --max-tokens": (
+        lambda t: ["generate", "p", "--schema", "s", "--max-tokens", "0"],
+        ["--max-tokens", "positive integer"],
+    ),
+    "bad --max-concurrency": (
+        lambda t: ["judge", "x", *QUESTION, "--max-concurrency", "many"],
+        ["--max-concurrency"],
+    ),
+    "no questions": (lambda t: ["judge", "x"], ["QuestionError", "no questions"]),
+    "malformed --questions": (_bad_questions, ["--questions", "q.json", "not valid JSON"]),
+    "missing --questions": (
+        lambda t: ["judge", "x", "--questions", str(t / "none.json")],
+        ["--questions", "none.json", "No such file"],
+    ),
+    "a key twice in --questions": (_twice_in_questions, ["'a' appears twice"]),
+    "malformed --schema": (_bad_schema, ["--schema", "s.json", "not valid JSON"]),
+    "missing --schema": (
+        lambda t: ["generate", "p", "--schema", str(t / "none.json")],
+        ["--schema", "No such file"],
+    ),
+    "missing @file": (
+        lambda t: ["judge", "@" + str(t / "none.txt"), *QUESTION],
+        ["none.txt", "No such file", "write @@"],
+    ),
+    "a directory as @file": (lambda t: ["judge", f"@{t}", *QUESTION], ["directory"]),
+    "missing input": (lambda t: batch(t, t / "none.jsonl"), ["none.jsonl", "No such file"]),
+    "--out in a missing directory": (
+        lambda t: ["batch", str(_input(t)), *QUESTION, "--out", str(t / "no" / "out.jsonl")],
+        ["--out", "No such file"],
+    ),
+    "--out exists without --resume": (_out_exists, ["exists and is not empty", "--resume"]),
+    "corrupt line in the middle of --out": (_corrupt_middle_of_out, ["line 2", "not the last"]),
+    "a full disk": (
+        lambda t: ["batch", str(_input(t)), *QUESTION, "--out", "/dev/full", "--no-progress"],
+        ["/dev/full", "No space left on device"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILURES))
+def test_every_command_line_failure_is_one_line_and_exit_2(
+    case: str, stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if case == "a full disk" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    make_argv, parts = FAILURES[case]
+    code, _, err = run(capsys, *make_argv(tmp_path))
+    assert_one_line_failure(code, err, *parts)
+    if case != "a full disk":  # it fails at the first line written, after the judging
+        assert stub.read_requests == []
+        assert stub.opened == 0
+
+
+def test_a_server_reply_with_line_breaks_is_still_one_line(
+    stub: InMemoryStubBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub.behaviours["q"] = failing_after(0.0, tv.ServerError("bad\nreply\r\n", status=500, body=""))
+    code, _, err = run(capsys, "judge", "x", *QUESTION)
+    assert_one_line_failure(code, err, "ServerError: question 'q': bad\\nreply\\r\\n")
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["batch", "--help"]) == 0
+    assert "--resume" in capsys.readouterr().out
+
+
+# -- 2. --resume keeps complete lines, drops a cut one, never writes to the input -----------------
+
+
+def test_resume_keeps_a_complete_last_line_without_a_newline(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = jsonl(tmp_path / "in.jsonl", "s1", "s2", "s3")
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": 1, "answers": {}}\n{"id": 2, "answers": {}}')  # no newline at the end
+    code, summary, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert code == 0
+    assert judged(stub) == ["s3"]
+    assert [line["id"] for line in answers(out)] == [1, 2, 3]
+    assert summary.startswith("1 records (2 skipped as done)")
+
+
+def test_resume_drops_a_last_line_a_kill_cut_short_and_judges_it_again(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = jsonl(tmp_path / "in.jsonl", "s1", "s2", "s3")
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": 1, "answers": {}}\n{"id": 2, "answers": {"q": {"ty')
+    code, _, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert code == 0
+    assert judged(stub) == ["s2", "s3"]
+    lines = answers(out)
+    assert [line["id"] for line in lines] == [1, 2, 3]
+    assert lines[1]["answers"]["q"]["type"] == "noul"
+
+
+def test_a_corrupt_line_in_the_middle_of_out_changes_nothing(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _corrupt_middle_of_out(tmp_path)
+    before = (tmp_path / "out.jsonl").read_bytes()
+    code, _, err = run(capsys, *argv)
+    assert_one_line_failure(code, err, "out.jsonl line 2")
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+
+
+def _same_path(source: Path, tmp_path: Path) -> Path:
+    return source
+
+
+def _symlink(source: Path, tmp_path: Path) -> Path:
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(source)
+    return link
+
+
+def _hard_link(source: Path, tmp_path: Path) -> Path:
+    link = tmp_path / "hard.jsonl"
+    link.hardlink_to(source)
+    return link
+
+
+def _dotted(source: Path, tmp_path: Path) -> Path:
+    return tmp_path / "sub" / ".." / source.name
+
+
+@pytest.mark.parametrize("resume", [False, True])
+@pytest.mark.parametrize("out_for", [_same_path, _symlink, _hard_link, _dotted])
+def test_out_that_is_the_input_is_refused_before_anything_is_written(
+    out_for: Any,
+    resume: bool,
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "sub").mkdir()
+    source = tmp_path / "in.jsonl"
+    source.write_text('"s1"\n"s2"')  # no newline at the end: once, its last record was lost
+    before = source.read_bytes()
+    out = out_for(source, tmp_path)
+    argv = ["batch", str(source), *QUESTION, "--out", str(out), "--no-progress"]
+    code, _, err = run(capsys, *argv, *(["--resume"] if resume else []))
+    assert_one_line_failure(code, err, "is the input")
+    assert source.read_bytes() == before
+    assert stub.opened == 0
+
+
+# -- 3. a pipe is read once -----------------------------------------------------------------------
+
+
+def test_a_fifo_is_read_once_and_every_record_judged(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = tmp_path / "records.fifo"
+    os.mkfifo(fifo)
+    records = b"".join(json.dumps(f"s{n}").encode() + b"\n" for n in range(5))
+
+    def write() -> None:
+        with fifo.open("wb") as writer:
+            writer.write(records)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        code, out, _ = run(capsys, *batch(tmp_path, fifo))
+    finally:
+        writer.join(10)
+    assert code == 0
+    assert judged(stub) == [f"s{n}" for n in range(5)]
+    assert out.startswith("5 records (0 skipped as done), 0 failed")
+
+
+def test_a_failing_batch_ends_at_once_while_a_pipe_writer_is_silent(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The record fails the whole batch (a permanent error) while the reader waits for line 2.
+    refused = tv.UnsupportedTemplateError("not Gemma", family="chatml", rendered="")
+    stub.behaviours["q"] = failing_after(0.3, refused)
+    fifo = tmp_path / "records.fifo"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def write_one_line_then_hold_the_pipe_open() -> None:
+        with fifo.open("wb") as writer:
+            writer.write(b'"s1"\n')
+            writer.flush()
+            done.wait(60)
+
+    writer = threading.Thread(target=write_one_line_then_hold_the_pipe_open)
+    writer.start()
+    codes: list[int] = []
+    batch_thread = threading.Thread(target=lambda: codes.append(main(batch(tmp_path, fifo))))
+    try:
+        batch_thread.start()
+        batch_thread.join(20)
+        assert codes == [2], "the command waited for the pipe's writer"
+    finally:
+        done.set()
+        writer.join(10)
+        batch_thread.join(10)
+    assert_one_line_failure(codes[0], capsys.readouterr().err, "UnsupportedTemplateError")
+
+
+def test_dash_reads_stdin(
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jsonl(tmp_path / "in.jsonl", "s1", {"id": "x", "state": "s2"})
+
+    class Stdin:
+        buffer = (tmp_path / "in.jsonl").open("rb")
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    try:
+        code, _, _ = run(capsys, *batch(tmp_path, "-"))
+    finally:
+        Stdin.buffer.close()
+    assert code == 0
+    assert [line["id"] for line in answers(tmp_path / "out.jsonl")] == [1, "x"]
+
+
+def test_stdin_that_is_the_out_file_is_refused(
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = jsonl(tmp_path / "out.jsonl", "s1")
+
+    class Stdin:
+        buffer = source.open("rb")
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    try:
+        code, _, err = run(capsys, *batch(tmp_path, "-", "--resume"))
+    finally:
+        Stdin.buffer.close()
+    assert_one_line_failure(code, err, "is the input")
+
+
+# -- 4. ids: duplicates refused, bare and explicit ids compared exactly, --resume counts ----------
+
+
+def test_a_repeated_id_gets_an_error_line_naming_both_lines(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = jsonl(
+        tmp_path / "in.jsonl",
+        {"id": "r1", "state": "first"},
+        "bare on line 2",
+        {"id": "r1", "state": "again"},
+        {"id": 2, "state": "explicit 2"},  # line 2's bare state has the id 2
+        {"id": "2", "state": "a string id"},
+        {"id": 2.0, "state": "a float id"},
+        {"id": True, "state": "a boolean id"},
+        {"id": 1, "state": "explicit 1"},
+    )
+    code, out, _ = run(capsys, *batch(tmp_path, source))
+    assert code == 1
+    lines = answers(tmp_path / "out.jsonl")
+    assert [line["id"] for line in lines] == ["r1", 2, "r1", 2, "2", 2.0, True, 1]
+    assert [("error" in line) for line in lines] == [0, 0, 1, 1, 0, 0, 0, 0]
+    assert lines[2]["error"] == {
+        "type": "InvalidInputError",
+        "message": 'line 3: the id "r1" is already taken, by line 1; each record needs its own id',
+    }
+    assert lines[3]["error"]["message"].startswith("line 4: the id 2 is already taken, by line 2")
+    assert judged(stub) == [
+        "first", "bare on line 2", "a string id", "a float id", "a boolean id", "explicit 1",
+    ]  # fmt: skip
+    assert out.startswith("8 records (0 skipped as done), 2 failed")
+
+
+def test_resume_after_a_kill_still_refuses_a_later_duplicate_and_counts_skips(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = jsonl(
+        tmp_path / "in.jsonl",
+        {"id": "r1", "state": "first"},
+        {"id": "r2", "state": "second"},
+        {"id": "r1", "state": "again"},
+        {"id": "r3", "state": "third"},
+    )
+    out = tmp_path / "out.jsonl"
+    # A run killed after two lines.
+    out.write_text('{"id": "r1", "answers": {}}\n{"id": "r2", "answers": {}}\n')
+    code, summary, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert code == 1
+    lines = answers(out)
+    assert [line["id"] for line in lines] == ["r1", "r2", "r1", "r3"]
+    assert "already taken, by line 1" in lines[2]["error"]["message"]
+    assert judged(stub) == ["third"]
+    assert summary.startswith("2 records (2 skipped as done), 1 failed")
+    # Everything is in --out now, the duplicate's error line included: nothing more to do.
+    code, summary, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert code == 0
+    assert summary.startswith("0 records (4 skipped as done)")
+    assert len(answers(out)) == 4
+
+
+# -- 5. a question id given twice -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--noul", "refund=Refund?", "--noul", "refund=Money back?"],
+        ["--noul", "refund=Refund?", "--choice", "refund=Which?:a,b"],
+        ["--score", "refund=How?:low,high", "--questions", "QUESTIONS"],
+    ],
+)
+def test_a_question_id_given_twice_is_an_error_naming_it(
+    flags: list[str], stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    questions = tmp_path / "q.json"
+    questions.write_text('{"questions": {"refund": {"type": "noul", "instructions": "R?"}}}')
+    flags = [str(questions) if flag == "QUESTIONS" else flag for flag in flags]
+    code, _, err = run(capsys, "judge", "x", *flags)
+    assert_one_line_failure(code, err, "QuestionError", "'refund'", "given twice")
+    assert stub.opened == 0
+
+
+def test_answers_come_in_the_order_the_flags_were_given(
+    stub: InMemoryStubBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys, "judge", "x", "--choice", "route=Which?:a,b", "--noul", "refund=Refund?"
+    )
+    assert code == 0
+    assert list(json.loads(out)["answers"]) == ["route", "refund"]
+
+
+# -- 6. integers beyond 64 bits -------------------------------------------------------------------
+
+
+def test_ids_beyond_64_bits_round_trip_exactly(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    huge = 123456789012345678901234567890
+    source = jsonl(
+        tmp_path / "in.jsonl",
+        {"id": BIG, "state": "a"},
+        {"id": huge, "state": "b"},
+        {"id": float(BIG), "state": "a float, another id"},
+    )
+    code, _, _ = run(capsys, *batch(tmp_path, source))
+    assert code == 0
+    ids = [line["id"] for line in answers(tmp_path / "out.jsonl")]
+    assert ids == [BIG, huge, float(BIG)]
+    assert [type(i) for i in ids] == [int, int, float]
+    # --resume reads them back exactly: nothing is judged twice.
+    code, summary, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert summary.startswith("0 records (3 skipped as done)")
+
+
+def test_states_beyond_64_bits_are_judged_exactly(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Needs render_state to render integers beyond 64 bits (issue 13, another change).
+    source = jsonl(tmp_path / "in.jsonl", {"id": "t", "state": {"order": BIG}}, [BIG, -BIG])
+    code, _, err = run(capsys, *batch(tmp_path, source))
+    assert code == 0, (err, answers(tmp_path / "out.jsonl"))
+    assert judged(stub) == [f'{{"order":{BIG}}}', f"[{BIG},{-BIG}]"]
+    stub.read_requests.clear()
+    (tmp_path / "state.json").write_text(json.dumps({"order": BIG}))
+    code, _, _ = run(capsys, "judge", f"@{tmp_path / 'state.json'}", *QUESTION)
+    assert judged(stub) == [f'{{"order":{BIG}}}']
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (b"18446744073709551615", 2**64 - 1),
+        (b"18446744073709551616", 2**64),
+        (b'{"a": [-9223372036854775809]}', {"a": [-(2**63) - 1]}),
+        (b'"12345678901234567890"', "12345678901234567890"),
+        (b"1234567890123456789.5", 1234567890123456789.5),
+    ],
+)
+def test_parse_json_keeps_big_integers(text: bytes, value: Any) -> None:
+    parsed = parse_json(text)
+    assert parsed == value
+    assert type(parsed) is type(value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"NaN", b"[1e400]", b'["\\ud800", 12345678901234567890]', b"[12345678901234567890, NaN]",
+     b"[1, 12345678901234567890e400]", b"[" * 5000 + b"12345678901234567890" + b"]" * 5000],
+)  # fmt: skip
+def test_parse_json_refuses_what_json_does_not_have(text: bytes) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 (orjson's and the stdlib's errors differ)
+        parse_json(text)
+
+
+# -- 7. a literal state starting with @ -----------------------------------------------------------
+
+
+def test_double_at_is_a_literal_at_and_dash_is_stdin(
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, _, _ = run(capsys, "judge", "@@support my order never arrived", *QUESTION)
+    assert code == 0
+    (tmp_path / "t.txt").write_text("from a file")
+    assert run(capsys, "judge", f"@{tmp_path / 't.txt'}", *QUESTION)[0] == 0
+    monkeypatch.setattr("sys.stdin", _Text("from stdin"))
+    assert run(capsys, "judge", "-", *QUESTION)[0] == 0
+    assert judged(stub) == ["@support my order never arrived", "from a file", "from stdin"]
+
+
+class _Text:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def read(self) -> str:
+        return self.text
+
+
+# -- 8. help text for every option ----------------------------------------------------------------
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def test_every_option_has_help() -> None:
+    parsers = {"": _cli.build_parser(), **_subparsers(_cli.build_parser())}
+    parsers["serve-local --help"] = embedded.build_parser("typevet-async serve-local")
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if action.help != argparse.SUPPRESS:
+                assert action.help, (name, action.dest)
+
+
+def test_questions_help_gives_the_file_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("judge", "batch"):
+        assert main([command, "--help"]) == 0
+        shown = capsys.readouterr().out
+        assert '{"type": "noul", "instructions":' in shown
+        assert '"criteria": {' in shown
+        assert '"levels": [' in shown
+        assert "exit codes: 0" in shown
+    # The shape shown is the one questions_from_json reads.
+    example = _cli.QUESTIONS_SHAPE.split("e.g. ", 1)[1].split(".\n", 1)[0]
+    assert list(tv.questions_from_json(json.loads(example))) == ["refund"]
+
+
+# -- 9. vLLM without --model names the flag -------------------------------------------------------
+
+
+def test_vllm_without_model_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        capsys, "judge", "x", *QUESTION, "--backend", "vllm", "--base-url", "http://h:1"
+    )
+    assert_one_line_failure(code, err, "--backend vllm needs --model MODEL (or TYPEVET_MODEL)")
+    code, _, err = run(capsys, "judge", "x", *QUESTION, "--backend", "vllm", "--model", "m")
+    assert_one_line_failure(code, err, "--base-url URL (or TYPEVET_BASE_URL)")
+
+
+def test_vllm_from_the_variable_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TYPEVET_BACKEND", "vllm")
+    code, _, err = run(capsys, "judge", "x", *QUESTION, "--base-url", "http://h:1")
+    assert_one_line_failure(code, err, "TYPEVET_BACKEND=vllm needs --model MODEL")
+
+
+# -- 10. --resume with nothing left starts no server ----------------------------------------------
+
+
+def test_resume_with_nothing_left_starts_no_embedded_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: tv.EmbeddedServer) -> str:
+        raise AssertionError("the embedded server was started")
+
+    monkeypatch.setattr(tv.EmbeddedServer, "start", refuse)
+    source = jsonl(tmp_path / "in.jsonl", "s1", {"id": "x", "state": "s2"})
+    (tmp_path / "out.jsonl").write_text('{"id": 1, "answers": {}}\n{"id": "x", "answers": {}}\n')
+    code, out, err = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert code == 0, err
+    assert out.startswith("0 records (2 skipped as done), 0 failed")
+
+
+# -- 11. serve-local: a port in use, a missing model, one line each -------------------------------
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+def test_serve_local_on_a_port_in_use_names_the_port(
+    taken_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "serve-local", "--port", str(taken_port))
+    assert_one_line_failure(code, err, f"port {taken_port} on 127.0.0.1 is already in use")
+
+
+@pytest.mark.parametrize(
+    ("flags", "parts"),
+    [
+        (["--model", "/nonexistent/model.gguf"], ["--model", "does not exist"]),
+        (["--port", "70000"], ["--port", "0 to 65535"]),
+        (["--ctx-size", "0"], ["--ctx-size", "positive"]),
+        (["--host", "no-such-host.invalid", "--port", "0"], ["--host", "not an address"]),
+        (["--bogus"], ["--bogus", "serve-local --help"]),
+    ],
+)
+def test_serve_local_startup_errors_are_one_line(
+    flags: list[str], parts: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "serve-local", *flags)
+    assert_one_line_failure(code, err, *parts)
+
+
+def test_serve_local_help_gives_the_request_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve-local", "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    for part in (
+        "--host",
+        "--model GGUF",
+        "--ctx-size TOKENS",
+        "2,048 by default",
+        "exceeds the available context size",
+        "Session.local(server=tv.ServerOptions(",
+    ):
+        assert part in shown, part  # fmt: skip
+
+
+def test_a_sessions_embedded_server_on_a_port_in_use_says_so(
+    taken_port: int, tmp_path: Path
+) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"never loaded: the port is checked first")
+    server = tv.EmbeddedServer(tv.ServerOptions(port=taken_port, model_path=model))
+    with pytest.raises(tv.ConfigurationError, match=f"port {taken_port} on 127.0.0.1 is already"):
+        server.start()
+    assert server.process is None
+
+
+# -- 12. the scripts ------------------------------------------------------------------------------
+
+
+def test_scripts_refer_to_nothing_outside_the_repository() -> None:
+    for script in (REPOSITORY / "scripts").glob("*.sh"):
+        assert "../" not in script.read_text().replace('"$(dirname "$0")/.."', ""), script
+
+
+def test_the_test_script_says_what_it_is_doing() -> None:
+    text = (REPOSITORY / "scripts" / "test.sh").read_text()
+    steps = [line for line in text.splitlines() if line.startswith("step ")]
+    assert len(steps) >= 5
+    [pytest_line] = [line for line in text.splitlines() if "-m pytest" in line]
+    assert " -v " in pytest_line
+
+
+# -- 13. the generate example's schema ------------------------------------------------------------
+
+
+def test_the_example_schema_is_closed_and_small() -> None:
+    schema = json.loads((REPOSITORY / "examples" / "ticket.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == set(schema["properties"])
+    for field in schema["properties"].values():
+        assert "enum" in field or field.get("maxLength", 1000) <= 60
