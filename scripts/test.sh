@@ -25,6 +25,6 @@ step "mypy --strict"
 .venv/bin/mypy --strict typevet_async
 step "import layering (lint-imports)"
 .venv/bin/lint-imports
-step "pytest: unit tests, then live tests against real servers (~25 min; the load test alone ~15 min)"
+step "pytest: unit tests, then live tests against real servers (about 8 min on 2 cores; the two load tests about 3)"
 # -v names each test as it starts: the long live tests are not one silent dot.
 exec .venv/bin/python -m pytest tests -v --durations=10 "$@"
