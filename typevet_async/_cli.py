@@ -63,7 +63,7 @@ QUESTIONS_SHAPE = """\
   {"type": "noul", "instructions": "Is a refund requested?"}
   {"type": "choice", "instructions": "Which team?",
    "criteria": {"billing": "money matters", "shipping": null}}   (or a list of labels)
-  {"type": "score", "instructions": "How urgent?", "levels": ["can wait", "today"]}
+  {"type": "score", "instructions": "How urgent?", "criteria": ["can wait", "today"]}
 e.g. {"questions": {"refund": {"type": "noul", "instructions": "Is a refund requested?"}}}.
 An id may be given once, across --questions, --noul, --choice and --score."""
 

@@ -18,8 +18,8 @@ from cattrs.strategies import configure_tagged_union
 
 from typevet_async._core import answers
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
-from typevet_async._core.questions import Choice, Noul, Question, Score
-from typevet_async._errors import QuestionError
+from typevet_async._core.questions import Question
+from typevet_async._core.systemone import question_from_system_one, questions_from_system_one
 
 __all__ = [
     "converter",
@@ -69,35 +69,20 @@ def judgment_from_json(data: bytes | str) -> Judgment:
 
 
 # -- questions ----------------------------------------------------------------------------
-# The System One ``questions`` shape, as the CLI reads it:
+# The System One ``questions`` shape (`typevet_async._core.systemone` owns it), as the CLI and
+# the gateway read it:
 #   {"questions": {"refund": {"type": "noul", "instructions": "..."},
 #                  "route": {"type": "choice", "instructions": "...",
 #                            "criteria": {"billing": "Money matters", "shipping": null}},
-#                  "urgency": {"type": "score", "instructions": "...", "levels": ["low", ...]}}}
+#                  "urgency": {"type": "score", "instructions": "...", "criteria": ["low", ...]}}}
 
 
 def question_from_json(data: Any, question_id: str = "?") -> Question:
-    """One question from its JSON; a bad one raises `QuestionError` naming ``question_id``."""
-    try:
-        if not isinstance(data, dict):
-            raise QuestionError(f"a question must be a JSON object, got {data!r}")
-        kind = data.get("type")
-        if kind == "noul":
-            return Noul(instructions=data.get("instructions"), criteria=data.get("criteria"))
-        if kind == "choice":
-            return Choice(data.get("criteria"), instructions=data.get("instructions"))
-        if kind == "score":
-            return Score(data.get("levels"), instructions=data.get("instructions"))
-        raise QuestionError(f"type must be 'noul', 'choice' or 'score', got {kind!r}")
-    except QuestionError as error:
-        error.question_id = question_id
-        raise
+    """One question from its System One JSON; a bad one raises `QuestionError` naming
+    ``question_id``. A Score's old ``levels`` key is read with a `DeprecationWarning`."""
+    return question_from_system_one(data, question_id)
 
 
 def questions_from_json(data: Any) -> dict[str, Question]:
     """``{"questions": {id: question}}`` (or the inner mapping) to questions, in order."""
-    if isinstance(data, dict) and "questions" in data:
-        data = data["questions"]
-    if not isinstance(data, dict) or not data:
-        raise QuestionError("questions must be a non-empty JSON object of id to question")
-    return {str(qid): question_from_json(item, str(qid)) for qid, item in data.items()}
+    return questions_from_system_one(data)

@@ -631,7 +631,7 @@ def test_questions_help_gives_the_file_shape(capsys: pytest.CaptureFixture[str])
         shown = capsys.readouterr().out
         assert '{"type": "noul", "instructions":' in shown
         assert '"criteria": {' in shown
-        assert '"levels": [' in shown
+        assert '"criteria": ["can wait"' in shown  # a Score's levels, System One's way
         assert "exit codes: 0" in shown
     # The shape shown is the one questions_from_json reads.
     example = _cli.QUESTIONS_SHAPE.split("e.g. ", 1)[1].split(".\n", 1)[0]

@@ -1,0 +1,207 @@
+"""The System One wire (`typevet_async._core.systemone`) against the official client's own models.
+
+``typesafe_sdk._schemas.models`` are the pydantic models the official client (``typesafe-sdk``
+on PyPI) builds its requests with and parses responses into: every request they build parses
+here, and every response and 422 body we build validates against them.
+"""
+
+from __future__ import annotations
+
+import base64
+import warnings
+from typing import Any
+
+import pytest
+from typesafe_sdk._schemas import models
+
+import typevet_async as tv
+from typevet_async._core.systemone import (
+    EXTENSION,
+    SystemOneValidationError,
+    render_structured,
+    request_from_system_one,
+    request_to_system_one,
+    response_from_system_one,
+    response_to_system_one,
+)
+
+from .stubs import InMemoryStubBackend
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def official_request(**fields: Any) -> dict[str, Any]:
+    """A request body exactly as the official client's models serialise it."""
+    request = models.SystemOneRequest(
+        model=fields.pop("model", "gemma-3-270m"),
+        state=fields.pop("state", {"subject": "Duplicate charge", "message": "Charged twice."}),
+        questions=fields.pop(
+            "questions",
+            {
+                "refund": models.NoulQuestion(
+                    type="noul",
+                    instructions="Is a refund requested?",
+                    criteria=models.NoulCriteria(true="They ask for money back"),
+                ),
+                "route": models.ChoiceQuestion(
+                    type="choice",
+                    instructions={"task": "Pick the team", "teams": 3},
+                    criteria={"billing": "Money matters", "shipping": None, "tech": ["bugs"]},
+                ),
+                "urgency": models.ScoreQuestion(
+                    type="score", instructions="How urgent?", criteria=["can wait", "today"]
+                ),
+            },
+        ),
+        **fields,
+    )
+    return request.model_dump(mode="json", exclude_none=True)
+
+
+def test_a_request_the_official_models_build_parses_into_typed_questions() -> None:
+    call = request_from_system_one(official_request())
+    assert call.model == "gemma-3-270m"
+    assert call.state == {"subject": "Duplicate charge", "message": "Charged twice."}
+    refund, route, urgency = call.questions.values()
+    assert isinstance(refund, tv.Noul)
+    assert refund.instructions == "Is a refund requested?"
+    assert isinstance(route, tv.Choice)
+    # Structured values render as compact JSON, keys in the order given.
+    assert route.instructions == '{"task":"Pick the team","teams":3}'
+    assert [(o.label, o.description) for o in route.options()] == [
+        ("billing", "Money matters"),
+        ("shipping", None),
+        ("tech", '["bugs"]'),
+    ]
+    assert isinstance(urgency, tv.Score)
+    assert urgency.levels == ("can wait", "today")
+    assert call.score_criteria == {"urgency": ["can wait", "today"]}
+
+
+def test_structured_text_renders_the_same_every_time() -> None:
+    value = {"b": [1, "é"], "a": {"c": None}}
+    assert render_structured(value, "x") == '{"b":[1,"é"],"a":{"c":null}}'
+    assert render_structured(value, "x") == render_structured(dict(value), "x")
+    with pytest.raises(tv.QuestionError, match="must be a string, an object or an array"):
+        render_structured(3.5, "instructions")
+
+
+@pytest.mark.asyncio
+async def test_a_response_validates_against_the_official_response_model() -> None:
+    call = request_from_system_one(official_request())
+    async with tv.Session(InMemoryStubBackend()) as session:
+        judgment = await session.judge(call.state, call.questions)
+    extension = tv.converter.unstructure(judgment)
+    body = response_to_system_one(
+        judgment, "gemma-3-270m", score_criteria=call.score_criteria, extension=extension
+    )
+    parsed = models.SystemOneResponse.model_validate(body)
+    assert parsed.model == "gemma-3-270m"
+    assert list(parsed.answers) == ["refund", "route", "urgency"]
+    refund = parsed.answers["refund"].root
+    assert isinstance(refund, models.NoulAnswer)
+    assert refund.noul == judgment["refund"].noul  # type: ignore[union-attr]
+    urgency = parsed.answers["urgency"].root
+    assert isinstance(urgency, models.ScoreAnswer)
+    assert urgency.legend == {"0": "can wait", "1": "today"}
+    assert set(urgency.probabilities) == {"0", "1"}
+    assert parsed.usage.input_tokens == judgment.usage.prompt_tokens
+    assert parsed.usage.output_tokens == 0  # no token is generated
+    # Our richer record rides along; System One clients ignore it.
+    assert body[EXTENSION]["usage"] == {"prompt_tokens": 30, "cached_tokens": 0, "reads": 3}
+    assert set(body[EXTENSION]["diagnostics"]) == {"refund", "route", "urgency"}
+    model, answers, tokens = response_from_system_one(body)
+    assert (model, tokens) == ("gemma-3-270m", judgment.usage.prompt_tokens)
+    assert answers["route"]["choice"] == judgment["route"].choice  # type: ignore[union-attr]
+
+
+def test_a_scores_legend_carries_structured_criteria_as_sent() -> None:
+    criteria: list[Any] = [{"level": "low"}, "high"]
+    questions = {"u": models.ScoreQuestion(type="score", instructions="x", criteria=criteria)}
+    call = request_from_system_one(official_request(questions=questions))
+    urgency = call.questions["u"]
+    assert isinstance(urgency, tv.Score)
+    assert urgency.levels == ('{"level":"low"}', "high")
+    answer = tv.ScoreAnswer(0.5, {0: 0.5, 1: 0.5}, urgency.levels, 0.0)
+    judgment = tv.Judgment({"u": answer}, tv.Usage(10, 0, 1), {})
+    body = response_to_system_one(judgment, "m", score_criteria=call.score_criteria)
+    parsed = models.SystemOneResponse.model_validate(body)
+    assert parsed.answers["u"].root.legend == {"0": {"level": "low"}, "1": "high"}  # type: ignore[union-attr]
+
+
+def test_our_requests_parse_with_the_official_models_and_back() -> None:
+    questions: dict[str, tv.Question] = {
+        "refund": tv.Noul(instructions="Refund?", criteria={"true": "money back"}),
+        "route": tv.Choice({"billing": "Money", "shipping": None}, instructions="Team?"),
+        "urgency": tv.Score(["low", "high"], instructions="Urgent?"),
+    }
+    body = request_to_system_one("m", "ticket", questions)
+    models.SystemOneRequest.model_validate(body)
+    assert request_from_system_one(body).questions == questions
+
+
+def test_validation_failures_have_the_official_422_shape() -> None:
+    body = official_request()
+    body["questions"]["where"] = {"type": "box", "instructions": "Find the logo"}
+    body["questions"]["urgency"]["criteria"] = "not a list"
+    del body["state"]
+    with pytest.raises(SystemOneValidationError) as caught:
+        request_from_system_one(body)
+    parsed = models.HTTPValidationError.model_validate({"detail": caught.value.detail})
+    assert parsed.detail is not None
+    locations = [entry.loc for entry in parsed.detail]
+    assert locations == [
+        ["body", "state"],
+        ["body", "questions", "urgency"],
+        ["body", "questions", "where"],
+    ]
+    assert "box questions are not supported" in parsed.detail[2].msg
+    assert isinstance(caught.value, tv.InvalidInputError)  # an SDK error like any other
+
+
+def test_the_old_levels_form_is_read_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="'levels' is the old form"):
+        questions = tv.questions_from_json(
+            {"urgency": {"type": "score", "instructions": "x", "levels": ["low", "high"]}}
+        )
+    assert questions["urgency"] == tv.Score(["low", "high"], instructions="x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tv.questions_from_json(
+            {"urgency": {"type": "score", "instructions": "x", "criteria": ["low", "high"]}}
+        )
+
+
+def test_an_image_asset_becomes_an_image_of_the_judgment_in_placeholder_order() -> None:
+    asset = models.Asset(type="image", format="png", data_base64=base64.b64encode(PNG).decode())
+    body = official_request(
+        state="Receipt: 8f1c-uuid. Logo: 77aa-uuid.",
+        assets={"77aa-uuid": asset, "8f1c-uuid": asset},
+    )
+    call = request_from_system_one(body)
+    assert call.state == "Receipt: [image 1]. Logo: [image 2]."
+    assert [mime for mime, _ in call.images] == ["image/png", "image/png"]
+    assert call.images[0][1] == PNG
+
+
+def test_an_asset_no_placeholder_uses_or_one_that_is_not_an_image_is_refused() -> None:
+    unused = models.Asset(type="image", format="png", data_base64=base64.b64encode(PNG).decode())
+    part = models.Asset(type="image", format="png", part="file1")
+    body = official_request(
+        state="uses part-uuid only", assets={"unused-uuid": unused, "part-uuid": part}
+    )
+    with pytest.raises(SystemOneValidationError) as caught:
+        request_from_system_one(body)
+    models.HTTPValidationError.model_validate({"detail": caught.value.detail})
+    messages = {tuple(entry["loc"]): entry["msg"] for entry in caught.value.detail}
+    assert "multipart" in messages[("body", "assets", "part-uuid", "part")]
+    assert "no placeholder" in messages[("body", "assets", "unused-uuid")]
+
+
+def test_an_empty_asset_name_is_refused_not_matched_everywhere() -> None:
+    body = official_request(state="plain text", assets={"": {"type": "image"}})
+    with pytest.raises(SystemOneValidationError) as caught:
+        request_from_system_one(body)
+    assert caught.value.detail[0]["loc"] == ["body", "assets", ""]
