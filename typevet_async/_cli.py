@@ -1,4 +1,4 @@
-"""The ``typevet-async`` command line: judge, batch, generate, serve-local.
+"""The ``typevet-async`` command line: judge, batch, generate, serve, serve-local.
 
 Backend, URL, model, API key and concurrency come from flags or the ``TYPEVET_*`` variables
 (flags win); with no URL the embedded llama.cpp server is started.
@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import os
 import stat
 import sys
@@ -31,6 +32,7 @@ import orjson
 from tqdm import tqdm
 
 import typevet_async as tv
+from typevet_async import _gateway as gateway
 from typevet_async._backends import embedded
 from typevet_async._convert import converter, questions_from_json
 from typevet_async._core.jsonvalues import parse_json
@@ -109,6 +111,18 @@ string, which the bundled 270M model fills in; an open schema lets it invent key
       my order and want my money back." --schema examples/ticket.schema.json --max-tokens 100
 
 {EXIT_CODES}""",
+    "serve": """example:
+  echo "$(openssl rand -hex 24)" > keys.txt
+  typevet-async serve --port 8000 --keys-file keys.txt
+  curl -s localhost:8000/v1/systemone -H "Authorization: Bearer $(cat keys.txt)" \\
+      -d '{"model": "m", "state": "Charged twice",
+           "questions": {"refund": {"type": "noul", "instructions": "Refund?"}}}'
+Routes: POST /v1/systemone, GET /v1/models (key required when keys are configured);
+GET /healthz, /readyz, /metrics (no key). No keys configured: auth is off (logged as a warning).
+SIGTERM or Ctrl-C stops accepting, lets in-flight requests finish, then closes the session.
+
+exit codes: 0 stopped by SIGTERM or Ctrl-C; 2 it could not start (a port in use, an unreadable
+--keys-file, a bad flag): one line on stderr, starting "typevet-async: ".""",
     "serve-local": """example:
   typevet-async serve-local --port 8080
   TYPEVET_BASE_URL=http://127.0.0.1:8080 typevet-async judge "..." --noul q="Refund?"
@@ -281,12 +295,90 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _connection_flags(generate)
 
+    serve = command("serve", "Serve the System One API (POST /v1/systemone) over a session.")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port", type=embedded.positive_int_argument, default=8000, help="the port (default: 8000)"
+    )
+    serve.add_argument(
+        "--keys-file",
+        type=Path,
+        metavar="FILE",
+        help="bearer keys, one per line (blank lines and # comments skipped)",
+    )
+    serve.add_argument(
+        "--keys-env",
+        default=gateway.DEFAULT_KEYS_ENV,
+        metavar="VAR",
+        help="an environment variable of comma-separated bearer keys, added to --keys-file's "
+        f"(default: {gateway.DEFAULT_KEYS_ENV}); no keys at all: auth is off",
+    )
+    serve.add_argument(
+        "--max-in-flight",
+        type=embedded.positive_int_argument,
+        default=8,
+        metavar="N",
+        help="requests judged at once (default: 8)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=16,
+        metavar="N",
+        help="requests that may wait for a slot; one more is a 429 with Retry-After (default: 16)",
+    )
+    serve.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds per request, its wait for a slot included; past it a 504 (default: 60)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=embedded.positive_int_argument,
+        default=gateway.DEFAULT_MAX_BODY_BYTES,
+        metavar="N",
+        help="the largest request body, compressed or decompressed; past it a 413 "
+        f"(default: {gateway.DEFAULT_MAX_BODY_BYTES})",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=_positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds a shutdown waits for in-flight requests (default: 30)",
+    )
+    _connection_flags(serve)
+
     command("serve-local", "Run the embedded llama.cpp server in the foreground.").add_argument(
         "options",
         nargs=argparse.REMAINDER,
         help="--model GGUF, --host, --port, --ctx-size, --parallel, ...: see serve-local --help",
     )
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
 
 
 def _split_spec(spec: str, flag: str) -> tuple[str, str, list[str]]:
@@ -480,6 +572,29 @@ async def run_generate(args: argparse.Namespace, out: TextIO) -> int:
     async with session:
         result = await session.generate(args.prompt, schema=schema, max_tokens=max_tokens)
     print(json.dumps(result.value, indent=2, ensure_ascii=False), file=out)
+    return EXIT_OK
+
+
+async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        keys = gateway.load_keys(args.keys_file, args.keys_env, os.environ)
+    except (OSError, UnicodeDecodeError) as error:
+        reason = _reason(error) if isinstance(error, OSError) else "not UTF-8 text"
+        raise CommandLineError(f"--keys-file {args.keys_file}: cannot read it: {reason}") from None
+    config = gateway.GatewayConfig(
+        keys=keys,
+        max_in_flight=args.max_in_flight,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        max_body_bytes=args.max_body_bytes,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    session = session_from_args(args, os.environ)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
+    await gateway.serve(session, config, args.host, args.port)
     return EXIT_OK
 
 
@@ -877,6 +992,8 @@ def _run(argv: list[str]) -> int:
         embedded.main(argv[1:], prog=f"{PROG} serve-local", epilog=EXAMPLES["serve-local"])
         return EXIT_OK
     args = build_parser().parse_args(argv)
+    if args.command == "serve":  # aiohttp's server runs on asyncio
+        return asyncio.run(run_serve(args, sys.stdout))
     runner = {"judge": run_judge, "batch": run_batch, "generate": run_generate}[args.command]
     return anyio.run(runner, args, sys.stdout)
 
