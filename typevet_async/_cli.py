@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
     )
     serve.add_argument(
-        "--port", type=embedded.positive_int_argument, default=8000, help="the port (default: 8000)"
+        "--port", type=embedded.port_argument, default=8000, help="the port (default: 8000)"
     )
     serve.add_argument(
         "--keys-file",
@@ -361,24 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
+_positive_float = embedded.number_argument(
+    float, lambda value: 0 < value < float("inf"), "must be a positive number"
+)
+_non_negative_int = embedded.number_argument(int, lambda value: value >= 0, "must be 0 or more")
 
 
 def _split_spec(spec: str, flag: str) -> tuple[str, str, list[str]]:

@@ -21,8 +21,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 
@@ -37,6 +38,8 @@ __all__ = [
     "cache_dir",
     "ensure_model",
     "main",
+    "number_argument",
+    "port_argument",
     "positive_int_argument",
     "stop_child",
 ]
@@ -268,25 +271,29 @@ class _ServingFlagParser(argparse.ArgumentParser):
         raise ConfigurationError(f"{message} (see '{self.prog} --help')")
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {text!r}")
-    return port
+N = TypeVar("N", int, float)
 
 
-def positive_int_argument(text: str) -> int:
-    """An argparse type: a positive integer (the command line's too)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def number_argument(
+    convert: Callable[[str], N], accept: Callable[[N], bool], rule: str
+) -> Callable[[str], N]:
+    """An argparse type: ``convert(text)`` if it is a number that ``accept`` takes, else an
+    argparse error "``rule``, got 'text'" (the command line's types too)."""
+
+    def argument(text: str) -> N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
+        return value
+
+    return argument
+
+
+port_argument = number_argument(int, lambda port: 0 <= port <= 65535, "a port is 0 to 65535")
+positive_int_argument = number_argument(int, lambda n: n >= 1, "must be a positive integer")
 
 
 def _context_help(defaults: ServerOptions) -> str:
@@ -326,7 +333,7 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
     )
     parser.add_argument(
         "--port",
-        type=_port,
+        type=port_argument,
         default=SERVE_PORT,
         help="the port to listen on (default: %(default)s; 0: a free one, printed)",
     )
