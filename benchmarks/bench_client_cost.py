@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
 import json
@@ -44,6 +45,7 @@ import pstats
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,29 @@ def profile_by_package(profiler: cProfile.Profile, count: int) -> dict[str, floa
     return dict(sorted(shares.items(), key=lambda item: -item[1])[:25])
 
 
+@contextlib.contextmanager
+def measured(profile: bool) -> Iterator[dict[str, Any]]:
+    """Times the block (process CPU and wall clock, after a collection), cProfile'd if asked;
+    fills ``cpu``, ``wall`` and ``profiler`` when it ends."""
+    gc.collect()
+    profiler = cProfile.Profile(time.process_time) if profile else None
+    figures: dict[str, Any] = {"profiler": profiler}
+    if profiler is not None:
+        profiler.enable()
+    cpu_started, wall_started = time.process_time(), time.perf_counter()
+    try:
+        yield figures
+    finally:
+        figures["cpu"] = time.process_time() - cpu_started
+        figures["wall"] = time.perf_counter() - wall_started
+        if profiler is not None:
+            profiler.disable()
+
+
+def _profile_figures(profiler: cProfile.Profile | None, count: int) -> dict[str, Any]:
+    return {"profile_us_per_question": profile_by_package(profiler, count)} if profiler else {}
+
+
 async def sdk_pass(
     url: str, read: str, concurrency: int, count: int, mode: str, profile: bool = False
 ) -> dict[str, Any]:
@@ -114,34 +139,29 @@ async def sdk_pass(
         ):
             if item.judgment is None:
                 raise RuntimeError(f"warm-up record {item.index} failed: {item.error!r}")
-        gc.collect()
-        profiler = cProfile.Profile(time.process_time) if profile else None
-        if profiler is not None:
-            profiler.enable()
-        cpu_started, wall_started = time.process_time(), time.perf_counter()
-        if mode == "judge":
-            for state in ticket_stream(count):
-                judgment = await session.judge(state, QUESTIONS)
-                diagnostics = judgment.diagnostics["refund"]
-                reads += diagnostics.reads
-                top_ks[diagnostics.top_k] = top_ks.get(diagnostics.top_k, 0) + 1
-        else:
-            async for item in session.judge_many(
-                ticket_stream(count), QUESTIONS, max_in_flight=concurrency
-            ):
-                if item.judgment is None or not isinstance(item.judgment["refund"], tv.NoulAnswer):
-                    failed += 1
-                    first_error = first_error or repr(item.error)
-                    continue
-                diagnostics = item.judgment.diagnostics["refund"]
-                reads += diagnostics.reads
-                top_ks[diagnostics.top_k] = top_ks.get(diagnostics.top_k, 0) + 1
-        cpu = time.process_time() - cpu_started
-        wall = time.perf_counter() - wall_started
-        if profiler is not None:
-            profiler.disable()
+        with measured(profile) as figures:
+            if mode == "judge":
+                for state in ticket_stream(count):
+                    judgment = await session.judge(state, QUESTIONS)
+                    diagnostics = judgment.diagnostics["refund"]
+                    reads += diagnostics.reads
+                    top_ks[diagnostics.top_k] = top_ks.get(diagnostics.top_k, 0) + 1
+            else:
+                async for item in session.judge_many(
+                    ticket_stream(count), QUESTIONS, max_in_flight=concurrency
+                ):
+                    if item.judgment is None or not isinstance(
+                        item.judgment["refund"], tv.NoulAnswer
+                    ):
+                        failed += 1
+                        first_error = first_error or repr(item.error)
+                        continue
+                    diagnostics = item.judgment.diagnostics["refund"]
+                    reads += diagnostics.reads
+                    top_ks[diagnostics.top_k] = top_ks.get(diagnostics.top_k, 0) + 1
+    cpu, wall = figures["cpu"], figures["wall"]
     return {
-        **({"profile_us_per_question": profile_by_package(profiler, count)} if profiler else {}),
+        **_profile_figures(figures["profiler"], count),
         "questions": count,
         "failed": failed,
         "first_error": first_error,
@@ -160,18 +180,11 @@ async def floor_pass(
     async with aiohttp.ClientSession(connector=connector) as http:
         run = floor_loop(http, url, template, concurrency)
         await run(WARM_UP, 2 * 10**9)
-        gc.collect()
-        profiler = cProfile.Profile(time.process_time) if profile else None
-        if profiler is not None:
-            profiler.enable()
-        cpu_started, wall_started = time.process_time(), time.perf_counter()
-        received = await run(count, 0)
-        cpu = time.process_time() - cpu_started
-        wall = time.perf_counter() - wall_started
-        if profiler is not None:
-            profiler.disable()
+        with measured(profile) as figures:
+            received = await run(count, 0)
+    cpu, wall = figures["cpu"], figures["wall"]
     return {
-        **({"profile_us_per_question": profile_by_package(profiler, count)} if profiler else {}),
+        **_profile_figures(figures["profiler"], count),
         "questions": count,
         "failed": 0,
         "body_bytes": received / count,

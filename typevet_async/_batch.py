@@ -88,6 +88,7 @@ __all__ = [
     "BatchItem",
     "BatchStream",
     "Progress",
+    "error_chain",
     "judge_stream",
     "shed_frame_locals",
 ]
@@ -176,7 +177,7 @@ def check_records(records: object) -> None:
         raise InvalidInputError(f"records must be an iterable or async iterable, got {kind}")
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+def error_chain(error: BaseException) -> Iterator[BaseException]:
     """The error, its causes and contexts, and the members of any exception group, once each."""
     pending: list[BaseException] = [error]
     seen: set[int] = set()
@@ -198,7 +199,7 @@ def shed_frame_locals(error: BaseException) -> None:
     numbers stay, so the traceback still prints. The frame still running is left alone
     (`traceback.clear_frames` skips it).
     """
-    for current in _chain(error):
+    for current in error_chain(error):
         traceback.clear_frames(current.__traceback__)
 
 
@@ -278,7 +279,7 @@ def bounded(value: Any, limit: int = EXCERPT_LIMIT) -> Any:
 def bound_excerpts(error: BaseException, limit: int = EXCERPT_LIMIT) -> None:
     """Bound what an error (and its causes and contexts) keeps of the server's reply: see
     `BatchItem.error`."""
-    for current in _chain(error):
+    for current in error_chain(error):
         if isinstance(current, ProtocolError):
             current.payload = bounded(current.payload, limit)
         elif isinstance(current, GenerationError):

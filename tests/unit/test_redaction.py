@@ -13,7 +13,7 @@ import base64
 import json
 import traceback
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ import pytest_asyncio
 
 import typevet_async as tv
 from typevet_async._backends.http import HttpClient
+from typevet_async._batch import error_chain
 from typevet_async._core.redaction import (
     MASK,
     excerpt,
@@ -51,23 +52,10 @@ def leaks(text: str, secrets: list[str]) -> list[str]:
     return [secret for secret in secrets if secret.casefold() in folded]
 
 
-def chain(error: BaseException) -> Iterator[BaseException]:
-    """The error, its causes and contexts, and theirs."""
-    seen: set[int] = set()
-    todo = [error]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
-
-
 def everything_shown(error: BaseException) -> list[str]:
     """Every text a caller, a log or a traceback can get out of ``error``."""
     shown = ["".join(traceback.format_exception(error))]
-    for current in chain(error):
+    for current in error_chain(error):
         shown += [str(current), repr(current), repr(vars(current)), repr(current.args)]
     return shown
 
@@ -75,7 +63,7 @@ def everything_shown(error: BaseException) -> list[str]:
 def assert_no_secret(error: BaseException, secrets: list[str]) -> None:
     for text in everything_shown(error):
         assert not leaks(text, secrets), (leaks(text, secrets), text)
-    for current in chain(error):
+    for current in error_chain(error):
         # No error keeps what aiohttp keeps: the request's headers.
         assert not hasattr(current, "request_info"), repr(current)
 
