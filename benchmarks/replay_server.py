@@ -1,4 +1,5 @@
-"""A llama.cpp server that replays real recorded reply bodies at once, for client-cost benchmarks.
+"""A llama.cpp server that replays real recorded reply bodies at once, for client-cost benchmarks;
+with ``--service-time`` and ``--slots``, a SIMULATED llama.cpp server of fixed capacity.
 
 Not a benchmark itself: `bench_client_cost`, `bench_event_loop_lag` and `bench_memory` start it
 in a CHILD process (`ReplayServerProcess`), so its CPU is never counted as the client's.
@@ -23,10 +24,29 @@ that folder has them, else from ``benchmarks/recorded/llama_cpp/``
 ``GET /_replay/stats`` reports what was asked (requests per path, ``n_probs`` and
 ``response_fields`` seen, unanswered requests); ``GET /_replay/last-completion`` returns the
 last ``/completion`` request body as received, so a floor client can send the very bodies the
-SDK sends.
+SDK sends; ``POST /_replay/reset`` zeroes the counters (between two measured runs).
+
+**The simulation** (``--service-time SECONDS --slots N``, or
+``ReplayServerProcess(service_time=..., slots=...)``): a server whose capacity is fixed and
+known, for benchmarks where the servers must be the bottleneck (two real llama.cpp servers on
+2 cores share the same CPUs and cannot show it). Each ``POST /completion`` waits for one of N
+slots (arrivals beyond N queue, as llama.cpp queues requests beyond its slots), holds it for
+the service time (``asyncio.sleep``: no CPU) and then answers with the recorded body as above,
+so at most N reads are served at once and a server of N slots serves at most N / service time
+reads per second. The probe's endpoints answer at once. It is a simulation: the bodies are
+real, the timing is not a model's. Its stats add ``"simulation"``: the service time and slots,
+completions served, the most slots held at once and the most requests queued at once, the
+connections opened for them (client connections whose first request since the last reset was
+a ``/completion``: a client that reuses a pool opened by its probe opens none), and the first
+arrival and last answer of a ``/completion`` (seconds on the server's monotonic clock: their
+difference is the span the server was busy with a run).
 
     python -m benchmarks.replay_server --check    # the emulation against real filtered replies
     python -m benchmarks.replay_server --serve    # prints {"url": ...}; stops when stdin closes
+    python -m benchmarks.replay_server --serve --service-time 0.3 --slots 8   # the simulation
+
+    with ReplayServerProcess(service_time=0.05, slots=4) as server: ...   # one, in a child
+    with replay_servers(2, service_time=0.05, slots=4) as servers: ...    # N, started at once
 """
 
 from __future__ import annotations
@@ -34,13 +54,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import gzip
 import json
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -167,9 +189,68 @@ class RecordedBodies:
             )
 
 
+class Simulation:
+    """A fixed capacity: each ``/completion`` holds one of ``slots`` for ``service_time`` s."""
+
+    def __init__(self, service_time: float, slots: int) -> None:
+        if not service_time > 0 or not slots >= 1:
+            raise ValueError(
+                f"a simulation needs a service time > 0 and slots >= 1, got {service_time}, {slots}"
+            )
+        self.service_time = service_time
+        self.slots = slots
+        self._free = asyncio.Semaphore(slots)
+        self.reset()
+
+    def reset(self) -> None:
+        self.served = 0
+        #: Connections whose first request (since the reset) was a ``/completion``.
+        self.opened = 0
+        self.held = self.waiting = 0
+        self.peak_held = self.peak_waiting = 0
+        self.first_arrival: float | None = None
+        self.last_answer: float | None = None
+
+    async def serve(self) -> None:
+        """Wait for a free slot, hold it for the service time."""
+        if self.first_arrival is None:
+            self.first_arrival = time.monotonic()
+        if self._free.locked():  # every slot is held: it queues
+            self.waiting += 1
+            self.peak_waiting = max(self.peak_waiting, self.waiting)
+            try:
+                await self._free.acquire()
+            finally:
+                self.waiting -= 1
+        else:
+            await self._free.acquire()
+        self.held += 1
+        self.peak_held = max(self.peak_held, self.held)
+        try:
+            await asyncio.sleep(self.service_time)
+        finally:
+            self.held -= 1
+            self._free.release()
+        self.served += 1
+        self.last_answer = time.monotonic()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "service_time": self.service_time,
+            "slots": self.slots,
+            "served": self.served,
+            "peak_slots_held": self.peak_held,
+            "peak_queued": self.peak_waiting,
+            "connections_opened": self.opened,
+            "first_arrival": self.first_arrival,
+            "last_answer": self.last_answer,
+        }
+
+
 class ReplayLlamaCppServer:
-    def __init__(self, bodies: RecordedBodies) -> None:
+    def __init__(self, bodies: RecordedBodies, simulation: Simulation | None = None) -> None:
         self.bodies = bodies
+        self.simulation = simulation
         self.requests: collections.Counter[str] = collections.Counter()
         self.n_probs: collections.Counter[int] = collections.Counter()
         self.fields: collections.Counter[str] = collections.Counter()
@@ -177,9 +258,32 @@ class ReplayLlamaCppServer:
         self.last_completion = b""
         self._filtered: dict[tuple[int, tuple[str, ...]], bytes] = {}
         self._parsed: dict[int, dict[str, Any]] = {}
+        #: The clients' (host, port) seen since the reset: one per connection.
+        self._peers: set[Any] = set()
+
+    @web.middleware
+    async def _note_peer(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Count, for the simulation, the connections a ``/completion`` was the first use of."""
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer not in self._peers:
+            self._peers.add(peer)
+            if request.path == "/completion" and self.simulation is not None:
+                self.simulation.opened += 1
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def reset(self) -> None:
+        self._peers.clear()
+        self.requests.clear()
+        self.n_probs.clear()
+        self.fields.clear()
+        self.unanswered.clear()
+        if self.simulation is not None:
+            self.simulation.reset()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024**2)
+        middlewares = [self._note_peer] if self.simulation is not None else []
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=middlewares)
         app.router.add_post("/completion", self.completion)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/apply-template", self.apply_template)
@@ -188,6 +292,7 @@ class ReplayLlamaCppServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/_replay/stats", self.stats)
         app.router.add_get("/_replay/last-completion", self.last)
+        app.router.add_post("/_replay/reset", self.reset_counters)
         return app
 
     @staticmethod
@@ -230,6 +335,8 @@ class ReplayLlamaCppServer:
         self.requests[request.path] += 1
         raw = await request.read()
         self.last_completion = raw
+        if self.simulation is not None:
+            await self.simulation.serve()
         body = orjson.loads(raw)
         k = body.get("n_probs")
         fields = body.get("response_fields") or []
@@ -268,20 +375,32 @@ class ReplayLlamaCppServer:
                         [k, list(fields)] for k, fields in sorted(self.bodies.filtered)
                     ],
                     "sources": self.bodies.sources,
+                    "simulation": None if self.simulation is None else self.simulation.stats(),
                 }
             )
         )
+
+    async def reset_counters(self, request: web.Request) -> web.Response:
+        self.reset()
+        return self._json(b"{}")
 
     async def last(self, request: web.Request) -> web.Response:
         return self._json(self.last_completion)
 
 
-async def serve() -> None:
-    """Child process: serve on a free port, print the URL, stop when stdin closes."""
+async def serve(service_time: float | None = None, slots: int | None = None) -> None:
+    """Child process: serve on a free port, print the URL, stop when stdin closes; with a
+    service time and slots, as the simulation."""
+    simulation = None
+    if service_time is not None or slots is not None:
+        if service_time is None or slots is None:
+            raise SystemExit("the simulation needs both --service-time and --slots")
+        simulation = Simulation(service_time, slots)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    runner = web.AppRunner(ReplayLlamaCppServer(RecordedBodies()).app(), access_log=None)
+    server = ReplayLlamaCppServer(RecordedBodies(), simulation)
+    runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock, backlog=1024).start()
     print(json.dumps({"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)
@@ -290,31 +409,56 @@ async def serve() -> None:
 
 
 class ReplayServerProcess:
-    """The replay server in a child process; ``url`` once entered."""
+    """The replay server in a child process; ``url`` once entered. With ``service_time`` and
+    ``slots``: the simulation (module docstring), e.g.
+    ``ReplayServerProcess(service_time=0.05, slots=4)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, service_time: float | None = None, slots: int | None = None) -> None:
+        if (service_time is None) != (slots is None):
+            raise ValueError("the simulation needs both service_time and slots")
+        if service_time is not None and slots is not None and (service_time <= 0 or slots < 1):
+            raise ValueError(f"service_time must be > 0 and slots >= 1: {service_time}, {slots}")
+        self.service_time = service_time
+        self.slots = slots
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
 
-    def __enter__(self) -> ReplayServerProcess:
+    def start(self) -> None:
+        """Start the child; `wait_started` reads its URL."""
+        command = [sys.executable, "-m", "benchmarks.replay_server", "--serve"]
+        if self.service_time is not None:
+            command += ["--service-time", repr(self.service_time), "--slots", str(self.slots)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.replay_server", "--serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
         )
+
+    def wait_started(self) -> None:
+        assert self.process is not None
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line:
             raise SystemExit("the replay server did not start")
         self.url = json.loads(line)["url"]
+
+    def __enter__(self) -> ReplayServerProcess:
+        self.start()
+        try:
+            self.wait_started()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.url}/_replay/stats", timeout=30) as response:
             result: dict[str, Any] = json.loads(response.read())
         return result
+
+    def reset(self) -> None:
+        """Zero the counters (and the simulation's): between two measured runs."""
+        request = urllib.request.Request(f"{self.url}/_replay/reset", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
 
     def last_completion(self) -> bytes:
         with urllib.request.urlopen(f"{self.url}/_replay/last-completion", timeout=30) as response:
@@ -329,6 +473,24 @@ class ReplayServerProcess:
         process, self.process = self.process, None
         if process is not None:
             stop_child(process, timeout=30)  # the child stops when its stdin closes
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+@contextlib.contextmanager
+def replay_servers(
+    count: int, *, service_time: float | None = None, slots: int | None = None
+) -> Iterator[list[ReplayServerProcess]]:
+    """``count`` replay servers (simulations, with ``service_time`` and ``slots``), each in its
+    own child process, started at once; all stopped on leaving."""
+    servers = [ReplayServerProcess(service_time=service_time, slots=slots) for _ in range(count)]
+    with contextlib.ExitStack() as stack:
+        for server in servers:
+            stack.callback(server.__exit__, None, None, None)
+            server.start()
+        for server in servers:
+            server.wait_started()
+        yield servers
 
 
 # -- what the client-cost benchmarks send it -----------------------------------------------
@@ -434,9 +596,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument(
+        "--service-time",
+        type=float,
+        metavar="SECONDS",
+        help="with --serve: the simulation; each /completion holds a slot this long",
+    )
+    parser.add_argument(
+        "--slots", type=int, metavar="N", help="with --serve: the simulation's slots"
+    )
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve())
+        asyncio.run(serve(args.service_time, args.slots))
     else:
         check()
 

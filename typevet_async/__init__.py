@@ -8,12 +8,21 @@ async with tv.Session.local() as session:
 
 ``__all__`` is the public surface; every module under this package is private (its name starts
 with an underscore, or it sits in ``_core`` or ``_backends``).
+
+``tv.RayJudge`` (batches on Ray Data, the ``ray`` extra) is public too, but loaded only when it
+is first named, so importing the SDK never imports Ray; it is not in ``__all__`` (a star
+import would load Ray). Without Ray installed, naming it raises ImportError saying
+``pip install 'typevet_async[ray]'``.
 """
 
-from typevet_async._backends.base import Backend, Capabilities, Framing
+import typing as _typing
+
+from typevet_async._backends.base import Backend, Capabilities, Framing, RemoteJudging
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions, cache_dir, ensure_model
+from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings, RetryPolicy
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
+from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
 from typevet_async._batch import BatchItem, BatchStream, Progress
 from typevet_async._convert import (
@@ -67,13 +76,29 @@ from typevet_async._options import UNSET, Unset
 from typevet_async._session import Session
 from typevet_async._settings import SessionSettings
 
+if _typing.TYPE_CHECKING:
+    from typevet_async._ray import RayJudge as RayJudge
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """``RayJudge``, imported from ``typevet_async._ray`` when first named (not cached here:
+    ``vars(tv)`` stays ``__all__``)."""
+    if name == "RayJudge":
+        from typevet_async._ray import RayJudge
+
+        return RayJudge
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "JEV_SYSTEM_PROMPT",
     "UNSET",
     "Answer",
+    "AsyncFleet",
     "AsyncLlamaCpp",
+    "AsyncSystemOne",
     "AsyncVllm",
     "Backend",
     "BackendError",
@@ -112,6 +137,7 @@ __all__ = [
     "ProtocolError",
     "Question",
     "QuestionError",
+    "RemoteJudging",
     "RequestTimeoutError",
     "RetryPolicy",
     "SchemaError",
@@ -123,6 +149,7 @@ __all__ = [
     "Session",
     "SessionSettings",
     "SessionStateError",
+    "SystemOneConfig",
     "TemplateFamily",
     "TooManyOptionsError",
     "TransportError",

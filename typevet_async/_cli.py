@@ -1,4 +1,4 @@
-"""The ``typevet-async`` command line: judge, batch, generate, serve, serve-local.
+"""The ``typevet-async`` command line: judge, batch, generate, serve, mcp, serve-local.
 
 Backend, URL, model, API key and concurrency come from flags or the ``TYPEVET_*`` variables
 (flags win); with no URL the embedded llama.cpp server is started.
@@ -123,6 +123,21 @@ SIGTERM or Ctrl-C stops accepting, lets in-flight requests finish, then closes t
 
 exit codes: 0 stopped by SIGTERM or Ctrl-C; 2 it could not start (a port in use, an unreadable
 --keys-file, a bad flag): one line on stderr, starting "typevet-async: ".""",
+    "mcp": """example: an MCP client's entry for this server (Claude Desktop's
+claude_desktop_config.json; other clients that start stdio servers take the same command):
+  {"mcpServers": {"typevet": {"command": "typevet-async",
+      "args": ["mcp", "--base-url", "http://127.0.0.1:8080"]}}}
+Without --base-url (or TYPEVET_BASE_URL) the embedded llama.cpp server starts with the
+bundled model (about 10 s) and stops with this server.
+Tools: ask_noul(state, instructions), ask_choice(state, instructions, options),
+ask_score(state, instructions, levels), ask(state, questions) with System One questions.
+A bad question or a failing model server is a tool error result; the server goes on.
+stdout carries only the protocol; logs go to stderr. Closing stdin, SIGTERM or Ctrl-C stops
+the server; the session (and an embedded server) is closed first.
+
+exit codes: 0 the client closed stdin, or SIGTERM; 2 it could not start (a bad flag, the
+embedded server did not start, the mcp extra is missing): one line on stderr, starting
+"typevet-async: "; 130 interrupted (Ctrl-C).""",
     "serve-local": """example:
   typevet-async serve-local --port 8080
   TYPEVET_BASE_URL=http://127.0.0.1:8080 typevet-async judge "..." --noul q="Refund?"
@@ -168,8 +183,9 @@ def _connection_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server (flags win over the TYPEVET_* variables)")
     group.add_argument(
         "--backend",
-        choices=["llama_cpp", "vllm"],
-        help="the server's kind (TYPEVET_BACKEND; default: llama_cpp)",
+        choices=["llama_cpp", "vllm", "system_one"],
+        help="the server's kind (TYPEVET_BACKEND; default: llama_cpp; system_one: any "
+        "POST /v1/systemone server, which judges itself)",
     )
     group.add_argument(
         "--base-url",
@@ -353,6 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _connection_flags(serve)
 
+    mcp = command("mcp", "Serve the typed questions as Model Context Protocol tools over stdio.")
+    mcp.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="llama.cpp only: no prompt cache and one read at a time, so answers repeat bit "
+        "for bit (other clients' reads on the same server can still move them; about 3x "
+        "slower)",
+    )
+    _connection_flags(mcp)
+
     command("serve-local", "Run the embedded llama.cpp server in the foreground.").add_argument(
         "options",
         nargs=argparse.REMAINDER,
@@ -430,14 +456,20 @@ def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> t
         value = getattr(args, flag, None)
         if value is not None:
             env[variable] = str(value)
-    if env.get("TYPEVET_BACKEND", "").strip() == "vllm":
-        chosen_by = "--backend vllm" if args.backend else "TYPEVET_BACKEND=vllm"
-        for flag, variable, why in (
+    backend = env.get("TYPEVET_BACKEND", "").strip()
+    required = {
+        "vllm": (
             ("--base-url URL", "TYPEVET_BASE_URL", "vLLM has no embedded server"),
             ("--model MODEL", "TYPEVET_MODEL", "the name the vLLM server serves the model by"),
-        ):
-            if not env.get(variable):
-                raise tv.ConfigurationError(f"{chosen_by} needs {flag} (or {variable}): {why}")
+        ),
+        "system_one": (
+            ("--base-url URL", "TYPEVET_BASE_URL", "a System One server has no embedded one"),
+        ),
+    }
+    for flag, variable, why in required.get(backend, ()):
+        if not env.get(variable):
+            chosen_by = f"--backend {backend}" if args.backend else f"TYPEVET_BACKEND={backend}"
+            raise tv.ConfigurationError(f"{chosen_by} needs {flag} (or {variable}): {why}")
     return tv.Session.from_env(env)
 
 
@@ -581,6 +613,45 @@ async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
     await gateway.serve(session, config, args.host, args.port)
+    return EXIT_OK
+
+
+async def run_mcp(args: argparse.Namespace, out: TextIO) -> int:
+    """``typevet-async mcp``: serve until the client closes stdin (or SIGTERM). ``out`` is not
+    written: stdout is the protocol's."""
+    try:
+        from typevet_async import _mcp
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "mcp":
+            raise
+        raise CommandLineError(
+            "typevet-async mcp needs the mcp extra: pip install 'typevet_async[mcp]'"
+        ) from None
+    session = session_from_args(args, os.environ)
+    if args.reproducible:
+        backend = session.backend
+        if not isinstance(backend, tv.AsyncLlamaCpp):
+            raise CommandLineError(
+                "--reproducible is for llama.cpp servers (their prompt cache and batching move "
+                f"answers); this session is on {type(backend).__name__}"
+            )
+        # The flags' session, with reproducible reads: same config, settings and server.
+        reproducible = tv.AsyncLlamaCpp(attrs.evolve(backend.config, reproducible=True))
+        session = tv.Session(reproducible, session.settings)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,  # stdout carries only the protocol
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+    await _mcp.serve_stdio(session)
+    # Only the interpreter's exit is left, and the MCP SDK's modules make its garbage
+    # collections take about 0.6 s (measured; more on a busy machine), while a stdio client
+    # sends SIGTERM 2 s after it closes our stdin. The session is closed: nothing left
+    # needs collecting before the process ends.
+    import gc
+
+    gc.freeze()
     return EXIT_OK
 
 
@@ -980,8 +1051,8 @@ def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":  # aiohttp's server runs on asyncio
         return asyncio.run(run_serve(args, sys.stdout))
-    runner = {"judge": run_judge, "batch": run_batch, "generate": run_generate}[args.command]
-    return anyio.run(runner, args, sys.stdout)
+    runners = {"judge": run_judge, "batch": run_batch, "generate": run_generate, "mcp": run_mcp}
+    return anyio.run(runners[args.command], args, sys.stdout)
 
 
 def _message(error: BaseException) -> str | None:

@@ -8,8 +8,10 @@ the session's own event loop and shares its one dependency; aiohttp's server is 
 One `tv.Session` is opened in the app's startup and closed in its cleanup; every request is
 judged on it. Routes:
 
-- ``POST /v1/systemone``: a System One request (JSON; ``Content-Encoding`` zstd, gzip or
-  identity) -> ``session.judge`` -> a System One response. Its ``model`` is the model the
+- ``POST /v1/systemone``: a System One request (JSON, or ``multipart/form-data`` as the
+  official client sends a request with image assets: a ``request`` part and one part per
+  image; ``Content-Encoding`` zstd, gzip or identity) -> ``session.judge`` -> a System One
+  response. Its ``model`` is the model the
   session serves: its pin, else the first model id the server's probe lists, else the
   request's own ``model``. A request's ``model`` is not checked against it: the gateway serves
   one model, whatever name a client sends (the official client sends its default name).
@@ -25,6 +27,12 @@ the startup log line says so as a warning. Errors always have the System One sha
 ``{"detail": [{"loc", "msg", "type", "input"}]}``; a 500 never carries a traceback.
 Access log lines (logger ``typevet_async.gateway.access``) carry method, path, status and
 duration only: never the state, the questions or a key.
+
+Shutdown (SIGTERM or SIGINT, `shutdown`): the listening socket closes at once, so a new
+connection is refused; idle keep-alive connections close; requests in flight (judged or
+waiting for a slot) finish and get their answers for up to ``shutdown_timeout`` seconds; past
+it, the judgments still running are cancelled and each answers 503 (``Retry-After: 1``,
+``Connection: close``); then the session closes and ``serve`` returns (the command exits 0).
 """
 
 from __future__ import annotations
@@ -49,8 +57,11 @@ from aiohttp import web
 import typevet_async as tv
 from typevet_async._convert import converter
 from typevet_async._core.systemone import (
+    SystemOneCall,
     SystemOneValidationError,
+    media_type,
     request_from_system_one,
+    request_from_system_one_multipart,
     response_to_system_one,
     validation_detail,
 )
@@ -77,6 +88,7 @@ __all__ = [
     "decompress",
     "load_keys",
     "serve",
+    "shutdown",
 ]
 
 log = logging.getLogger("typevet_async.gateway")
@@ -275,6 +287,10 @@ class _State:
     served_model: str | None = None
     ready_date: str | None = None
     probe_task: asyncio.Task[None] | None = None
+    #: The handler tasks judging now (those the shutdown cuts off past its timeout).
+    judging: set[asyncio.Task[Any]] = attrs.Factory(set)
+    #: Set once the shutdown timeout passed: the judgments still running answer 503.
+    cut_off: bool = False
 
 
 SESSION: Final = web.AppKey("session", tv.Session)
@@ -383,11 +399,9 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     if isinstance(body, web.Response):
         return body
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        return _error(422, ["body"], f"not valid JSON: {error}", "json_invalid")
-    try:
-        call = request_from_system_one(data)
+        call = _parse_call(body, request.headers.get("Content-Type", ""))
+        if isinstance(call, web.Response):
+            return call
         images = [tv.Image.from_bytes(raw, mime) for mime, raw in call.images]
     except SystemOneValidationError as error:
         if state.metrics is not None:
@@ -401,6 +415,9 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
             headers={"Retry-After": "1"},
         )  # fmt: skip
     state.admitted += 1
+    task = asyncio.current_task()
+    if task is not None:
+        state.judging.add(task)
     try:
         async with asyncio.timeout(config.timeout):
             async with state.slots:
@@ -411,6 +428,18 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
                 finally:
                     if state.metrics is not None:
                         state.metrics.in_flight.dec()
+    except asyncio.CancelledError:
+        if not state.cut_off or task is None:
+            raise  # the client went away (or a cancellation that is not the shutdown's)
+        task.uncancel()
+        if state.metrics is not None:
+            state.metrics.errors.labels("ShutdownCutOff").inc()
+        return _error(
+            503, ["server"],
+            f"the gateway shut down before the judgment ended (it waits "
+            f"{config.shutdown_timeout}s for in-flight requests): retry elsewhere or later",
+            "unavailable", headers={"Retry-After": "1", "Connection": "close"},
+        )  # fmt: skip
     except TimeoutError as error:
         if isinstance(error, tv.TypevetError):
             return _sdk_error(state, error)
@@ -424,6 +453,8 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
         return _sdk_error(state, error)
     finally:
         state.admitted -= 1
+        if task is not None:
+            state.judging.discard(task)
     if state.metrics is not None:
         state.metrics.reads.inc(judgment.usage.reads)
     model = state.served_model or _served_model(session) or call.model
@@ -438,9 +469,59 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _parse_call(body: bytes, content_type: str) -> SystemOneCall | web.Response:
+    """The request a body holds: JSON, or ``multipart/form-data`` (what the official client
+    sends when a request has image assets: a ``request`` part and one part per image).
+
+    :raises SystemOneValidationError: not a System One request.
+    """
+    media = media_type(content_type)
+    if media == "multipart/form-data":
+        return request_from_system_one_multipart(body, content_type)
+    if media.startswith("multipart/"):
+        return _error(
+            415, ["header", "content-type"],
+            f"Content-Type {media!r} is not accepted: send application/json or "
+            "multipart/form-data",
+            "unsupported_media_type",
+        )  # fmt: skip
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise SystemOneValidationError(
+            [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
+        ) from None
+    return request_from_system_one(data)
+
+
+#: Upstream statuses that refuse the request as it was built from the client's input (vLLM:
+#: "not a multimodal model" for images; llama.cpp: a prompt past the context): 422, the
+#: request's own problem, not a 5xx that System One clients retry (they retry every 5xx).
+_UPSTREAM_REFUSALS: Final = frozenset({400, 413, 422})
+
+
+def _upstream_message(body: str) -> str:
+    """What a model server's error body says: its ``error.message`` (OpenAI's shape, both
+    servers'), else the body's start."""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        data = orjson.loads(body)
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str):
+            return message
+    return body[:500]
+
+
 def _sdk_error(state: _State, error: BaseException) -> web.Response:
     if state.metrics is not None:
         state.metrics.errors.labels(type(error).__name__).inc()
+    if isinstance(error, tv.ServerError) and error.status in _UPSTREAM_REFUSALS:
+        return _error(
+            422, ["body"],
+            f"the model server refused the request (HTTP {error.status}): "
+            f"{_upstream_message(error.body)}",
+            "upstream_refused",
+        )  # fmt: skip
     for kind, status, detail_type in _ERROR_STATUS:
         if isinstance(error, kind):
             loc: list[str | int] = ["body"] if status == 422 else ["upstream"]
@@ -551,14 +632,42 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     return app
 
 
+#: Seconds aiohttp itself waits for a handler past the gateway's own cut-off: a backstop (by
+#: then every judgment has answered 503; only a request whose body is still arriving is left).
+_SHUTDOWN_GRACE: Final = 5.0
+_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
 def runner_options(config: GatewayConfig) -> dict[str, Any]:
     """The `web.AppRunner` options the gateway needs: it decompresses bodies itself (with a
     cap) and writes its own access log."""
     return {
         "auto_decompress": False,
         "access_log": None,
-        "shutdown_timeout": config.shutdown_timeout,
+        "shutdown_timeout": config.shutdown_timeout + _SHUTDOWN_GRACE,
     }
+
+
+def _bound_url(runner: web.AppRunner) -> str:
+    host, port = runner.addresses[0][:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def shutdown(runner: web.AppRunner, state: _State) -> None:
+    """Stop the gateway gracefully: close the listening sockets (a new connection is refused
+    from here on) and idle keep-alive connections, let the requests in flight finish for up to
+    ``shutdown_timeout`` seconds, then cut the judgments still running off (each answers 503
+    with ``Retry-After`` and ``Connection: close``), and close the session."""
+    timeout = state.config.shutdown_timeout
+    log.info("shutting down: draining %d requests in flight (up to %ss)", state.admitted, timeout)
+    cleanup = asyncio.create_task(runner.cleanup())
+    done, _ = await asyncio.wait({cleanup}, timeout=timeout)
+    if not done:
+        state.cut_off = True
+        log.warning("shutdown timeout: cutting %d judgments off with a 503", len(state.judging))
+        for task in list(state.judging):
+            task.cancel()
+    await cleanup
 
 
 async def serve(
@@ -568,36 +677,51 @@ async def serve(
     port: int,
     *,
     started: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; then stop accepting, let in-flight requests finish (up to
-    ``config.shutdown_timeout``) and close the session."""
-    app = build_app(session, config)
-    runner = web.AppRunner(app, **runner_options(config))
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        url = f"http://{host}:{port}"
-        if config.keys:
-            log.info("serving System One on %s (%d bearer keys)", url, len(config.keys))
+    """Serve until SIGTERM or SIGINT (or until ``stop`` is set), then `shutdown`.
+
+    ``started`` is called with the URL once the port listens (the bound port, when ``port`` is
+    0). A second signal during the shutdown is logged and changes nothing: the shutdown
+    timeout already bounds it.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def signalled(signum: signal.Signals) -> None:
+        if stop.is_set():
+            log.warning("%s: the shutdown is already under way", signum.name)
         else:
-            log.warning(
-                "serving System One on %s WITH AUTH OFF: no bearer keys configured, anyone who "
-                "reaches this port can use the model",
-                url,
-            )
-        if started is not None:
-            started(url)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+            log.info("%s: shutting down", signum.name)
+            stop.set()
+
+    for signum in _SIGNALS:  # from the start: a signal while the session opens stops it too
+        loop.add_signal_handler(signum, signalled, signum)
+    try:
+        app = build_app(session, config)
+        runner = web.AppRunner(app, **runner_options(config))
+        await runner.setup()
         try:
-            await stop.wait()
+            if not stop.is_set():
+                await web.TCPSite(runner, host, port).start()
+                _log_serving(_bound_url(runner), config)
+                if started is not None:
+                    started(_bound_url(runner))
+                await stop.wait()
         finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
-        log.info("shutting down: draining in-flight requests")
+            await shutdown(runner, app[STATE])
     finally:
-        await runner.cleanup()
+        for signum in _SIGNALS:
+            loop.remove_signal_handler(signum)
     log.info("stopped")
+
+
+def _log_serving(url: str, config: GatewayConfig) -> None:
+    if config.keys:
+        log.info("serving System One on %s (%d bearer keys)", url, len(config.keys))
+    else:
+        log.warning(
+            "serving System One on %s WITH AUTH OFF: no bearer keys configured, anyone who "
+            "reaches this port can use the model",
+            url,
+        )

@@ -41,6 +41,10 @@ def plan_generations(
     :raises InvalidInputError: no prompts, an empty prompt, images the backend's generation
         does not take or the session's caps refuse.
     """
+    if not backend.capabilities.generation:
+        raise InvalidInputError(
+            f"{type(backend).__name__} has no schema-bound generation; nothing was sent"
+        )
     validator = check_schema(schema)
     if isinstance(prompts, str):
         raise InvalidInputError("prompts must be a sequence of strings, not one string")

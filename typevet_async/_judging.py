@@ -1,5 +1,8 @@
 """The judgment pipeline: plan every question, schedule the reads, interpret, gather in order.
 
+(A backend whose server judges whole judgments, System One's, is sent the judgment as it is:
+`judge` takes that branch, and nothing is planned or read here.)
+
 Planning is pure and happens before any request, so bad input fails with nothing sent. The
 reads then run as tasks, each holding one slot of the session's semaphore, in the order the
 prefix-reuse strategy picks (where the backend declares prefix reuse). The first error in
@@ -12,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import attrs
 
-from typevet_async._backends.base import Backend
+from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.markers import ALL_RUNS, marker_runs
 from typevet_async._core.probe import Probe
@@ -28,12 +33,17 @@ from typevet_async._core.scoring import (
     interpret_read,
     request_for,
 )
-from typevet_async._errors import InvalidInputError, TypevetError, UnsupportedTemplateError
+from typevet_async._errors import (
+    ConfigurationError,
+    InvalidInputError,
+    TypevetError,
+    UnsupportedTemplateError,
+)
 from typevet_async._fanout import gather_in_order
 from typevet_async._images import Image
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
 
-__all__ = ["Planner", "read_judgment"]
+__all__ = ["Planner", "judge", "read_judgment"]
 
 
 @attrs.frozen
@@ -73,8 +83,8 @@ class Planner:
 
     def __init__(self, backend: Backend, probe: Probe, settings: SessionSettings) -> None:
         capabilities = backend.capabilities
-        self._backend = backend
-        self._probe = probe
+        self.backend = backend
+        self.probe = probe
         self._family = probe.family if capabilities.framing == "sdk" else None
         control_ids, layout = probe.control_ids, settings.layout
         limit = capabilities.max_candidates
@@ -93,6 +103,8 @@ class Planner:
 
         self._bind = bind
         self._question_runs = question_runs
+        #: Numbers each judgment planned (`ScoringRequest.judgment`).
+        self._judgments = itertools.count(1)
 
     def is_special(self, run: str) -> bool:
         """The served tokenizer's verdict on a marker run (unknown: special, to be safe)."""
@@ -117,7 +129,7 @@ class Planner:
         unknown = sorted(run for run in runs if run not in verdicts)
         if not unknown:
             return
-        special = await self._backend.special_runs(unknown)
+        special = await self.backend.special_runs(unknown)
         if special is None:
             self._verdicts = None
             return
@@ -140,7 +152,7 @@ class Planner:
         :raises TooManyOptionsError: a question needs more controls or candidates than there
             are (``question_id`` names it).
         """
-        family, probe = self._family, self._probe
+        family, probe = self._family, self.probe
         if family is not None and not family.is_native:
             raise UnsupportedTemplateError(
                 f"the served chat template is {family.value}, not a native Gemma 4 or "
@@ -154,6 +166,7 @@ class Planner:
                 "before any scoring read"
             )
         requests = []
+        judgment = next(self._judgments)
         for question_id, question in questions:
             try:
                 plan = self._bind(question)
@@ -169,9 +182,40 @@ class Planner:
                     images=images,
                     media_marker=probe.media_marker,
                     is_special=self.is_special,
+                    judgment=judgment,
                 )
             )
         return requests
+
+
+async def judge(
+    planner: Planner,
+    slots: asyncio.Semaphore,
+    state: Any,
+    state_text: str,
+    questions: Sequence[tuple[str, Question]],
+    images: tuple[Image, ...],
+    strategy: PrefixReuse,
+    options: ReadOptions,
+) -> Judgment:
+    """One judgment of checked questions about a checked state (``state`` as the caller gave
+    it, ``state_text`` as the SDK renders it): planned and read here, or, for a backend whose
+    server judges (``framing="remote"``), sent whole under one slot."""
+    backend, probe = planner.backend, planner.probe
+    if backend.capabilities.framing != "remote":
+        await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
+        requests = planner.plan(state_text, questions, images)
+        return await read_judgment(backend, probe, slots, requests, strategy, options)
+    if not isinstance(backend, RemoteJudging):
+        raise ConfigurationError(
+            f"{type(backend).__name__} declares framing 'remote' but has no judge"
+        )
+    if images:
+        raise InvalidInputError(
+            f"{type(backend).__name__} does not send images yet; nothing was sent"
+        )
+    async with slots:
+        return await backend.judge(state, questions, probe, max_retries=options.max_retries)
 
 
 def _from_cache(usage: Usage) -> bool:

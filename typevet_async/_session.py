@@ -29,6 +29,7 @@ import attrs
 
 from typevet_async._backends.base import Backend
 from typevet_async._backends.embedded import ServerOptions
+from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_REQUEST_TIMEOUT,
@@ -36,6 +37,7 @@ from typevet_async._backends.http import (
     RetryPolicy,
 )
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
+from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
 from typevet_async._batch import BatchStream, Progress, judge_stream
 from typevet_async._core.answers import Judgment
@@ -44,6 +46,7 @@ from typevet_async._core.jsonvalues import check_text, render_state
 from typevet_async._core.layouts import jev_option_descriptions
 from typevet_async._core.probe import Probe, check_requested_model
 from typevet_async._core.questions import Question, check_questions, refuse_lookalike_options
+from typevet_async._core.redaction import redact
 from typevet_async._errors import (
     ConfigurationError,
     DeadlineExceededError,
@@ -53,7 +56,7 @@ from typevet_async._errors import (
 )
 from typevet_async._generating import generate_in_order, generate_settled, plan_generations
 from typevet_async._images import Image, check_images
-from typevet_async._judging import Planner, read_judgment
+from typevet_async._judging import Planner, judge
 from typevet_async._options import (
     UNSET,
     Unset,
@@ -61,6 +64,7 @@ from typevet_async._options import (
     instance_of,
     non_empty_text,
     optional,
+    positive_int,
     sequence_of,
 )
 from typevet_async._settings import (
@@ -90,6 +94,7 @@ class _FactoryArguments:
         default=None,
         validator=optional(instance_of(ServerOptions, "a tv.ServerOptions or None")),
     )
+    endpoint_slots: int | None = attrs.field(default=None, validator=optional(positive_int))
 
 
 def _http(
@@ -104,6 +109,42 @@ def _http(
         retry=RetryPolicy(max_retries=max_retries),
         trace_configs=trace_configs,
     )
+
+
+def _one_or_fleet(
+    base_url: str | Sequence[str],
+    build: Callable[[str], Backend],
+    http: HttpSettings,
+    endpoint_slots: int | None,
+) -> Backend:
+    """One backend at ``base_url``, or, for a list of URLs, an `AsyncFleet` over one backend
+    per URL (each built by ``build``, all with the same settings).
+
+    :raises ConfigurationError: an empty or repeated URL list, a URL that is not a string,
+        ``endpoint_slots`` for a single endpoint (its type is `_FactoryArguments`' check).
+    """
+    if isinstance(base_url, str):
+        _one_endpoint(endpoint_slots)
+        return build(base_url)
+    if not isinstance(base_url, Sequence) or not base_url:
+        raise ConfigurationError(
+            f"base_url must be a URL or a non-empty list of URLs, got {base_url!r}"
+        )
+    urls = list(base_url)
+    for url in urls:
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigurationError(f"each base_url must be a non-empty string, got {url!r}")
+    if len({url.rstrip("/") for url in urls}) != len(urls):
+        raise ConfigurationError(f"base_url lists an endpoint twice: {[redact(u) for u in urls]}")
+    if len(urls) == 1:
+        return _one_or_fleet(urls[0], build, http, endpoint_slots)
+    members = [(redact(url.rstrip("/")), build(url)) for url in urls]
+    return AsyncFleet(members, retry=http.retry, slots=endpoint_slots)
+
+
+def _one_endpoint(endpoint_slots: int | None) -> None:
+    if endpoint_slots is not None:
+        raise ConfigurationError("endpoint_slots applies to a session over several URLs")
 
 
 def _checked_prompts(prompts: Any) -> Sequence[str]:
@@ -205,7 +246,7 @@ class Session:
     @classmethod
     def llama_cpp(
         cls,
-        base_url: str | None,
+        base_url: str | Sequence[str] | None,
         *,
         model: str | None = None,
         top_k: int | None = None,
@@ -216,9 +257,11 @@ class Session:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
         **settings: Any,
     ) -> Session:
-        """A session on a llama.cpp server at ``base_url`` (None: the embedded ``server``).
+        """A session on a llama.cpp server at ``base_url`` (None: the embedded ``server``), or
+        on several replicas of one model (a list of URLs: see "At scale" in the README).
 
         ``model``, ``top_k``, ``on_missing``, ``reproducible`` and ``server``: see
         `LlamaCppConfig`. ``reproducible`` reads one question at a time whatever
@@ -235,22 +278,38 @@ class Session:
         :raises ConfigurationError: an option of the wrong type or value, or an unknown one,
             named.
         """
-        _FactoryArguments(api_key=api_key, trace_configs=trace_configs, model=model, server=server)
-        config = LlamaCppConfig(
-            base_url=base_url,
-            server=server,
+        _FactoryArguments(
+            api_key=api_key,
+            trace_configs=trace_configs,
             model=model,
-            http=_http(api_key, request_timeout, max_retries, trace_configs),
-            top_k=top_k,
-            on_missing=on_missing,
-            reproducible=reproducible,
+            server=server,
+            endpoint_slots=endpoint_slots,
         )
-        return cls(AsyncLlamaCpp(config), SessionSettings.from_keywords(settings))
+        http = _http(api_key, request_timeout, max_retries, trace_configs)
+
+        def build(url: str | None) -> AsyncLlamaCpp:
+            config = LlamaCppConfig(
+                base_url=url,
+                server=server,
+                model=model,
+                http=http,
+                top_k=top_k,
+                on_missing=on_missing,
+                reproducible=reproducible,
+            )
+            return AsyncLlamaCpp(config)
+
+        if base_url is None:  # the embedded server: one endpoint
+            _one_endpoint(endpoint_slots)
+            backend: Backend = build(None)
+        else:
+            backend = _one_or_fleet(base_url, build, http, endpoint_slots)
+        return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
     def vllm(
         cls,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         model: str,
         logprobs_mode: LogprobsMode = "raw_logprobs",
@@ -258,16 +317,73 @@ class Session:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
         **settings: Any,
     ) -> Session:
         """A session on a vLLM server, pinned to ``model`` (every request names it).
 
         ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
         """
-        _FactoryArguments(api_key=api_key, trace_configs=trace_configs)
+        _FactoryArguments(
+            api_key=api_key, trace_configs=trace_configs, endpoint_slots=endpoint_slots
+        )
         http = _http(api_key, request_timeout, max_retries, trace_configs)
-        config = VllmConfig(base_url=base_url, model=model, logprobs_mode=logprobs_mode, http=http)
-        return cls(AsyncVllm(config), SessionSettings.from_keywords(settings))
+
+        def build(url: str) -> AsyncVllm:
+            return AsyncVllm(
+                VllmConfig(base_url=url, model=model, logprobs_mode=logprobs_mode, http=http)
+            )
+
+        backend = _one_or_fleet(base_url, build, http, endpoint_slots)
+        return cls(backend, SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def system_one(
+        cls,
+        base_url: str | Sequence[str],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
+        **settings: Any,
+    ) -> Session:
+        """A session on a System One server (``POST /v1/systemone``): ``typevet-async serve``,
+        vLLM's for its decision models, the hosted API.
+
+        The server judges: each judgment is one request carrying the state and every question,
+        and the answers are rebuilt from the probabilities it returns, after checking them.
+        ``judge``, ``judge_many``, the typed answers, errors and retries work as on any
+        backend; generation and images are refused unsent; diagnostics are those our own
+        gateway sends (none from another server).
+
+        :param base_url: the server's root URL.
+        :param model: the model each request names (None: the first ``GET /v1/models``
+            lists); checked against that list at the probe.
+        :param api_key: sent as ``Authorization: Bearer``.
+        :param settings: `SessionSettings` by name (``max_concurrency`` bounds the requests
+            in flight).
+        :raises ConfigurationError: ``layout``, ``prefix_reuse`` or ``off_menu_threshold``
+            given: the server frames and reads the questions, so they could not apply.
+        """
+        _FactoryArguments(
+            api_key=api_key, trace_configs=trace_configs, model=model, endpoint_slots=endpoint_slots
+        )
+        framing = sorted(set(settings) & {"layout", "prefix_reuse", "off_menu_threshold"})
+        if framing:
+            raise ConfigurationError(
+                f"{', '.join(framing)} cannot be set on a System One session: the server "
+                "frames and reads the questions itself"
+            )
+        http = _http(api_key, request_timeout, max_retries, trace_configs)
+
+        def build(url: str) -> AsyncSystemOne:
+            return AsyncSystemOne(SystemOneConfig(base_url=url, model=model, http=http))
+
+        backend = _one_or_fleet(base_url, build, http, endpoint_slots)
+        return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
     def local(cls, *, server: ServerOptions | None = None, **options: Any) -> Session:
@@ -282,8 +398,9 @@ class Session:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
         """A session configured by ``TYPEVET_*`` variables.
 
-        ``TYPEVET_BACKEND`` (``llama_cpp``, the default, or ``vllm``), ``TYPEVET_BASE_URL``
-        (unset with llama_cpp: the embedded server), ``TYPEVET_MODEL`` (required for vllm),
+        ``TYPEVET_BACKEND`` (``llama_cpp``, the default, ``vllm`` or ``system_one``),
+        ``TYPEVET_BASE_URL`` (unset with llama_cpp: the embedded server; required otherwise),
+        ``TYPEVET_MODEL`` (required for vllm),
         ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
         """
         env = os.environ if environ is None else environ
@@ -304,9 +421,15 @@ class Session:
                     "TYPEVET_BACKEND=vllm needs TYPEVET_BASE_URL and TYPEVET_MODEL"
                 )
             return cls.vllm(base_url, model=model, max_concurrency=concurrency, api_key=api_key)
+        if backend == "system_one":
+            if base_url is None:
+                raise ConfigurationError("TYPEVET_BACKEND=system_one needs TYPEVET_BASE_URL")
+            return cls.system_one(
+                base_url, model=model, max_concurrency=concurrency, api_key=api_key
+            )
         if backend != "llama_cpp":
             raise ConfigurationError(
-                f"TYPEVET_BACKEND must be 'llama_cpp' or 'vllm', got {backend!r}"
+                f"TYPEVET_BACKEND must be 'llama_cpp', 'vllm' or 'system_one', got {backend!r}"
             )
         server = ServerOptions() if base_url is None else None
         return cls.llama_cpp(
@@ -430,10 +553,11 @@ class Session:
             max_retries=max_retries,
             timeout=timeout,
         )
-        return await self._judge_checked(state_text, checked, images, options)
+        return await self._judge_checked(state, state_text, checked, images, options)
 
     async def _judge_checked(
         self,
+        state: Any,
         state_text: str,
         checked: Sequence[tuple[str, Question]],
         images: tuple[Image, ...],
@@ -441,11 +565,16 @@ class Session:
     ) -> Judgment:
         """`judge` once its arguments are checked (a batch checks them once, not per record)."""
         with _deadline(options.timeout, "the judgment"):
-            probe, planner = await self._ready_planner()
-            await planner.learn(state_text, checked)  # the tokenizer's verdicts, if new
-            requests = planner.plan(state_text, checked, images)
-            return await read_judgment(
-                self._backend, probe, self._slots, requests, self._settings.prefix_reuse, options
+            _, planner = await self._ready_planner()
+            return await judge(
+                planner,
+                self._slots,
+                state,
+                state_text,
+                checked,
+                images,
+                self._settings.prefix_reuse,
+                options,
             )
 
     def judge_many(
@@ -521,7 +650,7 @@ class Session:
 
         async def judge_one(state: Any) -> Judgment:
             self._require_open()
-            return await self._judge_checked(render_state(state), checked, (), options)
+            return await self._judge_checked(state, render_state(state), checked, (), options)
 
         return judge_stream(
             records,

@@ -80,12 +80,27 @@ _MAX_ROOM: Final = 256
 _slices: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slice] = weakref.WeakKeyDictionary()
 
 
-async def yield_if_busy() -> None:
-    """Return at once within the loop's slice; past it, wait for a later slice's turn."""
-    loop = asyncio.get_running_loop()
+#: The last loop asked about, weakly, and its slice: one call of a weak reference on the hot
+#: path instead of a `WeakKeyDictionary` lookup, which builds a weak reference every time.
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Slice] | None = None
+
+
+def _slice_of(loop: asyncio.AbstractEventLoop) -> _Slice:
+    global _last
+    last = _last
+    if last is not None and last[0]() is loop:
+        return last[1]
     current = _slices.get(loop)
     if current is None:
         current = _slices[loop] = _Slice()
+    _last = (weakref.ref(loop), current)
+    return current
+
+
+async def yield_if_busy() -> None:
+    """Return at once within the loop's slice; past it, wait for a later slice's turn."""
+    loop = asyncio.get_running_loop()
+    current = _slice_of(loop)
     if not current.expired:
         now = time.perf_counter()
         if now - current.started < SLICE:

@@ -373,9 +373,9 @@ def test_llama_cpp_models_failures(payload: Any, message: str) -> None:
 
 def test_llama_cpp_props_and_template() -> None:
     props = {"modalities": {"vision": True, "audio": False}, "media_marker": "<__media__>"}
-    assert llama_wire.decode_props(encode(props)) == (True, "<__media__>")
-    assert llama_wire.decode_props(b'{"total_slots": 4}') == (False, None)
-    assert llama_wire.decode_props(b'{"media_marker": ""}') == (False, None)
+    assert llama_wire.decode_props(encode(props)) == llama_wire.Props(True, "<__media__>", None)
+    assert llama_wire.decode_props(b'{"total_slots": 4}') == llama_wire.Props(False, None, 4)
+    assert llama_wire.decode_props(b'{"media_marker": ""}') == llama_wire.Props(False, None, None)
     assert llama_wire.decode_rendered(b'{"prompt": "<start_of_turn>user"}') == "<start_of_turn>user"
 
 
@@ -387,6 +387,8 @@ def test_llama_cpp_props_and_template() -> None:
         (llama_wire.decode_props, {"modalities": {"vision": "yes"}}, "vision"),
         (llama_wire.decode_props, {"modalities": {"vision": 1}}, "vision"),
         (llama_wire.decode_props, {"media_marker": 5}, "media_marker"),
+        (llama_wire.decode_props, {"total_slots": 0}, "total_slots"),
+        (llama_wire.decode_props, {"total_slots": "4"}, "total_slots"),
         (llama_wire.decode_props, [], "object"),
         (llama_wire.decode_rendered, {"prompt": ["x"]}, "prompt"),
         (llama_wire.decode_rendered, {"prompt": None}, "prompt"),

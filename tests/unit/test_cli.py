@@ -650,6 +650,22 @@ def test_vllm_without_model_names_the_flag(capsys: pytest.CaptureFixture[str]) -
     assert_one_line_failure(code, err, "--base-url URL (or TYPEVET_BASE_URL)")
 
 
+def test_system_one_without_a_url_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "judge", "x", *QUESTION, "--backend", "system_one")
+    assert_one_line_failure(
+        code, err, "--backend system_one needs --base-url URL (or TYPEVET_BASE_URL)"
+    )
+
+
+def test_system_one_is_a_backend_of_the_command_line() -> None:
+    args = _cli.build_parser().parse_args(
+        ["judge", "x", *QUESTION, "--backend", "system_one", "--base-url", "http://gw:8000"]
+    )
+    session = _cli.session_from_args(args, {})
+    assert isinstance(session.backend, tv.AsyncSystemOne)
+    assert session.backend.config.base_url == "http://gw:8000"
+
+
 def test_vllm_from_the_variable_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,6 +33,20 @@ def test_vllm_from_env() -> None:
     assert backend.config.base_url == "http://h:8000"
 
 
+def test_system_one_from_the_environment() -> None:
+    env = {
+        "TYPEVET_BACKEND": "system_one",
+        "TYPEVET_BASE_URL": "http://gateway:8000",
+        "TYPEVET_MODEL": "jev-latest",
+        "TYPEVET_API_KEY": "k-from-env-123",
+    }
+    backend = tv.Session.from_env(env).backend
+    assert isinstance(backend, tv.AsyncSystemOne)
+    assert backend.model == "jev-latest"
+    assert backend.config.base_url == "http://gateway:8000"
+    assert backend.config.http.api_key == "k-from-env-123"
+
+
 def test_no_base_url_means_the_embedded_server() -> None:
     session = tv.Session.from_env({})
     backend = session.backend
@@ -47,7 +61,8 @@ def test_no_base_url_means_the_embedded_server() -> None:
     [
         ({"TYPEVET_BACKEND": "vllm"}, "needs TYPEVET_BASE_URL and TYPEVET_MODEL"),
         ({"TYPEVET_BACKEND": "vllm", "TYPEVET_BASE_URL": "http://h"}, "TYPEVET_MODEL"),
-        ({"TYPEVET_BACKEND": "tgi"}, "must be 'llama_cpp' or 'vllm'"),
+        ({"TYPEVET_BACKEND": "tgi"}, "must be 'llama_cpp', 'vllm' or 'system_one'"),
+        ({"TYPEVET_BACKEND": "system_one"}, "system_one needs TYPEVET_BASE_URL"),
         ({"TYPEVET_MAX_CONCURRENCY": "many"}, "positive integer"),
         ({"TYPEVET_MAX_CONCURRENCY": "0"}, "positive integer"),
     ],

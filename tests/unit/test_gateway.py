@@ -4,20 +4,25 @@ aiohttp's own test server and client (real HTTP on localhost)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
+import typesafe_sdk as ts
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from backports import zstd
 from typesafe_sdk._schemas import models
 
 import typevet_async as tv
+from typevet_async._core.systemone import MultipartPart, media_type, parse_multipart
 from typevet_async._gateway import (
     BodyTooLargeError,
     GatewayConfig,
@@ -25,6 +30,7 @@ from typevet_async._gateway import (
     decompress,
     load_keys,
     runner_options,
+    serve,
 )
 
 from .stubs import InMemoryStubBackend, sleeping
@@ -278,6 +284,37 @@ async def test_upstream_errors_map_to_statuses(error: Exception, status: int) ->
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (400, '{"error": {"message": "m is not a multimodal model", "code": 400}}',
+         "(HTTP 400): m is not a multimodal model"),
+        (400, "the request exceeds the available context size", "exceeds the available context"),
+        (413, "", "(HTTP 413): "),
+    ],
+)  # fmt: skip
+async def test_an_upstream_refusal_of_the_request_is_a_422_not_a_retried_5xx(
+    status: int, body: str, message: str
+) -> None:
+    backend = InMemoryStubBackend()
+
+    async def refuse() -> None:
+        raise tv.ServerError(f"POST http://upstream/x: HTTP {status}", status=status, body=body)
+
+    backend.behaviours["refund"] = refuse
+    client, _ = await start(backend)
+    try:
+        response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
+        assert response.status == 422
+        detail = (await response.json())["detail"][0]
+    finally:
+        await client.close()
+    assert detail["type"] == "upstream_refused"
+    assert message in detail["msg"]
+    assert "http://upstream" not in detail["msg"]  # the upstream's address stays inside
+
+
+@pytest.mark.asyncio
 async def test_an_unsupported_template_is_a_501() -> None:
     client, _ = await start(InMemoryStubBackend(tv.TemplateFamily.CHATML))
     try:
@@ -367,3 +404,305 @@ async def test_metrics_count_requests_and_errors(
     assert 'typevet_gateway_errors_total{type="SystemOneValidationError"} 1.0' in text
     assert "typevet_gateway_upstream_reads_total 3.0" in text
     assert "typevet_gateway_request_seconds_bucket" in text
+
+
+# -- multipart bodies (what the official client sends when a request has image assets) -------
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8  # 2 KiB: the client zstd-compresses it
+JPEG = b"\xff\xd8\xff\xe0" + b"\x01" * 600
+
+
+def multipart(parts: list[tuple[str, str, bytes]], boundary: str = "b0undary") -> bytes:
+    """A multipart/form-data body written here, part by part (not by the client under test)."""
+    chunks = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n'
+        f"Content-Type: {kind}\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+        for name, kind, data in parts
+    ]
+    return b"".join(chunks) + f"--{boundary}--\r\n".encode()
+
+
+MULTIPART = {**AUTH, "Content-Type": "multipart/form-data; boundary=b0undary"}
+
+
+def with_assets(state: str, assets: dict[str, Any]) -> bytes:
+    return orjson.dumps({**request_body(state=state), "assets": assets})
+
+
+@pytest.mark.asyncio
+async def test_the_official_clients_multipart_images_reach_the_judgment_in_order() -> None:
+    from typesafe_sdk._core.compression import MIN_COMPRESSED_BODY_LENGTH, resolve_compression
+
+    assert resolve_compression(None) == "zstd"  # so the client compresses the multipart body
+    assert len(PNG) > MIN_COMPRESSED_BODY_LENGTH
+    client, backend = await start(InMemoryStubBackend(vision=True))
+    logo, receipt = ts.Image(JPEG), ts.Image(PNG)
+    try:
+        async with ts.AsyncTypeSafeClient(
+            api_key=KEY, base_url=str(client.make_url("")), retry=ts.RetryPolicy(max_retries=0)
+        ) as official:
+            with official.attach_assets([logo, receipt]):
+                response = await official.system_one(
+                    state=f"Receipt: {receipt}. Logo: {logo}.",
+                    questions={"refund": ts.Noul(instructions=f"Is {logo} ours?")},
+                )
+    finally:
+        await client.close()
+    assert 0 <= response.nouls["refund"].noul <= 1
+    [read] = backend.read_requests
+    images = [image for message in read.messages for image in message.images]
+    # In placeholder order: the state names the receipt first.
+    assert [image.data_uri()[:15] for image in images] == ["data:image/png;", "data:image/jpeg"]
+    assert [image.data for image in images] == [PNG, JPEG]
+    assert "Receipt: [image 1]. Logo: [image 2]." in read.user_text
+    assert "Is [image 2] ours?" in read.user_text
+
+
+@pytest.mark.asyncio
+async def test_a_multipart_request_is_read_with_json_assets_beside_its_parts() -> None:
+    client, backend = await start(InMemoryStubBackend(vision=True))
+    inline = {"type": "image", "format": "jpeg", "data_base64": base64.b64encode(JPEG).decode()}
+    request = with_assets("a: <a>, b: <b>", {"<a>": {"type": "image", "part": "p"}, "<b>": inline})
+    body = multipart([("request", "application/json", request), ("p", "image/png", PNG)])
+    try:
+        response = await client.post(
+            "/v1/systemone", data=b"preamble\r\n" + body, headers=MULTIPART
+        )
+        assert response.status == 200, await response.text()
+        models.SystemOneResponse.model_validate(await response.json())
+    finally:
+        await client.close()
+    images = [
+        image.data for message in backend.read_requests[0].messages for image in message.images
+    ]
+    assert images == [PNG, JPEG]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("parts", "loc", "message"),
+    [
+        ([("p", "image/png", PNG)], ["body", "request"], "part named 'request'"),
+        ([("request", "application/json", b"{nope")], ["body", "request"], "not valid JSON"),
+        (
+            [("request", "application/json", with_assets("<a>", {"<a>": {"part": "q"}}))],
+            ["body", "assets", "<a>", "part"],
+            "no part of the body is named 'q'",
+        ),
+        (
+            [
+                ("request", "application/json",
+                 with_assets("<a> <b>", {"<a>": {"part": "p"}, "<b>": {"part": "p"}})),
+                ("p", "image/png", PNG),
+            ],
+            ["body", "assets", "<b>", "part"],
+            "already claimed by asset '<a>'",
+        ),
+        (
+            [
+                ("request", "application/json", with_assets("<a>", {"<a>": {"part": "p"}})),
+                ("p", "image/png", PNG),
+                ("stray", "image/png", PNG),
+            ],
+            ["body", "stray"],
+            "no asset claims this part",
+        ),
+        (
+            [
+                ("request", "application/json", with_assets("<a>", {"<a>": {"part": "p"}})),
+                ("p", "application/octet-stream", b"GIF89a" + b"\0" * 32),
+            ],
+            ["body", "assets", "<a>", "part"],
+            "not a PNG or JPEG image",
+        ),
+    ],
+)  # fmt: skip
+async def test_a_bad_multipart_request_is_a_422_naming_the_problem(
+    client: TestClient[web.Request, web.Application],
+    parts: list[tuple[str, str, bytes]],
+    loc: list[str],
+    message: str,
+) -> None:
+    response = await client.post("/v1/systemone", data=multipart(parts), headers=MULTIPART)
+    assert response.status == 422
+    body = await response.json()
+    assert_error_shape(body)
+    assert body["detail"][0]["loc"] == loc
+    assert message in body["detail"][0]["msg"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"no boundary here",
+        b'--b0undary\r\nContent-Disposition: form-data; name="request"\r\n\r\n{}',  # no close
+        b"--b0undary\r\nno-colon-header\r\n\r\n{}\r\n--b0undary--\r\n",
+        b"--b0undary\r\nContent-Type: text/plain\r\n\r\n{}\r\n--b0undary--\r\n",  # no name
+        b"--b0undaryX\r\n\r\n{}\r\n--b0undary--\r\n",
+    ],
+)
+async def test_a_malformed_multipart_body_is_a_422(
+    client: TestClient[web.Request, web.Application], body: bytes
+) -> None:
+    response = await client.post("/v1/systemone", data=body, headers=MULTIPART)
+    assert response.status == 422
+    detail = await response.json()
+    assert_error_shape(detail)
+    assert detail["detail"][0]["type"] == "multipart_invalid"
+
+
+@pytest.mark.asyncio
+async def test_multipart_needs_form_data_with_a_boundary(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    body = multipart([("request", "application/json", orjson.dumps(request_body()))])
+    no_boundary = {**AUTH, "Content-Type": "multipart/form-data"}
+    response = await client.post("/v1/systemone", data=body, headers=no_boundary)
+    assert response.status == 422
+    assert (await response.json())["detail"][0]["loc"] == ["header", "content-type"]
+    mixed = {**AUTH, "Content-Type": "multipart/mixed; boundary=b0undary"}
+    response = await client.post("/v1/systemone", data=body, headers=mixed)
+    assert response.status == 415
+    assert_error_shape(await response.json())
+    quoted = {**AUTH, "Content-Type": 'multipart/form-data; boundary="b0undary"'}
+    assert (await client.post("/v1/systemone", data=body, headers=quoted)).status == 200
+
+
+@pytest.mark.asyncio
+async def test_a_multipart_body_past_the_limit_is_a_413() -> None:
+    small, _ = await start(InMemoryStubBackend(vision=True), max_body_bytes=4096)
+    request = with_assets("<a>", {"<a>": {"part": "p"}})
+    body = multipart([("request", "application/json", request), ("p", "image/png", PNG * 3)])
+    try:
+        response = await small.post("/v1/systemone", data=body, headers=MULTIPART)
+        assert response.status == 413
+        assert_error_shape(await response.json())
+        # zstd-compressed below the cap, inflating past it: still a 413.
+        packed = zstd.compress(body)
+        assert len(packed) < 4096
+        headers = {**MULTIPART, "Content-Encoding": "zstd"}
+        assert (await small.post("/v1/systemone", data=packed, headers=headers)).status == 413
+    finally:
+        await small.close()
+
+
+@pytest.mark.asyncio
+async def test_images_for_a_server_without_vision_are_the_clients_422(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    image = ts.Image(PNG)
+    async with ts.AsyncTypeSafeClient(
+        api_key=KEY, base_url=str(client.make_url("")), retry=ts.RetryPolicy(max_retries=0)
+    ) as official:
+        with pytest.raises(ts.TypeSafeUnprocessableEntityError) as raised:
+            await official.system_one(
+                state=f"Photo: {image}",
+                questions={"q": ts.Noul(instructions="Is it damaged?")},
+                assets={str(image): image},
+            )
+    assert raised.value.status == 422
+    assert_error_shape(raised.value.body)
+    assert "does not declare vision" in raised.value.body["detail"][0]["msg"]
+
+
+def test_multipart_is_read_as_the_rfc_writes_it() -> None:
+    assert media_type('Multipart/Form-Data; boundary="x"') == "multipart/form-data"
+    assert media_type("application/json") == "application/json"
+    parts = parse_multipart(
+        b"pre\r\n" + multipart([("a", "t/x", b"1\r\n2")]) + b"epilogue",
+        "multipart/form-data; boundary=b0undary",
+    )
+    assert parts == [MultipartPart("a", "t/x", b"1\r\n2")]
+
+
+# -- graceful shutdown (the real SIGTERM is sent in tests/live/test_gateway_live.py) ----------
+
+
+async def serving(
+    backend: InMemoryStubBackend, stop: asyncio.Event, **config: Any
+) -> tuple[asyncio.Task[None], str]:
+    urls: asyncio.Queue[str] = asyncio.Queue()
+    gateway = GatewayConfig(**{"keys": (KEY,), "probe_interval": 0.01, **config})
+    task = asyncio.create_task(
+        serve(tv.Session(backend), gateway, "127.0.0.1", 0, started=urls.put_nowait, stop=stop)
+    )
+    return task, await asyncio.wait_for(urls.get(), 10)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not hold within 5 s")
+
+
+async def refused(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        _, writer = await asyncio.open_connection(host, int(port))
+    except ConnectionRefusedError:
+        return True
+    writer.close()
+    await writer.wait_closed()
+    return False
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_refuses_new_connections_and_finishes_the_requests_in_flight() -> None:
+    backend = InMemoryStubBackend()
+    backend.behaviours["refund"] = sleeping(1.0)
+    stop = asyncio.Event()
+    task, url = await serving(backend, stop, max_in_flight=2, shutdown_timeout=10)
+    async with aiohttp.ClientSession() as http:
+
+        async def ask() -> tuple[int, Any]:
+            async with http.post(f"{url}/v1/systemone", json=request_body(), headers=AUTH) as r:
+                return r.status, await r.json()
+
+        asked = [asyncio.create_task(ask()) for _ in range(4)]  # 2 judged, 2 waiting
+        await until(lambda: backend.in_flight == 2)
+        stop.set()
+        await asyncio.sleep(0.05)
+        assert await refused(url)
+        assert not any(a.done() for a in asked)
+        answered = await asyncio.gather(*asked)
+    await asyncio.wait_for(task, 10)
+    assert [status for status, _ in answered] == [200] * 4
+    for _, body in answered:
+        models.SystemOneResponse.model_validate(body)
+    assert backend.cancelled == []
+    assert backend.closed == 1
+
+
+@pytest.mark.asyncio
+async def test_judgments_past_the_shutdown_timeout_answer_503() -> None:
+    backend = InMemoryStubBackend()
+    backend.behaviours["refund"] = sleeping(60)
+    stop = asyncio.Event()
+    task, url = await serving(backend, stop, max_in_flight=1, shutdown_timeout=0.5)
+    async with aiohttp.ClientSession() as http:
+
+        async def ask() -> tuple[int, Any, str | None]:
+            async with http.post(f"{url}/v1/systemone", json=request_body(), headers=AUTH) as r:
+                return r.status, await r.json(), r.headers.get("Retry-After")
+
+        asked = [asyncio.create_task(ask()) for _ in range(2)]  # 1 judged, 1 waiting
+        await until(lambda: backend.in_flight == 1)
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        stop.set()
+        answered = await asyncio.gather(*asked)
+        await asyncio.wait_for(task, 5)
+        elapsed = time.monotonic() - started
+    assert [(status, retry) for status, _, retry in answered] == [(503, "1")] * 2
+    for _, body, _ in answered:
+        assert_error_shape(body)
+        assert "shut down" in body["detail"][0]["msg"]
+    assert "refund" in backend.cancelled
+    assert backend.closed == 1
+    # The timeout, then the cut-off and the session's close (no read is waited for).
+    assert 0.5 <= elapsed < 2.0, elapsed

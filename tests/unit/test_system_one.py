@@ -11,17 +11,18 @@ import base64
 import warnings
 from typing import Any
 
+import orjson
 import pytest
 from typesafe_sdk._schemas import models
 
 import typevet_async as tv
+from typevet_async._backends.system_one_wire import decode_judgment
 from typevet_async._core.systemone import (
     EXTENSION,
     SystemOneValidationError,
     render_structured,
     request_from_system_one,
     request_to_system_one,
-    response_from_system_one,
     response_to_system_one,
 )
 
@@ -112,9 +113,8 @@ async def test_a_response_validates_against_the_official_response_model() -> Non
     # Our richer record rides along; System One clients ignore it.
     assert body[EXTENSION]["usage"] == {"prompt_tokens": 30, "cached_tokens": 0, "reads": 3}
     assert set(body[EXTENSION]["diagnostics"]) == {"refund", "route", "urgency"}
-    model, answers, tokens = response_from_system_one(body)
-    assert (model, tokens) == ("gemma-3-270m", judgment.usage.prompt_tokens)
-    assert answers["route"]["choice"] == judgment["route"].choice  # type: ignore[union-attr]
+    # And back, as `Session.system_one` reads it: the same judgment, diagnostics included.
+    assert decode_judgment(orjson.dumps(body), list(call.questions.items())) == judgment
 
 
 def test_a_scores_legend_carries_structured_criteria_as_sent() -> None:

@@ -25,9 +25,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import typevet_async as tv
-from typevet_async._backends import llama_cpp_wire, vllm_wire
+from typevet_async._backends import llama_cpp_wire, system_one_wire, vllm_wire
 from typevet_async._backends.openai_chat import decode_chat_output
+from typevet_async._core.questions import Choice, Noul
 from typevet_async._core.readings import LOGPROB_SLACK, read_entries, validated_logprobs
+from typevet_async._core.systemone import SYSTEM_ONE_SLACK, questions_from_system_one
 
 REPLIES = Path(__file__).resolve().parents[1] / "fixtures" / "replies"
 VOCAB = 262_144
@@ -187,7 +189,8 @@ def ref_llama_props(raw: bytes) -> Any:
     doc = obj(strict_json(raw))
     vision = field(field(doc, "modalities", obj, {}), "vision", boolean, False)
     marker = field(doc, "media_marker", nullable(string), None)
-    return vision, marker or None
+    slots = field(doc, "total_slots", nullable(lambda value: integer(value, 1)), None)
+    return llama_cpp_wire.Props(vision, marker or None, slots)
 
 
 def ref_chat_output(raw: bytes) -> Any:
@@ -268,12 +271,96 @@ def ref_vllm_models(raw: bytes) -> Any:
     return tuple(required(obj(item), "id", string) for item in models)
 
 
+def system_one_questions() -> list[tuple[str, tv.Question]]:
+    return list(questions_from_system_one(request_body("system_one", "judgment")).items())
+
+
+def probability(value: Any) -> float:
+    result = number(value)
+    if not 0.0 <= result <= 1.0:
+        raise Refused("not a probability")
+    return result
+
+
+def ref_system_one(raw: bytes) -> Any:
+    """The answers' probabilities in option order, and the input tokens (the gateway's
+    extension stripped: `without_extension`)."""
+    doc = obj(strict_json(raw))
+    sent = required(doc, "answers", obj)
+    tokens = required(required(doc, "usage", obj), "input_tokens", integer)
+    kinds = {"noul", "choice", "score"}
+    readings: dict[str, tuple[str, dict[str, float], Any]] = {}
+    for question_id, answer in sent.items():
+        answer = obj(answer)
+        kind = required(answer, "type", string)
+        if kind not in kinds:
+            raise Refused("an answer type System One does not have")
+        if kind == "noul":
+            p = required(answer, "noul", probability)
+            readings[question_id] = (kind, {"false": 1.0 - p, "true": p}, None)
+            continue
+        named = required(
+            answer,
+            "choice" if kind == "choice" else "score",
+            (string if kind == "choice" else number),
+        )
+        probabilities = {
+            k: probability(v) for k, v in required(answer, "probabilities", obj).items()
+        }
+        readings[question_id] = (kind, probabilities, named)
+    questions = system_one_questions()
+    if set(readings) - {question_id for question_id, _ in questions}:
+        raise Refused("answers to questions not asked")
+    result = {}
+    for question_id, question in questions:
+        if question_id not in readings:
+            raise Refused("an answer missing")
+        kind, probabilities, named = readings[question_id]
+        if isinstance(question, Noul):
+            keys, wanted = ["false", "true"], "noul"
+        elif isinstance(question, Choice):
+            keys, wanted = list(question.labels), "choice"
+        else:
+            keys, wanted = [str(n) for n in range(len(question.levels))], "score"
+        if kind != wanted or set(probabilities) != set(keys):
+            raise Refused("another type, or other options")
+        values = tuple(probabilities[key] for key in keys)
+        if abs(math.fsum(values) - 1.0) > SYSTEM_ONE_SLACK:
+            raise Refused("not a distribution")
+        if kind == "choice" and probabilities.get(named, -1.0) < max(values) - SYSTEM_ONE_SLACK:
+            raise Refused("the choice is not the most probable label")
+        expected = math.fsum(level * p for level, p in enumerate(values))
+        if kind == "score" and abs(named - expected) > SYSTEM_ONE_SLACK:
+            raise Refused("the score is not the expected level")
+        result[question_id] = values
+    return result, tokens
+
+
+def ref_system_one_models(raw: bytes) -> Any:
+    models = required(obj(strict_json(raw)), "models", array)
+    return tuple(required(obj(item), "name", string) for item in models)
+
+
 # -- the SDK's decoding of each reply (the decoder, then the value rules the backend applies)
 
 
 def sdk_completion(raw: bytes) -> Any:
     reply = llama_cpp_wire.decode_completion(raw, 64)
     return read_entries(reply.top, VOCAB), reply.prompt_tokens, reply.cached_tokens
+
+
+def sdk_system_one(raw: bytes) -> Any:
+    judgment = system_one_wire.decode_judgment(raw, system_one_questions())
+    answers = {qid: tuple(answer.probabilities.values()) for qid, answer in judgment.items()}
+    return answers, judgment.usage.prompt_tokens
+
+
+def without_extension(raw: bytes) -> bytes:
+    """The gateway's reply as any System One server would send it: no ``typevet`` field (its
+    own test: tests/unit/test_system_one_backend.py)."""
+    doc = json.loads(raw)
+    del doc["typevet"]
+    return json.dumps(doc).encode()
 
 
 def sdk_vllm_scoring(raw: bytes) -> Any:
@@ -290,10 +377,12 @@ class Endpoint:
     reference: Callable[[bytes], Any]
     #: The paths the SDK reads ("*": any list index); a mutation elsewhere is irrelevant.
     used: tuple[Path_, ...]
+    #: The recorded reply as the test mutates it.
+    prepare: Callable[[bytes], bytes] = bytes
 
     @property
     def raw(self) -> bytes:
-        return recorded(self.server, self.name)
+        return self.prepare(recorded(self.server, self.name))
 
 
 CHAT_USED: tuple[Path_, ...] = (
@@ -330,7 +419,7 @@ ENDPOINTS = [
     ),
     Endpoint(
         "llama_cpp", "props", llama_cpp_wire.decode_props, ref_llama_props,
-        (("modalities", "vision"), ("media_marker",)),
+        (("modalities", "vision"), ("media_marker",), ("total_slots",)),
     ),
     Endpoint("llama_cpp", "chat_generation", decode_chat_output, ref_chat_output, CHAT_USED),
     Endpoint(
@@ -355,6 +444,18 @@ ENDPOINTS = [
         (("token_strs", "*"),),
     ),
     Endpoint("vllm", "models", vllm_wire.decode_model_ids, ref_vllm_models, (("data", "*", "id"),)),
+    Endpoint(
+        "system_one", "judgment", sdk_system_one, ref_system_one,
+        (
+            ("answers",),
+            ("usage", "input_tokens"),
+        ),
+        without_extension,
+    ),
+    Endpoint(
+        "system_one", "models", system_one_wire.decode_model_names, ref_system_one_models,
+        (("models", "*", "name"),),
+    ),
 ]  # fmt: skip
 BY_ID = {f"{e.server}/{e.name}": e for e in ENDPOINTS}
 
@@ -629,3 +730,5 @@ test_mutated_vllm_chat_generation = mutation_test("vllm/chat_generation")
 test_mutated_vllm_tokenize_prompt = mutation_test("vllm/tokenize_prompt", FEW)
 test_mutated_vllm_tokenize_messages = mutation_test("vllm/tokenize_messages")
 test_mutated_vllm_models = mutation_test("vllm/models")
+test_mutated_system_one_judgment = mutation_test("system_one/judgment")
+test_mutated_system_one_models = mutation_test("system_one/models", FEW)

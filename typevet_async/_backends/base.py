@@ -9,23 +9,27 @@ The README's "Writing a backend" section walks through a new one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from typevet_async._core.answers import Judgment
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe
+from typevet_async._core.questions import Question
 from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
 
-__all__ = ["Backend", "Capabilities", "Framing"]
+__all__ = ["Backend", "Capabilities", "Framing", "RemoteJudging"]
 
 #: ``"sdk"``: the SDK frames the raw prefix in the served family's own turn markers and the
 #: backend scores ``ScoringRequest.prompt`` (llama.cpp ``/completion``); the served template
 #: must then be a native Gemma family. ``"server"``: the server applies its own chat template
-#: to ``ScoringRequest.messages`` (vLLM ``/v1/chat/completions``).
-Framing = Literal["sdk", "server"]
+#: to ``ScoringRequest.messages`` (vLLM ``/v1/chat/completions``). ``"remote"``: the server
+#: judges whole judgments itself (System One, ``POST /v1/systemone``): the backend is also a
+#: `RemoteJudging`, and the session calls its ``judge`` instead of planning and reading.
+Framing = Literal["sdk", "server", "remote"]
 
 
 @attrs.frozen(kw_only=True)
@@ -40,6 +44,8 @@ class Capabilities:
     max_candidates: int | None = attrs.field(default=None, validator=optional(positive_int))
     #: Whether schema-bound generation may take images.
     generation_images: bool = attrs.field(validator=boolean)
+    #: Whether the backend has schema-bound generation at all (System One has none).
+    generation: bool = attrs.field(default=True, validator=boolean)
     #: Most requests the backend takes at once from this client whatever the session's
     #: ``max_concurrency`` (llama.cpp with ``reproducible=True``: 1); None for no limit.
     max_concurrency: int | None = attrs.field(default=None, validator=optional(positive_int))
@@ -108,5 +114,27 @@ class Backend(Protocol):
         and validates it).
 
         :raises BackendError: the request failed.
+        """
+        ...
+
+
+@runtime_checkable
+class RemoteJudging(Protocol):
+    """What a backend whose `Capabilities` say ``framing="remote"`` adds: it sends a whole
+    judgment to a server that judges it, and returns the typed answers."""
+
+    async def judge(
+        self,
+        state: Any,
+        questions: Sequence[tuple[str, Question]],
+        probe: Probe,
+        *,
+        max_retries: int | Unset,
+    ) -> Judgment:
+        """The server's answers to ``questions`` about ``state`` (a string or JSON value, as
+        the caller gave it; already checked), in question order.
+
+        :raises BackendError: the request failed, or the server's answers failed validation.
+        :raises QuestionError: the server refused the questions (HTTP 422).
         """
         ...

@@ -42,6 +42,7 @@ __all__ = [
     "port_argument",
     "positive_int_argument",
     "stop_child",
+    "wait_healthy",
 ]
 
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -104,6 +105,8 @@ class ServerOptions:
     swa_full: bool = attrs.field(default=True, validator=boolean)
     #: Where the server's own log goes (default: discarded).
     log_file: Path | None = None
+    #: llama.cpp's Prometheus ``GET /metrics`` (its counters of prompt tokens and decodes).
+    metrics: bool = attrs.field(default=False, validator=boolean)
 
     def command(self, model_path: Path) -> list[str]:
         args = [
@@ -122,6 +125,8 @@ class ServerOptions:
         ]
         if self.swa_full:
             args.append("--swa-full")
+        if self.metrics:
+            args.append("--metrics")
         if self.jinja:
             args += ["--jinja-template", self.chat_template]
         else:
@@ -166,7 +171,7 @@ class EmbeddedServer:
             self.stop()
             # The child's startup failure, in its own words (`main` writes it).
             raise _child_error(line) from None
-        _wait_healthy(self.url, _READY_TIMEOUT_SECONDS)
+        wait_healthy(self.url, _READY_TIMEOUT_SECONDS)
         return self.url
 
     def stop(self) -> None:
@@ -213,17 +218,21 @@ def _child_error(line: bytes) -> TypevetError:
     return error_type(f"the embedded llama.cpp server did not start: {message}")
 
 
-def _wait_healthy(url: str, timeout: float) -> None:
+def wait_healthy(url: str, timeout: float, path: str = "/health") -> None:
+    """Until ``GET {url}{path}`` answers 200 (a server's health, or a gateway's readiness).
+
+    :raises TypevetError: it did not within ``timeout`` seconds.
+    """
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            with urllib.request.urlopen(f"{url}{path}", timeout=2) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise TypevetError(f"the embedded llama.cpp server at {url} never became healthy")
+            raise TypevetError(f"the server at {url} did not answer {path} within {timeout} s")
         time.sleep(0.1)
 
 
@@ -237,6 +246,7 @@ def _serve(args: argparse.Namespace) -> None:
     params.hostnames = [args.host]
     params.port = args.port
     params.swa_full = args.swa_full
+    params.endpoint_metrics = args.metrics
     if args.jinja_template is not None:
         params.use_jinja = True
         params.chat_template = args.jinja_template
@@ -369,6 +379,9 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
         action=argparse.BooleanOptionalAction,
         default=defaults.swa_full,
         help="full-size sliding-window cache, so prompt prefixes are reused (default: on)",
+    )
+    parser.add_argument(
+        "--metrics", action="store_true", help="serve llama.cpp's Prometheus GET /metrics"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser

@@ -40,8 +40,8 @@ import contextlib
 import email.utils
 import time
 import urllib.parse
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import aiohttp
 import attrs
@@ -82,9 +82,14 @@ __all__ = [
     "HttpClient",
     "HttpSettings",
     "RetryPolicy",
+    "WaitRetryAfter",
     "is_transient",
     "map_client_error",
+    "retrying",
+    "transient_but_no_timeout",
 ]
+
+T = TypeVar("T")
 
 #: A whole-vocabulary llama.cpp read of a 262,144-token vocabulary is about 26 MB.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -199,16 +204,54 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, TransportError | RequestTimeoutError):
         return True
     if isinstance(error, ServerError):
-        return error.status in (408, 429) or error.status >= 500
+        # 501 Not Implemented is the server's lasting answer (a System One server that does
+        # not judge with this model), not a passing failure.
+        return error.status in (408, 429) or (error.status >= 500 and error.status != 501)
     return False
 
 
-def _transient_but_no_timeout(error: BaseException) -> bool:
+def transient_but_no_timeout(error: BaseException) -> bool:
     """`is_transient`, for a request that would take as long again if sent again."""
     return is_transient(error) and not isinstance(error, RequestTimeoutError)
 
 
-class _WaitRetryAfter(wait_base):
+async def retrying(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    retries: int,
+    retryable: Callable[[BaseException], bool],
+    wait: Callable[[RetryCallState], float],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """``attempt()``, and up to ``retries`` more after each ``retryable`` failure.
+
+    The first attempt runs directly: tenacity is entered only after a transient failure, and
+    its first attempt re-raises that failure instead of running again, so its stop and wait
+    rules see exactly the attempts they would have seen had it been entered from the start.
+    """
+    first: TypevetError | None = None
+    try:
+        return await attempt()
+    except TypevetError as error:
+        if retries == 0 or not retryable(error):
+            raise
+        first = error
+    async for tenacity_attempt in AsyncRetrying(
+        stop=stop_after_attempt(retries + 1),
+        wait=wait,
+        retry=retry_if_exception(retryable),
+        reraise=True,
+        sleep=sleep,
+    ):
+        with tenacity_attempt:
+            if first is not None:
+                failure, first = first, None
+                raise failure
+            return await attempt()
+    raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+class WaitRetryAfter(wait_base):
     """Exponential backoff with jitter, unless the server said how long to wait."""
 
     def __init__(self, policy: RetryPolicy) -> None:
@@ -400,32 +443,13 @@ class HttpClient:
         retry_timeouts: bool,
     ) -> bytes:
         counter = attempts if attempts is not None else Attempts()
-        retries = resolve(max_retries, self.settings.retry.max_retries)
-        retryable = is_transient if retry_timeouts else _transient_but_no_timeout
-        first: TypevetError | None = None
-        try:
-            return await self._request(method, path, data, counter)
-        except TypevetError as error:
-            if retries == 0 or not retryable(error):
-                raise
-            first = error
-        # Only now, after a transient failure, is tenacity entered. Its first attempt re-raises
-        # that failure instead of sending again, so its stop, wait and Retry-After rules see
-        # exactly the attempts they would have seen had it been entered from the start.
-        policy = self.settings.retry
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(retries + 1),
-            wait=_WaitRetryAfter(policy),
-            retry=retry_if_exception(retryable),
-            reraise=True,
+        return await retrying(
+            lambda: self._request(method, path, data, counter),
+            retries=resolve(max_retries, self.settings.retry.max_retries),
+            retryable=is_transient if retry_timeouts else transient_but_no_timeout,
+            wait=WaitRetryAfter(self.settings.retry),
             sleep=self._backoff,
-        ):
-            with attempt:
-                if first is not None:
-                    failure, first = first, None
-                    raise failure
-                return await self._request(method, path, data, counter)
-        raise AssertionError("unreachable: tenacity reraises the last error")
+        )
 
     async def _backoff(self, seconds: float) -> None:
         """tenacity's wait between attempts, cut short by `aclose` (the next attempt then finds

@@ -190,15 +190,16 @@ class AsyncLlamaCpp:
         check_served_model(self.config.model, model_ids)
         rendered = decode_rendered(await self.http.post("/apply-template", probe_template_body()))
         tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
-        vision, marker = decode_props(await self.http.get("/props"))
+        props = decode_props(await self.http.get("/props"))
         return Probe(
             classify_template(rendered),
             rendered,
             control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True))),
             vocab_size,
             model_ids,
-            vision=vision,
-            media_marker=marker,
+            vision=props.vision,
+            media_marker=props.media_marker,
+            slots=props.slots,
         )
 
     async def tokenize(self, text: str, *, parse_special: bool = True) -> list[int]:

@@ -55,6 +55,7 @@ from typevet_async._core.readings import TopLogprobs
 
 __all__ = [
     "Completion",
+    "Props",
     "completion_body",
     "decode_completion",
     "decode_models",
@@ -284,16 +285,24 @@ class _Modalities(Reply):
 class _Props(Reply):
     modalities: _Modalities = msgspec.field(default_factory=_Modalities)
     media_marker: str | None = None
+    total_slots: Annotated[int, msgspec.Meta(gt=0)] | None = None
 
 
 _PROPS = decoder_for(_Props)
 
 
-def decode_props(raw: bytes) -> tuple[bool, str | None]:
-    """Whether the server declares vision, and its media marker (None if it has none).
+@attrs.frozen
+class Props:
+    """What ``/props`` declares: vision, the media marker (None if none), the slots."""
 
-    :raises ProtocolError: ``modalities`` not an object, ``vision`` not a boolean, or
-        ``media_marker`` neither a string nor null.
-    """
+    vision: bool
+    media_marker: str | None
+    #: Reads the server runs at once (``total_slots``); None if it does not say.
+    slots: int | None
+
+
+def decode_props(raw: bytes) -> Props:
+    """:raises ProtocolError: ``modalities`` not an object, ``vision`` not a boolean,
+    ``media_marker`` neither a string nor null, or ``total_slots`` not a positive integer."""
     reply = decode(_PROPS, raw, "/props")
-    return reply.modalities.vision, reply.media_marker or None
+    return Props(reply.modalities.vision, reply.media_marker or None, reply.total_slots)

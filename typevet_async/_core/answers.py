@@ -118,6 +118,8 @@ class Diagnostics:
     off_menu_flagged: bool = False
     #: HTTP attempts the read took, retries of transient failures included.
     attempts: int = 1
+    #: The endpoint that answered, in a session over several endpoints (None: the only one).
+    endpoint: str | None = None
 
 
 @attrs.frozen

@@ -29,6 +29,8 @@ class TemplateFamily(enum.Enum):
     GEMMA3 = "gemma3"
     CHATML = "chatml"
     UNSUPPORTED = "unsupported"
+    #: A System One server: it frames and reads every question itself, and shows no template.
+    REMOTE = "remote"
 
     @property
     def is_native(self) -> bool:

@@ -24,6 +24,9 @@ class Probe:
     #: Whether the server declares it takes images, and the text that marks where one goes.
     vision: bool = False
     media_marker: str | None = None
+    #: Reads the server runs at once, if it says (llama.cpp ``/props`` ``total_slots``): the
+    #: most a multi-endpoint session sends it at once.
+    slots: int | None = None
 
 
 def check_served_model(pinned: str | None, served: tuple[str, ...]) -> None:

@@ -83,6 +83,8 @@ class CandidateRead:
     truncated: bool = False
     #: HTTP attempts, retries of transient failures included (at least ``reads``).
     attempts: int = 1
+    #: The endpoint that answered, in a session over several (None: the only one).
+    endpoint: str | None = None
 
 
 def validated_logprobs(

@@ -65,6 +65,9 @@ class ScoringRequest:
     variant_ids: tuple[tuple[int, ...], ...] = ()
     #: What follows a server-rendered template at the answer position (Gemma 4: no thinking).
     answer_prefill: str = ""
+    #: Which judgment of its session the request belongs to: a session over several
+    #: endpoints keeps a judgment's reads on one, so its cached prefix is reused.
+    judgment: int = attrs.field(default=0, eq=False)
 
     @functools.cached_property
     def option_groups(self) -> tuple[tuple[int, ...], ...]:
@@ -147,8 +150,9 @@ def request_for(
     images: Sequence[ImagePart] = (),
     media_marker: str | None = None,
     is_special: IsSpecial = ALL_RUNS,
+    judgment: int = 0,
 ) -> ScoringRequest:
-    """One question's scoring request about ``state_text``.
+    """One question's scoring request about ``state_text`` (in judgment ``judgment``).
 
     With a ``family`` the SDK frames the raw prefix itself (the default layout where the
     backend frames prompts); with a ``media_marker`` one marker per image goes before the
@@ -167,12 +171,22 @@ def request_for(
             )
         prefill = answer_prefill(family) if family is not None else ""
         return ScoringRequest(
-            question_id, question, messages, None, controls, token_ids, plan.variant_ids, prefill
+            question_id,
+            question,
+            messages,
+            None,
+            controls,
+            token_ids,
+            plan.variant_ids,
+            prefill,
+            judgment,
         )
     content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
     messages = (Message("user", content, tuple(images)),)
     prompt = frame_prefix(family, content) if family is not None else None
-    return ScoringRequest(question_id, question, messages, prompt, controls, token_ids, (), "")
+    return ScoringRequest(
+        question_id, question, messages, prompt, controls, token_ids, (), "", judgment
+    )
 
 
 def plan_question(
@@ -262,5 +276,6 @@ def interpret_read(
         truncated=read.truncated,
         off_menu_flagged=flagged,
         attempts=read.attempts,
+        endpoint=read.endpoint,
     )
     return answer, diagnostics

@@ -25,37 +25,58 @@ forward pass over the prompt.
 first appears (state, then each question's instructions and criteria); the placeholder text
 itself is replaced by ``[image N]``. The SDK puts a judgment's images before its state, so an
 image is not placed inline where its placeholder stood. An asset no placeholder uses is
-refused, as is one sent as a multipart ``part`` (this wire reads JSON bodies).
+refused. A ``multipart/form-data`` request (how the official client sends images: a
+``request`` part holding the JSON, whose assets name their ``part``, then one part per image)
+is read by `request_from_system_one_multipart`, the parts by the standard library's MIME
+parser; each part is claimed by exactly one asset, its format read from its bytes.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import email.message
+import email.parser
+import email.policy
+import math
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
+import orjson
 
-from typevet_async._core.answers import Answer, ChoiceAnswer, Judgment, NoulAnswer, ScoreAnswer
+from typevet_async._core.answers import (
+    Answer,
+    ChoiceAnswer,
+    Judgment,
+    NoulAnswer,
+    ScoreAnswer,
+    build_answer,
+)
 from typevet_async._core.jsonvalues import compact_json
 from typevet_async._core.questions import Choice, Noul, Question, Score
-from typevet_async._errors import InvalidInputError, QuestionError, TypevetError
+from typevet_async._errors import InvalidInputError, ProtocolError, QuestionError, TypevetError
 
 __all__ = [
     "EXTENSION",
+    "SYSTEM_ONE_SLACK",
+    "MultipartPart",
+    "SystemOneAnswer",
     "SystemOneCall",
     "SystemOneValidationError",
     "answer_to_system_one",
+    "answers_from_system_one",
+    "media_type",
+    "parse_multipart",
     "question_from_system_one",
     "question_to_system_one",
     "questions_from_system_one",
     "render_structured",
     "request_from_system_one",
+    "request_from_system_one_multipart",
     "request_to_system_one",
-    "response_from_system_one",
     "response_to_system_one",
     "validation_detail",
 ]
@@ -387,27 +408,289 @@ def response_to_system_one(
     return body
 
 
-_LEVEL: Final = re.compile(r"0|[1-9][0-9]*")
+# -- a System One server's answers, as typed answers ---------------------------------------
+
+#: How far a System One answer's probabilities may sum from 1, and its expected score from the
+#: one its probabilities give: JSON floats of a float32 softmax (our own gateway's are within
+#: 1e-6). Anything further is not the distribution the answer claims to be.
+SYSTEM_ONE_SLACK: Final = 1e-3
 
 
-def response_from_system_one(data: Any) -> tuple[str, dict[str, dict[str, Any]], int]:
-    """The model, the answers (as sent) and the input tokens of a System One response.
+@attrs.frozen
+class SystemOneAnswer:
+    """One answer as a System One server sent it (types checked by the backend's decoder).
 
-    :raises InvalidInputError: not a System One response.
+    ``probabilities`` is keyed as on the wire: ``"false"``/``"true"`` for a Noul (built from
+    ``noul``), labels for a Choice, ``"0"``, ``"1"``, ... for a Score.
     """
-    if not isinstance(data, dict):
-        raise InvalidInputError("a System One response is a JSON object")
-    model, answers, usage = data.get("model"), data.get("answers"), data.get("usage")
-    if not isinstance(model, str) or not isinstance(answers, dict) or not isinstance(usage, dict):
-        raise InvalidInputError("a System One response has model, answers and usage")
-    tokens = usage.get("input_tokens")
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-        raise InvalidInputError("usage.input_tokens must be a non-negative integer")
-    for qid, answer in answers.items():
-        if not isinstance(answer, dict) or answer.get("type") not in ("noul", "choice", "score"):
-            raise InvalidInputError(f"answer {qid!r} is not a noul, choice or score answer")
-        if answer["type"] == "score" and not all(
-            _LEVEL.fullmatch(k) for k in answer.get("probabilities", {})
-        ):
-            raise InvalidInputError(f"answer {qid!r}: score levels are keyed 0, 1, ...")
-    return model, answers, tokens
+
+    kind: str
+    probabilities: Mapping[str, float]
+    #: A Choice's ``choice``; a Score's ``score`` (its expected level).
+    choice: str | None = None
+    score: float | None = None
+
+
+def _refused(question_id: str, message: str) -> ProtocolError:
+    error = ProtocolError(f"/v1/systemone: answer {question_id!r}: {message}")
+    error.question_id = question_id
+    return error
+
+
+def _answer_from_system_one(question_id: str, question: Question, sent: SystemOneAnswer) -> Answer:
+    kind = (
+        "noul"
+        if isinstance(question, Noul)
+        else "choice"
+        if isinstance(question, Choice)
+        else "score"
+    )
+    if sent.kind != kind:
+        raise _refused(question_id, f"a {sent.kind} answer to a {kind} question")
+    keys = (
+        ["false", "true"]
+        if isinstance(question, Noul)
+        else list(question.labels)
+        if isinstance(question, Choice)
+        else [str(level) for level in range(len(question.levels))]
+    )
+    if set(sent.probabilities) != set(keys):
+        raise _refused(
+            question_id,
+            f"probabilities keyed {sorted(sent.probabilities)}, the question's options are {keys}",
+        )
+    probabilities = [sent.probabilities[key] for key in keys]
+    total = math.fsum(probabilities)
+    if abs(total - 1.0) > SYSTEM_ONE_SLACK:
+        raise _refused(question_id, f"probabilities sum to {total:.6g}, not 1")
+    answer = build_answer(question, probabilities)
+    if isinstance(answer, ChoiceAnswer):
+        if sent.choice is None or sent.choice not in sent.probabilities:
+            raise _refused(question_id, f"choice {sent.choice!r} is not one of the labels")
+        if sent.probabilities[sent.choice] < max(probabilities) - SYSTEM_ONE_SLACK:
+            raise _refused(question_id, f"choice {sent.choice!r} is not the most probable label")
+    if isinstance(answer, ScoreAnswer) and (
+        sent.score is None or abs(sent.score - answer.score) > SYSTEM_ONE_SLACK
+    ):
+        raise _refused(
+            question_id,
+            f"score {sent.score!r} is not the expected level of its probabilities "
+            f"({answer.score:.6g})",
+        )
+    return answer
+
+
+def answers_from_system_one(
+    questions: Sequence[tuple[str, Question]], sent: Mapping[str, SystemOneAnswer]
+) -> dict[str, Answer]:
+    """The typed answers to ``questions`` (in their order) from a System One response's.
+
+    Each answer is rebuilt from the probabilities the server sent, by the rules every backend
+    shares (`build_answer`: the confidence is ours, the Choice's label the most probable), once
+    they are shown to be a distribution over exactly the question's options that agrees with
+    the ``choice`` or ``score`` the server named. A Noul's probabilities are ``1 - noul`` and
+    ``noul``.
+
+    :raises ProtocolError: an answer missing, extra or of another type, keyed otherwise than the
+        question's options, not summing to 1, or disagreeing with itself (``question_id`` names
+        the question).
+    """
+    asked = [question_id for question_id, _ in questions]
+    extra = [question_id for question_id in sent if question_id not in set(asked)]
+    if extra:
+        raise ProtocolError(f"/v1/systemone: answers to questions not asked: {extra}")
+    answers: dict[str, Answer] = {}
+    for question_id, question in questions:
+        if question_id not in sent:
+            raise _refused(question_id, "missing from the response")
+        answers[question_id] = _answer_from_system_one(question_id, question, sent[question_id])
+    return answers
+
+
+# -- multipart requests ---------------------------------------------------------------------
+#
+# The official client (typesafe-sdk 0.7.5, ``_core/endpoints.py``: ``prepare_system_one`` and
+# ``with_assets``) sends a request with image assets as ``multipart/form-data``: first a part
+# named ``request`` (``application/json``, the JSON body, whose ``assets`` entries are
+# ``{"type": "image", "part": "asset-N"}``), then one part per asset, named ``asset-N``, holding
+# the image's raw bytes (``image/png``, ``image/jpeg`` or ``application/octet-stream``). The
+# whole body is then zstd-compressed like any other of 1 KiB or more. Each part is claimed by
+# exactly one asset; an image's format is read from its bytes, not from its part's label.
+
+
+@attrs.frozen
+class MultipartPart:
+    """One part of a ``multipart/form-data`` body."""
+
+    name: str
+    #: The part's ``Content-Type``, if it has one.
+    content_type: str | None
+    data: bytes = attrs.field(repr=lambda data: f"<{len(data)} bytes>")
+
+
+#: What an image part's bytes are recognised as: System One's formats, by signature.
+_PART_FORMATS: Final = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpg"))
+
+
+def media_type(content_type: str) -> str:
+    """A ``Content-Type`` header's media type, in lower case (``"multipart/form-data"``)."""
+    message = email.message.Message()
+    message["Content-Type"] = content_type
+    return message.get_content_type()
+
+
+def _multipart_error(msg: str, loc: list[str | int] | None = None) -> SystemOneValidationError:
+    return SystemOneValidationError([validation_detail(loc or ["body"], msg, "multipart_invalid")])
+
+
+def parse_multipart(body: bytes, content_type: str) -> list[MultipartPart]:
+    """The parts of a ``multipart/form-data`` body (RFC 7578), in order, read by the standard
+    library's MIME parser (`email`); a preamble and an epilogue are ignored.
+
+    :raises SystemOneValidationError: ``content_type`` is not ``multipart/form-data`` with a
+        boundary, the parser found a defect (no closing boundary, a malformed header), or a
+        part is not ``form-data`` with a name.
+    """
+    try:
+        head = f"Content-Type: {content_type}\r\n\r\n".encode("ascii")
+    except UnicodeEncodeError:
+        head = b""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    boundary = message.get_boundary()
+    if (
+        not head
+        or message.get_content_type() != "multipart/form-data"
+        or not boundary
+        or not 1 <= len(boundary) <= 70
+    ):
+        raise _multipart_error(
+            "the Content-Type must be multipart/form-data with a boundary of 1 to 70 ASCII "
+            "characters",
+            ["header", "content-type"],
+        )
+    if message.defects or not message.is_multipart():
+        problems = "; ".join(type(defect).__name__ for defect in message.defects) or "no parts"
+        raise _multipart_error(f"the body is not made of its parts ({problems})")
+    parts: list[MultipartPart] = []
+    for index, part in enumerate(message.iter_parts()):
+        name = part.get_param("name", header="content-disposition")
+        if part.defects:
+            problems = "; ".join(type(defect).__name__ for defect in part.defects)
+            raise _multipart_error(f"part {index} is malformed ({problems})")
+        if part.get_content_disposition() != "form-data" or not isinstance(name, str) or not name:
+            raise _multipart_error(
+                f"part {index} needs a 'Content-Disposition: form-data; name=\"...\"' header"
+            )
+        data = part.get_payload(decode=True)
+        content = part.get("Content-Type")
+        parts.append(
+            MultipartPart(
+                name,
+                None if content is None else str(content),
+                data if isinstance(data, bytes) else b"",
+            )
+        )
+    return parts
+
+
+def _part_format(data: bytes) -> str | None:
+    return next((fmt for signature, fmt in _PART_FORMATS if data.startswith(signature)), None)
+
+
+def request_from_system_one_multipart(body: bytes, content_type: str) -> SystemOneCall:
+    """A ``multipart/form-data`` System One request (as the official client sends one with
+    image assets) as the SDK judges it: the ``request`` part's JSON, each asset's ``part``
+    replaced by that part's bytes, then read as `request_from_system_one` reads a JSON body.
+
+    :raises SystemOneValidationError: a body that is not multipart, no ``request`` part or one
+        that is not JSON, two parts of one name, an asset naming a part that is missing or
+        already claimed, a part no asset claims, a part that is not a PNG or JPEG image, and
+        anything `request_from_system_one` refuses; ``detail`` lists every problem found.
+    """
+    by_name: dict[str, MultipartPart] = {}
+    for part in parse_multipart(body, content_type):
+        if part.name in by_name:
+            raise _multipart_error(f"two parts are named {part.name!r}", ["body", part.name])
+        by_name[part.name] = part
+    request = by_name.pop("request", None)
+    if request is None:
+        raise SystemOneValidationError(
+            [
+                validation_detail(
+                    ["body", "request"],
+                    "a multipart body needs a part named 'request' holding the JSON request",
+                    "missing",
+                )
+            ]
+        )
+    try:
+        data = orjson.loads(request.data)
+    except orjson.JSONDecodeError as error:
+        raise SystemOneValidationError(
+            [validation_detail(["body", "request"], f"not valid JSON: {error}", "json_invalid")]
+        ) from None
+    detail: list[dict[str, Any]] = []
+    claimed: dict[str, str] = {}  # part name -> the asset that claims it
+    assets = data.get("assets") if isinstance(data, dict) else None
+    if isinstance(assets, dict):
+        inlined: dict[str, Any] = {}
+        for name, asset in assets.items():
+            if not isinstance(asset, dict) or asset.get("part") is None:
+                inlined[name] = asset
+                continue
+            image = _claim_part(str(name), asset, by_name, claimed)
+            if isinstance(image, dict) and "loc" in image:
+                detail.append(image)  # the asset is left out: its placeholder stays text
+            else:
+                inlined[name] = image
+        data = {**data, "assets": inlined}
+    for part_name in by_name:
+        if part_name not in claimed:
+            detail.append(
+                validation_detail(
+                    ["body", part_name],
+                    "no asset claims this part: each part is claimed by exactly one asset",
+                    "value_error",
+                )
+            )
+    try:
+        call = request_from_system_one(data)
+    except SystemOneValidationError as error:
+        raise SystemOneValidationError(detail + error.detail) from None
+    if detail:
+        raise SystemOneValidationError(detail)
+    return call
+
+
+def _claim_part(
+    name: str, asset: dict[str, Any], parts: Mapping[str, MultipartPart], claimed: dict[str, str]
+) -> dict[str, Any]:
+    """The JSON asset that ``asset``'s part stands for (its bytes as ``data_base64``, its
+    format read from them), or the detail entry refusing it."""
+    loc: list[str | int] = ["body", "assets", name, "part"]
+    part_name = asset["part"]
+    part = parts.get(part_name) if isinstance(part_name, str) else None
+    if part is None:
+        return validation_detail(
+            loc, f"no part of the body is named {part_name!r}", "value_error", part_name
+        )
+    if part_name in claimed:
+        return validation_detail(
+            loc,
+            f"part {part_name!r} is already claimed by asset {claimed[part_name]!r}: each part "
+            "is claimed by exactly one asset",
+            "value_error",
+            part_name,
+        )
+    claimed[part_name] = name
+    fmt = _part_format(part.data)
+    if fmt is None:
+        return validation_detail(
+            loc, f"part {part_name!r} is not a PNG or JPEG image", "enum", part.content_type,
+            {"expected": "'png', 'jpg' or 'jpeg'"},
+        )  # fmt: skip
+    return {
+        "type": asset.get("type", "image"),
+        "format": fmt,
+        "data_base64": base64.b64encode(part.data).decode("ascii"),
+    }

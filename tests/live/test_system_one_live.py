@@ -1,0 +1,170 @@
+"""`Session.system_one` against a real System One server: our own gateway (``typevet-async
+serve``, in-process) in front of the real llama.cpp server (Gemma 3 270M).
+
+The same judgments read directly (`Session.llama_cpp`, reproducible mode on both sides) are the
+reference: through the gateway they must come back equal, with the server-side diagnostics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import typesafe_sdk as ts
+from aiohttp import web
+
+import typevet_async as tv
+from typevet_async._core.systemone import request_to_system_one
+from typevet_async._gateway import GatewayConfig, build_app, runner_options
+
+pytestmark = pytest.mark.live
+
+KEY = "live-system-one-key"
+QUESTIONS: dict[str, tv.Question] = {
+    "refund": tv.Noul("Is a refund requested?"),
+    "route": tv.Choice(
+        {"billing": "money matters", "shipping": None, "technical": None},
+        instructions="Which team should handle it?",
+    ),
+    "urgency": tv.Score(["can wait", "today", "now"], instructions="How urgent is it?"),
+}
+TICKETS = [
+    {"subject": f"Ticket {n}", "message": text}
+    for n, text in enumerate(
+        [
+            "I was charged twice, please refund me.",
+            "My parcel never arrived.",
+            "The app crashes when I log in.",
+            "Can I change my delivery address?",
+            "Please cancel my subscription and return my money.",
+            "The invoice shows the wrong amount.",
+        ]
+    )
+]
+
+
+@pytest_asyncio.fixture
+async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
+    config = GatewayConfig(keys=(KEY,), timeout=120)
+    app = build_app(tv.Session.llama_cpp(gemma3_url, reproducible=True), config)
+    runner = web.AppRunner(app, **runner_options(config))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}"
+    try:
+        await wait_until_ready(url)
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+async def wait_until_ready(url: str, seconds: float = 120.0) -> None:
+    """The gateway probes its server in the background: ``/readyz`` is 200 once it has."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(int(seconds / 0.1)):
+            async with http.get(f"{url}/readyz") as response:
+                if response.status == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the gateway at {url} was not ready within {seconds} s")
+
+
+def assert_same_judgment(remote: tv.Judgment, direct: tv.Judgment) -> None:
+    assert list(remote) == list(direct)
+    for question_id, answer in direct.items():
+        got = remote[question_id]
+        assert type(got) is type(answer)
+        assert dict(got.probabilities) == pytest.approx(dict(answer.probabilities), abs=1e-6)
+        assert got.confidence == pytest.approx(answer.confidence, abs=1e-6)
+    assert remote.usage == direct.usage
+    # The gateway's extension carries the server-side reads: the same prompts and token ids.
+    for question_id, diagnostics in direct.diagnostics.items():
+        assert remote.diagnostics[question_id].prompt == diagnostics.prompt
+        assert remote.diagnostics[question_id].token_ids == diagnostics.token_ids
+
+
+@pytest.mark.asyncio
+async def test_judge_gives_the_direct_answers(gateway_url: str, gemma3_url: str) -> None:
+    async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
+        direct = await direct_session.judge(TICKETS[0], QUESTIONS)
+    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+        probe = await session.probe()
+        remote = await session.judge(TICKETS[0], QUESTIONS)
+    assert probe.family is tv.TemplateFamily.REMOTE
+    assert probe.model_ids  # the gateway's one listed model
+    assert_same_judgment(remote, direct)
+    route = remote["route"]
+    assert isinstance(route, tv.ChoiceAnswer)
+    assert route.choice == max(route.probabilities, key=route.probabilities.__getitem__)
+
+
+@pytest.mark.asyncio
+async def test_judge_many_answers_every_record_in_order(gateway_url: str, gemma3_url: str) -> None:
+    async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
+        direct = [await direct_session.judge(ticket, QUESTIONS) for ticket in TICKETS]
+    async with tv.Session.system_one(gateway_url, api_key=KEY, max_concurrency=4) as session:
+        items = [item async for item in session.judge_many(TICKETS, QUESTIONS)]
+    assert [item.index for item in items] == list(range(len(TICKETS)))
+    for item, expected in zip(items, direct, strict=True):
+        assert item.judgment is not None, item.error
+        assert_same_judgment(item.judgment, expected)
+
+
+@pytest.mark.asyncio
+async def test_the_official_client_and_ours_read_the_same_answers(gateway_url: str) -> None:
+    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+        ours = await session.judge(TICKETS[1], QUESTIONS)
+    body = request_to_system_one("gemma", TICKETS[1], QUESTIONS)
+    async with ts.AsyncTypeSafeClient(
+        api_key=KEY, base_url=gateway_url, retry=ts.RetryPolicy(max_retries=0)
+    ) as client:
+        theirs = await client.system_one(state=body["state"], questions=body["questions"])
+    refund = ours["refund"]
+    assert isinstance(refund, tv.NoulAnswer)
+    assert theirs.nouls["refund"].noul == pytest.approx(refund.noul, abs=1e-12)
+    assert theirs.choices["route"].probabilities == pytest.approx(
+        dict(ours["route"].probabilities), abs=1e-12
+    )
+
+
+@pytest.mark.asyncio
+async def test_questions_the_server_refuses_are_a_question_error(gateway_url: str) -> None:
+    # 63 options: our client cannot know the server's controls, the gateway has 62 (0-9, A-Z,
+    # a-z) and refuses the question with a 422 naming it.
+    many = tv.Choice([f"label {n}" for n in range(63)], instructions="Which one?")
+    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+        with pytest.raises(tv.QuestionError, match="refused the questions") as raised:
+            await session.judge(TICKETS[0], {"refund": QUESTIONS["refund"], "many": many})
+    assert raised.value.question_id == "many"
+    assert "63 options" in str(raised.value)
+
+
+@pytest.mark.asyncio
+async def test_a_wrong_key_is_a_401_not_retried(gateway_url: str) -> None:
+    async with tv.Session.system_one(gateway_url, api_key="wrong-key-123", max_retries=3) as s:
+        with pytest.raises(tv.ServerError) as raised:
+            await s.probe()
+    assert raised.value.status == 401
+    assert "wrong-key-123" not in str(raised.value)
+
+
+@pytest.mark.asyncio
+async def test_a_pinned_model_the_server_does_not_list_is_refused(gateway_url: str) -> None:
+    async with tv.Session.system_one(gateway_url, api_key=KEY, model="no-such-model") as s:
+        with pytest.raises(tv.ConfigurationError, match="no-such-model"):
+            await s.judge(TICKETS[0], QUESTIONS)
+
+
+@pytest.mark.asyncio
+async def test_generation_and_images_are_refused_unsent(gateway_url: str) -> None:
+    image = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png")
+    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+        with pytest.raises(tv.InvalidInputError, match="no schema-bound generation"):
+            await session.generate("Say hi", schema={"type": "string"})
+        with pytest.raises(tv.InvalidInputError, match="does not send images"):
+            await session.judge(TICKETS[0], QUESTIONS, images=[image])

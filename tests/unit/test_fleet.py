@@ -1,0 +1,238 @@
+"""`AsyncFleet`'s routing, failover and fleet checks, over in-memory stub backends (a real
+server cannot fail on cue or hold reads in a chosen order; tests/live/test_fleet_live.py runs
+two real llama.cpp servers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import anyio
+import attrs
+import pytest
+
+import typevet_async as tv
+
+from .stubs import InMemoryStubBackend, failing_after, noul, sleeping
+
+
+class Replica(InMemoryStubBackend):
+    """A stub endpoint: it can declare slots, serve another template, or be down."""
+
+    def __init__(self, *, slots: int | None = None, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.slots = slots
+        self.down = False
+        self.probe_family: tv.TemplateFamily | None = None
+
+    async def probe(self) -> tv.Probe:
+        if self.down:
+            raise tv.TransportError("connection refused")
+        probe = await super().probe()
+        family = self.probe_family or probe.family
+        return attrs.evolve(probe, family=family, slots=self.slots)
+
+    async def read(
+        self, request: tv.ScoringRequest, probe: tv.Probe, *, max_retries: int | tv.Unset
+    ) -> tv.CandidateRead:
+        if self.down:
+            self.read_requests.append(request)
+            raise tv.TransportError("connection reset")
+        return await super().read(request, probe, max_retries=max_retries)
+
+
+def fleet_of(
+    replicas: Sequence[Replica], *, max_retries: int = 2, slots: int | None = None
+) -> tv.AsyncFleet:
+    members = [(f"http://replica-{n}", replica) for n, replica in enumerate(replicas)]
+    return tv.AsyncFleet(
+        members,
+        retry=tv.RetryPolicy(max_retries=max_retries),
+        slots=slots,
+        cooldown=0.05,
+        max_cooldown=0.2,
+    )
+
+
+def session_of(fleet: tv.AsyncFleet, concurrency: int = 8) -> tv.Session:
+    return tv.Session(fleet, tv.SessionSettings(max_concurrency=concurrency, prefix_reuse="off"))
+
+
+QUESTIONS = {"q": noul()}
+
+
+@pytest.mark.asyncio
+async def test_reads_go_to_the_least_busy_endpoint_within_its_slots() -> None:
+    first, second = Replica(slots=1), Replica(slots=3)
+    for replica in (first, second):
+        replica.behaviours["q"] = sleeping(0.05)
+    async with session_of(fleet_of([first, second])) as session:
+        items = [item async for item in session.judge_many(range(8), QUESTIONS, max_in_flight=8)]
+    assert all(item.judgment is not None for item in items)
+    assert (first.peak, second.peak) == (1, 3)  # never past an endpoint's slots
+    assert len(first.reads) + len(second.reads) == 8
+    endpoints = {item.judgment.diagnostics["q"].endpoint for item in items if item.judgment}
+    assert endpoints == {"http://replica-0", "http://replica-1"}
+
+
+@pytest.mark.asyncio
+async def test_the_fleets_slots_setting_caps_every_endpoint() -> None:
+    first, second = Replica(slots=4), Replica()
+    for replica in (first, second):
+        replica.behaviours["q"] = sleeping(0.02)
+    async with session_of(fleet_of([first, second], slots=2)) as session:
+        async for _ in session.judge_many(range(12), QUESTIONS, max_in_flight=8):
+            pass
+    assert (first.peak, second.peak) == (2, 2)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_endpoint_cools_down_and_the_read_goes_to_another() -> None:
+    first, second = Replica(), Replica()
+    first.down = True
+    async with session_of(fleet_of([first, second])) as session:
+        await session.probe()  # the first is down at the probe: it starts cooling
+        assert session.backend.endpoint_states()["http://replica-0"] == "cooling"  # type: ignore[attr-defined]
+        judgment = await session.judge("x", QUESTIONS)
+    assert judgment.diagnostics["q"].endpoint == "http://replica-1"
+    assert first.reads == []
+
+
+@pytest.mark.asyncio
+async def test_a_failed_read_is_retried_elsewhere_and_counted() -> None:
+    first, second = Replica(), Replica()
+    async with session_of(fleet_of([first, second])) as session:
+        await session.probe()
+        first.down = True  # after the probe: the first read sent to it fails
+        judgments = [await session.judge(f"s{n}", QUESTIONS) for n in range(4)]
+    failed_over = [j.diagnostics["q"] for j in judgments if j.diagnostics["q"].attempts > 1]
+    assert len(first.read_requests) == 1  # once seen failing, it is not tried again yet
+    assert len(failed_over) == 1
+    assert failed_over[0].endpoint == "http://replica-1"
+    assert failed_over[0].attempts == 2  # the failed try counts
+
+
+@pytest.mark.asyncio
+async def test_retries_across_endpoints_count_against_max_retries() -> None:
+    first, second = Replica(), Replica()
+    async with session_of(fleet_of([first, second], max_retries=1)) as session:
+        await session.probe()
+        first.down = second.down = True
+        with pytest.raises(tv.TransportError) as raised:
+            await session.judge("x", QUESTIONS)
+    assert len(first.read_requests) + len(second.read_requests) == 2  # 1 + max_retries
+    assert any("endpoint: http://replica-" in note for note in raised.value.__notes__)
+
+
+@pytest.mark.asyncio
+async def test_an_endpoint_comes_back_after_its_cooldown_and_a_passing_probe() -> None:
+    first, second = Replica(), Replica()
+    fleet = fleet_of([first, second])
+    async with session_of(fleet) as session:
+        await session.probe()
+        first.down = True
+        await session.judge("a", QUESTIONS)
+        await session.judge("b", QUESTIONS)
+        assert fleet.endpoint_states()["http://replica-0"] != "up"
+        first.down = False
+        with anyio.fail_after(5):
+            while fleet.endpoint_states()["http://replica-0"] != "up":
+                await session.judge("c", QUESTIONS)
+                await asyncio.sleep(0.02)
+        before = len(first.reads)
+        for n in range(6):
+            await session.judge(f"later {n}", QUESTIONS)
+    assert len(first.reads) > before
+
+
+@pytest.mark.asyncio
+async def test_an_endpoint_that_comes_back_different_is_excluded() -> None:
+    first, second = Replica(), Replica()
+    fleet = fleet_of([first, second])
+    async with session_of(fleet) as session:
+        await session.probe()
+        first.down = True
+        await session.judge("a", QUESTIONS)
+        first.down, first.probe_family = False, tv.TemplateFamily.GEMMA4
+        with anyio.fail_after(5):
+            while fleet.endpoint_states()["http://replica-0"] != "excluded":
+                await session.judge("b", QUESTIONS)
+                await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+async def test_a_fleet_that_disagrees_is_refused_naming_the_endpoint() -> None:
+    first, second = Replica(), Replica()
+    second.probe_family = tv.TemplateFamily.GEMMA4
+    async with session_of(fleet_of([first, second])) as session:
+        with pytest.raises(tv.ConfigurationError, match="replica-1 differs from") as raised:
+            await session.judge("x", QUESTIONS)
+    assert "template family gemma4 (not gemma3)" in str(raised.value)
+    assert first.reads == second.reads == []
+
+
+@pytest.mark.asyncio
+async def test_a_judgments_reads_stay_on_one_endpoint_where_prefixes_are_reused() -> None:
+    first, second = Replica(), Replica()
+    for replica in (first, second):
+        replica.behaviours["a"] = replica.behaviours["b"] = sleeping(0.01)
+    questions = {"a": noul(), "b": noul(1), "c": noul(2)}
+    settings = tv.SessionSettings(max_concurrency=8, prefix_reuse="first")
+    async with tv.Session(fleet_of([first, second]), settings) as session:
+        judgments = await asyncio.gather(*(session.judge(f"s{n}", questions) for n in range(6)))
+    for judgment in judgments:
+        assert len({d.endpoint for d in judgment.diagnostics.values()}) == 1
+    assert first.reads  # and the judgments themselves were spread
+    assert second.reads
+
+
+@pytest.mark.asyncio
+async def test_no_endpoint_up_waits_for_the_first_cooldown() -> None:
+    first, second = Replica(), Replica()
+    fleet = fleet_of([first, second], max_retries=6)
+    async with session_of(fleet) as session:
+        await session.probe()
+        first.down = second.down = True
+        task = asyncio.create_task(session.judge("x", QUESTIONS))
+        await asyncio.sleep(0.1)
+        first.down = False  # its next health check passes; the read then goes to it
+        judgment = await asyncio.wait_for(task, 5)
+    assert judgment.diagnostics["q"].endpoint == "http://replica-0"
+
+
+def test_bad_fleets_are_configuration_errors() -> None:
+    with pytest.raises(tv.ConfigurationError, match="at least two"):
+        fleet_of([Replica()])
+    with pytest.raises(tv.ConfigurationError, match="twice"):
+        tv.Session.llama_cpp(["http://a:1", "http://a:1/"])
+    with pytest.raises(tv.ConfigurationError, match="non-empty list"):
+        tv.Session.vllm([], model="m")
+    with pytest.raises(tv.ConfigurationError, match="several URLs"):
+        tv.Session.llama_cpp("http://a:1", endpoint_slots=2)
+    with pytest.raises(tv.ConfigurationError, match="endpoint_slots"):
+        tv.Session.llama_cpp(["http://a:1", "http://b:1"], endpoint_slots=0)
+    session = tv.Session.system_one(["http://a:1", "http://b:1"], endpoint_slots=4)
+    assert isinstance(session.backend, tv.AsyncFleet)
+    assert session.backend.endpoints == ["http://a:1", "http://b:1"]
+
+
+@pytest.mark.asyncio
+async def test_a_generation_is_not_retried_elsewhere_after_a_timeout() -> None:
+    first, second = Replica(), Replica()
+    capabilities = tv.Capabilities(framing="sdk", prefix_reuse=False, generation_images=False)
+    for replica in (first, second):
+        replica._capabilities = capabilities
+        replica.behaviours["p"] = failing_after(0.0, tv.RequestTimeoutError("took too long"))
+    async with session_of(fleet_of([first, second])) as session:
+        with pytest.raises(tv.RequestTimeoutError):
+            await session.generate("p", schema={"type": "object"})
+    assert len(first.generation_requests) + len(second.generation_requests) == 1
+
+
+@pytest.mark.asyncio
+async def test_one_read_at_a_time_still_alternates_between_endpoints() -> None:
+    first, second = Replica(), Replica()
+    async with session_of(fleet_of([first, second])) as session:
+        judgments = [await session.judge(f"s{n}", QUESTIONS) for n in range(6)]
+    names = [judgment.diagnostics["q"].endpoint for judgment in judgments]
+    assert names == ["http://replica-0", "http://replica-1"] * 3

@@ -1,0 +1,431 @@
+"""Several endpoints of one model behind one backend: fleet checks, routing and failover.
+
+A session over replicas (``Session.llama_cpp([url1, url2])``, ``Session.vllm([...])``,
+``Session.system_one([...])``) holds one `AsyncFleet` over one backend per endpoint, all of
+one kind and one configuration. The session and its pipelines see one backend.
+
+- **One model, everywhere.** `probe` probes every endpoint. Those that answer must agree on
+  what an answer depends on: the models served, the template (family and rendering), the
+  vocabulary size and every control's token id; an endpoint that differs is refused with a
+  `ConfigurationError` naming it. An endpoint that cannot be reached at the probe starts
+  cooling down (below); one must answer.
+- **Routing.** Each read goes to the endpoint with the fewest reads outstanding (among those
+  equally busy, the one picked longest ago), at most its slots at once (llama.cpp's
+  ``/props`` ``total_slots``, capped by the fleet's ``slots`` and the backend's own limit),
+  waiting for a slot when every endpoint is full. Where the backend reuses cached prefixes, a
+  judgment's reads stay on the endpoint its first read went to (`ScoringRequest.judgment`),
+  while it has a free slot.
+- **Failover.** A transient failure (a connection error, a timeout, HTTP 408, 429, 5xx but
+  501) cools the endpoint down, for ``cooldown`` seconds doubling with each failure in a row
+  up to ``max_cooldown``, and the read, which is idempotent, is sent to another endpoint.
+  Each further endpoint tried counts against ``max_retries`` (the member backends themselves
+  send one attempt: the fleet does the retrying, by `retrying`). When no endpoint is up, the
+  next try waits for the first cooldown to end. The diagnostics name the endpoint that
+  answered (`Diagnostics.endpoint`), and a read that fails for good names the last one tried.
+- **Coming back.** Once its cooldown is over, an endpoint is probed again in the background;
+  it takes reads again only if that probe passes and still agrees with the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+import anyio
+import attrs
+from tenacity import RetryCallState
+
+from typevet_async._backends.base import Backend, Capabilities, RemoteJudging
+from typevet_async._backends.http import (
+    RetryPolicy,
+    is_transient,
+    retrying,
+    transient_but_no_timeout,
+)
+from typevet_async._core.answers import Judgment
+from typevet_async._core.generation import ChatOutput, GenerationRequest
+from typevet_async._core.probe import Probe
+from typevet_async._core.questions import Question
+from typevet_async._core.readings import CandidateRead
+from typevet_async._core.scoring import ScoringRequest
+from typevet_async._errors import ConfigurationError, TransportError, TypevetError
+from typevet_async._fanout import gather_in_order
+from typevet_async._options import UNSET, Unset, resolve
+
+__all__ = ["AsyncFleet"]
+
+log = logging.getLogger("typevet_async.fleet")
+
+T = TypeVar("T")
+
+#: Judgments whose endpoint a fleet remembers (least recently used beyond it are forgotten).
+PIN_CACHE_SIZE = 4096
+
+_State = Literal["up", "cooling", "checking", "excluded"]
+
+
+class _Endpoint:
+    """One endpoint's backend and its routing state."""
+
+    __slots__ = (
+        "backend",
+        "failures",
+        "index",
+        "last_pick",
+        "name",
+        "outstanding",
+        "slots",
+        "state",
+        "until",
+    )
+
+    def __init__(self, index: int, name: str, backend: Backend) -> None:
+        self.index = index
+        self.name = name
+        self.backend = backend
+        self.slots: int | None = backend.capabilities.max_concurrency
+        self.outstanding = 0
+        #: Transient failures in a row: the cooldown doubles with each.
+        self.failures = 0
+        self.state: _State = "up"
+        #: While cooling: when (`time.monotonic`) its health check is due.
+        self.until = 0.0
+        #: When it was last picked (the fleet's pick counter): among endpoints equally busy,
+        #: the one picked longest ago goes next, so one read at a time still spreads.
+        self.last_pick = 0
+
+    def has_room(self) -> bool:
+        return self.state == "up" and (self.slots is None or self.outstanding < self.slots)
+
+
+def _differences(reference: Probe, probe: Probe) -> list[str]:
+    """What makes an answer read at ``probe`` differ from one read at ``reference``."""
+    found = []
+    if set(probe.model_ids) != set(reference.model_ids):
+        found.append(f"models {list(probe.model_ids)} (not {list(reference.model_ids)})")
+    if probe.family is not reference.family:
+        found.append(f"template family {probe.family.value} (not {reference.family.value})")
+    elif probe.rendered_template != reference.rendered_template:
+        found.append("another rendering of the chat template")
+    if probe.vocab_size != reference.vocab_size:
+        found.append(f"vocabulary size {probe.vocab_size} (not {reference.vocab_size})")
+    if dict(probe.control_ids) != dict(reference.control_ids):
+        changed = sorted(
+            control
+            for control in set(probe.control_ids) | set(reference.control_ids)
+            if probe.control_ids.get(control) != reference.control_ids.get(control)
+        )
+        found.append(f"other token ids for the controls {changed[:8]}")
+    return found
+
+
+class AsyncFleet:
+    """One backend over several endpoints of one model (see the module's docstring)."""
+
+    def __init__(
+        self,
+        members: Sequence[tuple[str, Backend]],
+        *,
+        retry: RetryPolicy,
+        slots: int | None = None,
+        cooldown: float = 1.0,
+        max_cooldown: float = 30.0,
+    ) -> None:
+        """:param members: (name, backend) per endpoint, the name shown in errors and
+        diagnostics (the redacted base URL); at least two, of one kind.
+        :param slots: the most reads one endpoint takes at once (None: what it declares).
+        """
+        if len(members) < 2:
+            raise ConfigurationError("a fleet needs at least two endpoints")
+        kinds = {type(backend) for _, backend in members}
+        if len(kinds) != 1:
+            raise ConfigurationError("every endpoint of a fleet must be of one kind")
+        self._endpoints = [_Endpoint(n, name, backend) for n, (name, backend) in enumerate(members)]
+        self._retry = retry
+        self._slots = slots
+        self._cooldown = (cooldown, max_cooldown)
+        first = members[0][1].capabilities
+        limits = [backend.capabilities.max_concurrency for _, backend in members]
+        total = None if None in limits else sum(limit for limit in limits if limit is not None)
+        self._capabilities = attrs.evolve(first, max_concurrency=total)
+        self._probe: Probe | None = None
+        #: Judgment -> the endpoint its first read went to (least recently used first).
+        self._pins: collections.OrderedDict[int, _Endpoint] = collections.OrderedDict()
+        #: Set (and replaced) whenever a slot frees or an endpoint comes back.
+        self._changed = asyncio.Event()
+        self._checks: set[asyncio.Task[None]] = set()
+        self._picks = 0
+
+    def __repr__(self) -> str:
+        return f"AsyncFleet({[e.name for e in self._endpoints]!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def model(self) -> str | None:
+        return self._endpoints[0].backend.model
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The endpoints' names, in the order given."""
+        return [endpoint.name for endpoint in self._endpoints]
+
+    def endpoint_states(self) -> dict[str, str]:
+        """Each endpoint's routing state: ``up``, ``cooling``, ``checking`` or ``excluded``."""
+        return {endpoint.name: endpoint.state for endpoint in self._endpoints}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open every endpoint's pool; if one cannot open, those opened are closed again."""
+        opened: list[_Endpoint] = []
+        try:
+            for endpoint in self._endpoints:
+                await endpoint.backend.open()
+                opened.append(endpoint)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for endpoint in opened:
+                    await endpoint.backend.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for task in list(self._checks):
+                task.cancel()
+            await asyncio.gather(*self._checks, return_exceptions=True)
+            for endpoint in self._endpoints:
+                await endpoint.backend.aclose()
+
+    async def probe(self) -> Probe:
+        """Every endpoint's probe; those that answer must agree (the first answering is the
+        fleet's). An endpoint that fails transiently cools down; any other failure is raised.
+
+        :raises ConfigurationError: an endpoint differs from the others (named), or serves
+            another model than the pin.
+        :raises BackendError: no endpoint could be probed (the first's error).
+        """
+
+        async def probed(endpoint: _Endpoint) -> Probe | TypevetError:
+            try:
+                return await endpoint.backend.probe()
+            except TypevetError as error:
+                if not is_transient(error):
+                    error.add_note(f"endpoint: {endpoint.name}")
+                    raise
+                return error
+
+        outcomes = await gather_in_order(self._endpoints, probed)
+        answered = [
+            (endpoint, outcome)
+            for endpoint, outcome in zip(self._endpoints, outcomes, strict=True)
+            if isinstance(outcome, Probe)
+        ]
+        if not answered:
+            first = outcomes[0]
+            assert isinstance(first, TypevetError)
+            first.add_note(f"no endpoint of {self.endpoints} could be probed")
+            raise first
+        reference_endpoint, reference = answered[0]
+        for endpoint, outcome in zip(self._endpoints, outcomes, strict=True):
+            if isinstance(outcome, TypevetError):
+                log.warning("endpoint %s could not be probed: %s", endpoint.name, outcome)
+                self._cool(endpoint)
+                continue
+            found = _differences(reference, outcome)
+            if found:
+                raise ConfigurationError(
+                    f"endpoint {endpoint.name} differs from {reference_endpoint.name}: "
+                    f"{'; '.join(found)}. An answer must not depend on which endpoint read it"
+                )
+            self._set_slots(endpoint, outcome)
+        self._probe = reference
+        return reference
+
+    def _set_slots(self, endpoint: _Endpoint, probe: Probe) -> None:
+        limits = [
+            limit
+            for limit in (endpoint.backend.capabilities.max_concurrency, probe.slots, self._slots)
+            if limit is not None
+        ]
+        endpoint.slots = min(limits) if limits else None
+
+    # -- the backend's calls, routed ---------------------------------------------------------
+
+    async def read(
+        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
+    ) -> CandidateRead:
+        pin = request.judgment if self._capabilities.prefix_reuse else None
+
+        async def one(backend: Backend) -> CandidateRead:
+            return await backend.read(request, probe, max_retries=0)
+
+        read, endpoint, failed = await self._routed(one, max_retries, pin=pin)
+        return attrs.evolve(read, endpoint=endpoint.name, attempts=read.attempts + failed)
+
+    async def judge(
+        self,
+        state: Any,
+        questions: Sequence[tuple[str, Question]],
+        probe: Probe,
+        *,
+        max_retries: int | Unset,
+    ) -> Judgment:
+        async def one(backend: Backend) -> Judgment:
+            if not isinstance(backend, RemoteJudging):
+                raise ConfigurationError(f"{type(backend).__name__} does not judge remotely")
+            return await backend.judge(state, questions, probe, max_retries=0)
+
+        judgment, _, _ = await self._routed(one, max_retries)
+        return judgment
+
+    async def special_runs(self, runs: Sequence[str]) -> frozenset[str] | None:
+        async def one(backend: Backend) -> frozenset[str] | None:
+            return await backend.special_runs(runs)
+
+        verdict, _, _ = await self._routed(one, UNSET)  # the fleet's retry policy
+        return verdict
+
+    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        async def one(backend: Backend) -> ChatOutput:
+            return await backend.generate(request, max_retries=0)
+
+        # Not retried after a timeout: it would generate from scratch, as long again.
+        output, _, _ = await self._routed(one, max_retries, retry_timeouts=False)
+        return output
+
+    async def _routed(
+        self,
+        call: Callable[[Backend], Awaitable[T]],
+        max_retries: int | Unset,
+        *,
+        pin: int | None = None,
+        retry_timeouts: bool = True,
+    ) -> tuple[T, _Endpoint, int]:
+        """``call`` on a chosen endpoint, and on others after transient failures: its result,
+        the endpoint that gave it, and how many tries failed before."""
+        failed = 0
+        retryable = is_transient if retry_timeouts else transient_but_no_timeout
+
+        async def attempt() -> tuple[T, _Endpoint, int]:
+            nonlocal failed
+            endpoint = await self._acquire(pin)
+            try:
+                result = await call(endpoint.backend)
+            except TypevetError as error:
+                if retryable(error):
+                    failed += 1
+                    self._cool(endpoint)
+                error.add_note(f"endpoint: {endpoint.name}")
+                raise
+            finally:
+                self._release(endpoint)
+            endpoint.failures = 0
+            return result, endpoint, failed
+
+        return await retrying(
+            attempt,
+            retries=resolve(max_retries, self._retry.max_retries),
+            retryable=retryable,
+            wait=self._wait,
+        )
+
+    # -- routing -----------------------------------------------------------------------------
+
+    async def _acquire(self, pin: int | None) -> _Endpoint:
+        """The endpoint for the next try, its slot taken.
+
+        :raises TransportError: no endpoint is up (each is cooling down, being checked or
+            excluded): a transient failure, so the next try waits (`_wait`).
+        """
+        while True:
+            self._start_due_checks()
+            endpoint = self._pinned(pin)
+            if endpoint is None:
+                free = [e for e in self._endpoints if e.has_room()]
+                if free:
+                    endpoint = min(free, key=lambda e: (e.outstanding, e.last_pick))
+                    if pin is not None:
+                        self._pins[pin] = endpoint
+                        if len(self._pins) > PIN_CACHE_SIZE:
+                            self._pins.popitem(last=False)
+            if endpoint is not None:
+                self._picks += 1
+                endpoint.last_pick = self._picks
+                endpoint.outstanding += 1
+                return endpoint
+            if not any(e.state == "up" for e in self._endpoints):
+                states = ", ".join(f"{e.name}: {e.state}" for e in self._endpoints)
+                raise TransportError(f"no endpoint is up ({states})")
+            changed = self._changed
+            await changed.wait()  # a slot freed, or an endpoint came back
+
+    def _pinned(self, pin: int | None) -> _Endpoint | None:
+        if pin is None:
+            return None
+        endpoint = self._pins.get(pin)
+        if endpoint is None or not endpoint.has_room():
+            return None
+        self._pins.move_to_end(pin)
+        return endpoint
+
+    def _release(self, endpoint: _Endpoint) -> None:
+        endpoint.outstanding -= 1
+        self._signal()
+
+    def _signal(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _cool(self, endpoint: _Endpoint) -> None:
+        endpoint.failures += 1
+        base, ceiling = self._cooldown
+        seconds = min(ceiling, base * 2 ** (endpoint.failures - 1))
+        endpoint.state = "cooling"
+        endpoint.until = time.monotonic() + seconds
+        log.warning("endpoint %s cools down for %.1f s", endpoint.name, seconds)
+
+    def _wait(self, retry_state: RetryCallState) -> float:
+        """Before a retry: none while an endpoint is up; else until the first cooldown ends
+        (at least 50 ms, while a health check runs)."""
+        if any(e.state == "up" for e in self._endpoints):
+            return 0.0
+        now = time.monotonic()
+        due = [e.until - now for e in self._endpoints if e.state == "cooling"]
+        return max(0.05, min(due, default=0.05))
+
+    def _start_due_checks(self) -> None:
+        now = time.monotonic()
+        for endpoint in self._endpoints:
+            if endpoint.state == "cooling" and endpoint.until <= now:
+                endpoint.state = "checking"
+                task = asyncio.get_running_loop().create_task(self._check(endpoint))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
+
+    async def _check(self, endpoint: _Endpoint) -> None:
+        """The health check of an endpoint whose cooldown is over: probed again, back if the
+        probe passes and agrees with the fleet, excluded for good if it disagrees."""
+        try:
+            probe = await endpoint.backend.probe()
+        except TypevetError as error:
+            log.warning("endpoint %s is still failing: %s", endpoint.name, error)
+            self._cool(endpoint)
+            return
+        reference = self._probe
+        found = [] if reference is None else _differences(reference, probe)
+        if found:
+            endpoint.state = "excluded"
+            log.error("endpoint %s came back different: %s", endpoint.name, "; ".join(found))
+        else:
+            self._set_slots(endpoint, probe)
+            endpoint.failures = 0
+            endpoint.state = "up"
+            log.warning("endpoint %s is back", endpoint.name)
+        self._signal()

@@ -1,0 +1,162 @@
+"""A System One server (``POST /v1/systemone``): the server judges; the session asks.
+
+Ours (``typevet-async serve``), vLLM's for its decision models, the hosted API: any server of
+the common wire. Unlike llama.cpp and vLLM, which the SDK reads one question at a time at the
+answer position, a System One server takes a whole judgment (the state and every question) in
+one request and answers with probabilities. So this backend's `Capabilities` say
+``framing="remote"``: the session calls `AsyncSystemOne.judge`, never ``read``, and the answers
+are rebuilt from the server's probabilities by the SDK's own rules
+(`typevet_async._core.systemone.answers_from_system_one`), after checking them.
+
+What differs from a logprob backend, by design:
+
+- no template, control tokens or vocabulary are probed: ``GET /v1/models`` only, to check the
+  pinned model (or pick the first listed);
+- diagnostics are only those our own gateway sends in its ``typevet`` extension (prompts,
+  logprobs, off-menu mass of the server-side reads); another server shows no logprobs;
+- no schema-bound generation, no images (yet): both are refused before anything is sent;
+- an HTTP 422 (the server refused the questions) is a `QuestionError`; a 501 (the server does
+  not judge with this model: vLLM's answer for a Gemma) an `UnsupportedTemplateError`. Both
+  would be the same for every record of a batch, which fails once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import attrs
+
+from typevet_async._backends.base import Capabilities
+from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
+from typevet_async._backends.system_one_wire import (
+    PATH,
+    decode_judgment,
+    decode_model_names,
+    decode_refusal,
+    judgment_body,
+)
+from typevet_async._core.answers import Judgment
+from typevet_async._core.framing import TemplateFamily
+from typevet_async._core.generation import ChatOutput, GenerationRequest
+from typevet_async._core.probe import Probe, check_served_model
+from typevet_async._core.questions import Question
+from typevet_async._core.readings import CandidateRead
+from typevet_async._core.redaction import redact, redacted_repr
+from typevet_async._core.scoring import ScoringRequest
+from typevet_async._errors import (
+    ConfigurationError,
+    QuestionError,
+    ServerError,
+    UnsupportedTemplateError,
+)
+from typevet_async._options import Unset, non_empty_text, optional
+
+__all__ = ["AsyncSystemOne", "SystemOneConfig"]
+
+_CAPABILITIES = Capabilities(
+    framing="remote", prefix_reuse=False, generation_images=False, generation=False
+)
+
+
+@attrs.frozen(kw_only=True)
+class SystemOneConfig:
+    """A System One backend's settings; checked when built.
+
+    :param base_url: the server's root (``/v1/systemone`` and ``/v1/models`` are under it).
+    :param model: the model every request names; None: the first the server lists.
+    """
+
+    base_url: str = attrs.field(validator=non_empty_text, repr=redacted_repr)
+    model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
+    http: HttpSettings = attrs.field(factory=HttpSettings)
+
+
+class AsyncSystemOne:
+    """Judgment client for ``POST /v1/systemone``."""
+
+    def __init__(self, config: SystemOneConfig) -> None:
+        self.config = config
+        self.http = HttpClient(config.base_url, config.http)
+        #: The model requests name: the pin, or the first the probe found listed.
+        self._model = config.model
+
+    def __repr__(self) -> str:
+        return f"AsyncSystemOne({redact(self.config.base_url)!r}, model={self.config.model!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    @property
+    def model(self) -> str | None:
+        return self.config.model
+
+    async def open(self) -> None:
+        await self.http.open()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def probe(self) -> Probe:
+        """The models the server lists; the pinned one must be among them.
+
+        :raises ConfigurationError: the pinned model is not listed, or none is.
+        """
+        names = decode_model_names(await self.http.get("/v1/models"))
+        check_served_model(self.config.model, names)
+        if not names:
+            raise ConfigurationError("the System One server lists no model (GET /v1/models)")
+        self._model = self.config.model or names[0]
+        return Probe(TemplateFamily.REMOTE, "", {}, 0, names)
+
+    async def judge(
+        self,
+        state: Any,
+        questions: Sequence[tuple[str, Question]],
+        probe: Probe,
+        *,
+        max_retries: int | Unset,
+    ) -> Judgment:
+        """One ``POST /v1/systemone`` for the whole judgment, retried like any read (it is
+        idempotent); the answers checked and typed."""
+        model = self._model or probe.model_ids[0]
+        attempts = Attempts()
+        try:
+            raw = await self.http.post(
+                PATH,
+                judgment_body(model, state, questions),
+                max_retries=max_retries,
+                attempts=attempts,
+            )
+        except ServerError as error:
+            if error.status in (422, 501):
+                _refused(error, model)
+            raise
+        return decode_judgment(raw, questions)
+
+    async def read(
+        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
+    ) -> CandidateRead:
+        raise NotImplementedError("a System One server judges whole judgments: call judge")
+
+    async def special_runs(self, runs: Sequence[str]) -> None:
+        """None: the server frames caller text itself."""
+        return None
+
+    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        raise NotImplementedError("System One has no schema-bound generation")
+
+
+def _refused(error: ServerError, model: str) -> NoReturn:
+    """A 422 as the `QuestionError` it is, a 501 as an `UnsupportedTemplateError`."""
+    message, question_id = decode_refusal(error.body)
+    if error.status == 422:
+        refusal = QuestionError(f"the System One server refused the questions: {message}")
+        refusal.question_id = question_id
+        raise refusal from None
+    raise UnsupportedTemplateError(
+        f"the System One server does not judge with model {model!r} (HTTP 501: {message})",
+        family=TemplateFamily.REMOTE.value,
+        rendered="",
+    ) from None
