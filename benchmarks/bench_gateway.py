@@ -12,7 +12,7 @@ Each client sends one Noul question per fresh ticket, ``--requests`` per pass, a
 (c) ``gateway official``: the official async client (``typesafe_sdk.AsyncTypeSafeClient``,
     retries off) to the same gateway;
 (d) ``gateway in-process``: the aiohttp client of (b) to the same gateway app run inside the
-    benchmark's own process and event loop (``build_app`` on a third session of the same
+    benchmark's own process and event loop (``gateway.running`` on a third session of the same
     settings): the gateway's code without the process hop, to tell the two costs apart.
 
 The gateway's session has the direct session's settings, so what (b) adds over (a) is the
@@ -48,7 +48,6 @@ import aiohttp
 import attrs
 import orjson
 import typesafe_sdk as ts
-from aiohttp import web
 
 import typevet_async as tv
 from benchmarks._shared import (
@@ -60,7 +59,8 @@ from benchmarks._shared import (
     write_results,
 )
 from benchmarks.bench_clients import Tickets
-from typevet_async._gateway import GatewayConfig, build_app, runner_options
+from typevet_async import _gateway as gateway
+from typevet_async._gateway import GatewayConfig
 
 NAME = "bench_gateway"
 CONCURRENCY = 32
@@ -224,15 +224,10 @@ async def in_process_gateway(url: str) -> AsyncIterator[str]:
     config = GatewayConfig(
         keys=(KEY,), max_in_flight=CONCURRENCY, max_queue=CONCURRENCY, timeout=600
     )
-    app = build_app(tv.Session.llama_cpp(url, max_concurrency=CONCURRENCY), config)
-    runner = web.AppRunner(app, **runner_options(config))
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with gateway.running(
+        tv.Session.llama_cpp(url, max_concurrency=CONCURRENCY), config
+    ) as at:
+        yield at
 
 
 async def run_rounds(url: str, args: argparse.Namespace) -> tuple[dict[str, list[Pass]], int]:

@@ -25,6 +25,6 @@ step "mypy --strict"
 .venv/bin/mypy --strict typevet_async examples
 step "import layering (lint-imports)"
 .venv/bin/lint-imports
-step "pytest: unit tests, then live tests against real servers (about 8 min on 2 cores; the two load tests about 3)"
+step "pytest: unit tests, then live tests against real servers (about 18 min on 2 cores; the load tests about 6)"
 # -v names each test as it starts: the long live tests are not one silent dot.
 exec .venv/bin/python -m pytest tests -v --durations=10 "$@"

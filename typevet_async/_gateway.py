@@ -87,6 +87,7 @@ __all__ = [
     "build_app",
     "decompress",
     "load_keys",
+    "running",
     "serve",
     "shutdown",
 ]
@@ -646,6 +647,23 @@ def runner_options(config: GatewayConfig) -> dict[str, Any]:
         "access_log": None,
         "shutdown_timeout": config.shutdown_timeout + _SHUTDOWN_GRACE,
     }
+
+
+@contextlib.asynccontextmanager
+async def running(
+    session: tv.Session, config: GatewayConfig | None = None, host: str = "127.0.0.1"
+) -> AsyncIterator[str]:
+    """The gateway over ``session`` on a free port of ``host``, in this process and this event
+    loop (for tests, benchmarks, or embedding it beside other work): its URL while the block
+    runs; cleaned up (the session closed) when it ends. No signal handling: that is `serve`'s."""
+    config = config or GatewayConfig()
+    runner = web.AppRunner(build_app(session, config), **runner_options(config))
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, 0).start()
+        yield _bound_url(runner)
+    finally:
+        await runner.cleanup()
 
 
 def _bound_url(runner: web.AppRunner) -> str:

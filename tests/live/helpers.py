@@ -184,3 +184,17 @@ def make_session(backend: tuple[str, str], **settings: Any) -> tv.Session:
     if name == "vllm":
         return tv.Session.vllm(url, model=VLLM_MODEL_ID, **settings)
     return tv.Session.llama_cpp(url, **settings)
+
+
+def assert_close_json(actual: Any, expected: Any, where: str = "", tolerance: float = 1e-6) -> None:
+    """The same JSON-like value: objects with the same keys in the same order, numbers within
+    ``tolerance`` (equal reads of reproducible mode are float32 rounding apart at most)."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), where
+        assert list(actual) == list(expected), where
+        for key, value in expected.items():
+            assert_close_json(actual[key], value, f"{where}.{key}", tolerance)
+    elif isinstance(expected, float):
+        assert actual == pytest.approx(expected, abs=tolerance), where
+    else:
+        assert actual == expected, where

@@ -23,12 +23,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import typesafe_sdk as ts
-from aiohttp import web
 from typesafe_sdk._schemas import models as ts_models
 
 import typevet_async as tv
 from typevet_async._core.systemone import questions_from_system_one, request_from_system_one
-from typevet_async._gateway import GatewayConfig, build_app, runner_options
+from typevet_async._gateway import GatewayConfig, running
 
 from .helpers import PNG_HEADER
 from .servers import VLLM_MODEL_ID
@@ -48,18 +47,9 @@ QUESTIONS: dict[str, Any] = {
 }
 
 
-@contextlib.asynccontextmanager
-async def running_gateway(session: tv.Session) -> AsyncIterator[str]:
+def running_gateway(session: tv.Session) -> contextlib.AbstractAsyncContextManager[str]:
     """The gateway over ``session``, in-process on a free port: its URL."""
-    config = GatewayConfig(keys=(KEY,))
-    runner = web.AppRunner(build_app(session, config), **runner_options(config))
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    return running(session, GatewayConfig(keys=(KEY,)))
 
 
 @pytest_asyncio.fixture

@@ -26,11 +26,12 @@ from mcp.types import CallToolResult, TextContent
 import typevet_async as tv
 from typevet_async._core.systemone import request_from_system_one, response_to_system_one
 
+from .helpers import assert_close_json
+
 pytestmark = pytest.mark.live
 
 #: The typevet-async console script of this environment (the package is installed editable).
 COMMAND = str(Path(sys.executable).parent / "typevet-async")
-TOLERANCE = 1e-6
 TEXT_STATE = "I was charged twice for my order, please refund me today."
 STATE = {"subject": "Duplicate charge", "message": "I was charged twice, please refund me."}
 TEAMS = {"billing": "money matters", "shipping": None, "technical": None}
@@ -108,19 +109,6 @@ def structured(result: CallToolResult) -> dict[str, Any]:
     return result.structured_content
 
 
-def assert_close(actual: Any, expected: Any, where: str = "") -> None:
-    """Equal, numbers within `TOLERANCE`, objects with the same keys in the same order."""
-    if isinstance(expected, dict):
-        assert isinstance(actual, dict), where
-        assert list(actual) == list(expected), where
-        for key, value in expected.items():
-            assert_close(actual[key], value, f"{where}.{key}")
-    elif isinstance(expected, float):
-        assert actual == pytest.approx(expected, abs=TOLERANCE), where
-    else:
-        assert actual == expected, where
-
-
 def typed(judgment: tv.Judgment) -> dict[str, Any]:
     """The one answer of a direct judgment, in the shape the typed tools promise."""
     [(question_id, answer)] = judgment.items()
@@ -172,11 +160,11 @@ async def test_every_tool_answers_as_a_direct_judgment(gemma3_url: str, spawned:
         ask_result = await client.call_tool("ask", {"state": STATE, "questions": QUESTIONS})
     assert_ended_cleanly(spawned)
 
-    assert_close(structured(noul_result), typed(noul), "ask_noul")
-    assert_close(structured(choice_result), typed(choice), "ask_choice")
-    assert_close(structured(score_result), typed(score), "ask_score")
+    assert_close_json(structured(noul_result), typed(noul), "ask_noul")
+    assert_close_json(structured(choice_result), typed(choice), "ask_choice")
+    assert_close_json(structured(score_result), typed(score), "ask_score")
     expected = response_to_system_one(several, model, score_criteria=call.score_criteria)
-    assert_close(structured(ask_result), expected, "ask")
+    assert_close_json(structured(ask_result), expected, "ask")
     # The text content an agent reads is the same answer, as JSON.
     [content] = noul_result.content
     assert isinstance(content, TextContent)

@@ -29,6 +29,8 @@ import ray.data
 import typevet_async as tv
 from typevet_async._core.systemone import answer_to_system_one
 
+from .helpers import assert_close_json
+
 #: Ray 2.60 warns whenever a DataContext is built (its dataclass sets its deprecated fields).
 pytestmark = [
     pytest.mark.live,
@@ -115,22 +117,9 @@ def through_judge_many(
     return asyncio.run(judge())
 
 
-def assert_close(actual: Any, expected: Any, path: str = "") -> None:
-    """The same JSON-like value, keys in the same order, numbers within 1e-6."""
-    if isinstance(expected, dict):
-        assert isinstance(actual, dict), path
-        assert list(actual) == list(expected), path
-        for key, value in expected.items():
-            assert_close(actual[key], value, f"{path}.{key}")
-    elif isinstance(expected, float):
-        assert actual == pytest.approx(expected, abs=1e-6), path
-    else:
-        assert actual == expected, path
-
-
 def assert_same_answer(cell: dict[str, Any], answer: tv.Answer) -> None:
     """A Ray cell is the System One answer of the `judge_many` answer (within 1e-6)."""
-    assert_close(cell, answer_to_system_one(answer))
+    assert_close_json(cell, answer_to_system_one(answer))
 
 
 @pytest.mark.timeout(900)  # 400 reads one at a time, plus Ray's start-up: minutes on 2 cores
@@ -224,5 +213,5 @@ def test_the_example_script_judges_jsonl_and_parquet(
     assert table.column("error").null_count == 3
     for row in table.to_pylist():  # the same answers from both files
         for qid in ("refund", "route", "urgency"):
-            assert_close(row[qid], lines[row["id"]][qid])
+            assert_close_json(row[qid], lines[row["id"]][qid])
     assert "3/3 rows, 0 failed" in capsys.readouterr().err

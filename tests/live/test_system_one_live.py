@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import typesafe_sdk as ts
-from aiohttp import web
 
 import typevet_async as tv
+from typevet_async import _gateway as gateway
 from typevet_async._core.systemone import request_to_system_one
-from typevet_async._gateway import GatewayConfig, build_app, runner_options
+from typevet_async._gateway import GatewayConfig
 
 pytestmark = pytest.mark.live
 
@@ -48,19 +48,10 @@ TICKETS = [
 
 @pytest_asyncio.fixture
 async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
-    config = GatewayConfig(keys=(KEY,), timeout=120)
-    app = build_app(tv.Session.llama_cpp(gemma3_url, reproducible=True), config)
-    runner = web.AppRunner(app, **runner_options(config))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    url = f"http://{host}:{port}"
-    try:
+    session = tv.Session.llama_cpp(gemma3_url, reproducible=True)
+    async with gateway.running(session, GatewayConfig(keys=(KEY,), timeout=120)) as url:
         await wait_until_ready(url)
         yield url
-    finally:
-        await runner.cleanup()
 
 
 async def wait_until_ready(url: str, seconds: float = 120.0) -> None:

@@ -32,11 +32,8 @@ QUESTION = ["--noul", "q=Is it?"]
 BIG = 2**70  # beyond 64 bits: orjson alone would make it a float
 
 
-@pytest.fixture(autouse=True)
-def no_typevet_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("TYPEVET_") and name != "TYPEVET_CACHE_DIR":
-            monkeypatch.delenv(name)
+#: No TYPEVET_* variable of the machine leaks into a test (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_typevet_variables")
 
 
 @pytest.fixture

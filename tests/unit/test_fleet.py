@@ -61,6 +61,14 @@ def session_of(fleet: tv.AsyncFleet, concurrency: int = 8) -> tv.Session:
 QUESTIONS = {"q": noul()}
 
 
+async def judge_until(session: tv.Session, fleet: tv.AsyncFleet, state: str) -> None:
+    """Judge until the first endpoint is in ``state`` (its health checks start from reads)."""
+    with anyio.fail_after(5):
+        while fleet.endpoint_states()["http://replica-0"] != state:
+            await session.judge("until", QUESTIONS)
+            await asyncio.sleep(0.02)
+
+
 @pytest.mark.asyncio
 async def test_reads_go_to_the_least_busy_endpoint_within_its_slots() -> None:
     first, second = Replica(slots=1), Replica(slots=3)
@@ -135,10 +143,7 @@ async def test_an_endpoint_comes_back_after_its_cooldown_and_a_passing_probe() -
         await session.judge("b", QUESTIONS)
         assert fleet.endpoint_states()["http://replica-0"] != "up"
         first.down = False
-        with anyio.fail_after(5):
-            while fleet.endpoint_states()["http://replica-0"] != "up":
-                await session.judge("c", QUESTIONS)
-                await asyncio.sleep(0.02)
+        await judge_until(session, fleet, "up")
         before = len(first.reads)
         for n in range(6):
             await session.judge(f"later {n}", QUESTIONS)
@@ -154,10 +159,7 @@ async def test_an_endpoint_that_comes_back_different_is_excluded() -> None:
         first.down = True
         await session.judge("a", QUESTIONS)
         first.down, first.probe_family = False, tv.TemplateFamily.GEMMA4
-        with anyio.fail_after(5):
-            while fleet.endpoint_states()["http://replica-0"] != "excluded":
-                await session.judge("b", QUESTIONS)
-                await asyncio.sleep(0.02)
+        await judge_until(session, fleet, "excluded")
 
 
 @pytest.mark.asyncio

@@ -44,11 +44,8 @@ COMMAND = str(Path(sys.executable).parent / "typevet-async")
 NOWHERE = "http://127.0.0.1:9"
 
 
-@pytest.fixture(autouse=True)
-def no_typevet_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("TYPEVET_") and name != "TYPEVET_CACHE_DIR":
-            monkeypatch.delenv(name)
+#: No TYPEVET_* variable of the machine leaks into a test (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_typevet_variables")
 
 
 @pytest.fixture
