@@ -53,7 +53,7 @@ from typevet_async._core.questions import Question
 from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import ConfigurationError, TransportError, TypevetError
-from typevet_async._fanout import gather_in_order
+from typevet_async._fanout import gather_settled
 from typevet_async._options import UNSET, Unset, resolve
 
 __all__ = ["AsyncFleet"]
@@ -211,17 +211,11 @@ class AsyncFleet:
             another model than the pin.
         :raises BackendError: no endpoint could be probed (the first's error).
         """
-
-        async def probed(endpoint: _Endpoint) -> Probe | TypevetError:
-            try:
-                return await endpoint.backend.probe()
-            except TypevetError as error:
-                if not is_transient(error):
-                    error.add_note(f"endpoint: {endpoint.name}")
-                    raise
-                return error
-
-        outcomes = await gather_in_order(self._endpoints, probed)
+        outcomes = await gather_settled(self._endpoints, lambda e: e.backend.probe())
+        for endpoint, outcome in zip(self._endpoints, outcomes, strict=True):
+            if isinstance(outcome, TypevetError) and not is_transient(outcome):
+                outcome.add_note(f"endpoint: {endpoint.name}")
+                raise outcome
         answered = [
             (endpoint, outcome)
             for endpoint, outcome in zip(self._endpoints, outcomes, strict=True)
