@@ -9,10 +9,12 @@ async with tv.Session.local() as session:
 ``__all__`` is the public surface; every module under this package is private (its name starts
 with an underscore, or it sits in ``_core`` or ``_backends``).
 
-``tv.RayJudge`` (batches on Ray Data, the ``ray`` extra) is public too, but loaded only when it
-is first named, so importing the SDK never imports Ray; it is not in ``__all__`` (a star
-import would load Ray). Without Ray installed, naming it raises ImportError saying
-``pip install 'typevet_async[ray]'``.
+``tv.RayJudge`` (batches on Ray Data, the ``ray`` extra), ``tv.evaluate`` and
+``tv.Evaluation`` (labelled evaluation and calibration fitting, the ``eval`` extra: numpy,
+scipy, matplotlib, jinja2) are public too, but loaded only when first named, so importing the
+SDK never imports Ray or the plotting stack; they are not in ``__all__`` (a star import would
+load them). Without the extra, naming one raises ImportError saying which
+``pip install 'typevet_async[...]'`` to run.
 """
 
 import typing as _typing
@@ -40,6 +42,7 @@ from typevet_async._core.answers import (
     ScoreAnswer,
     Usage,
 )
+from typevet_async._core.calibration import CalibrationMap
 from typevet_async._core.framing import TemplateFamily
 from typevet_async._core.generation import ChatOutput, Generation, GenerationRequest
 from typevet_async._core.layouts import JEV_SYSTEM_PROMPT, Layout, Message
@@ -50,6 +53,7 @@ from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     BackendError,
     BatchRecordError,
+    CalibrationError,
     CandidateMissingError,
     ConfigurationError,
     ControlTokenError,
@@ -77,18 +81,34 @@ from typevet_async._session import Session
 from typevet_async._settings import SessionSettings
 
 if _typing.TYPE_CHECKING:
+    from typevet_async._evaluation import Evaluation as Evaluation
+    from typevet_async._evaluation import evaluate as evaluate
     from typevet_async._ray import RayJudge as RayJudge
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> _typing.Any:
-    """``RayJudge``, imported from ``typevet_async._ray`` when first named (not cached here:
-    ``vars(tv)`` stays ``__all__``)."""
-    if name == "RayJudge":
-        from typevet_async._ray import RayJudge
+#: Public names loaded when first named, from the module of an optional extra.
+_LAZY = {
+    "RayJudge": ("typevet_async._ray", "ray"),
+    "evaluate": ("typevet_async._evaluation", "eval"),
+    "Evaluation": ("typevet_async._evaluation", "eval"),
+}
 
-        return RayJudge
+
+def __getattr__(name: str) -> _typing.Any:
+    """``RayJudge`` (the ``ray`` extra), ``evaluate`` and ``Evaluation`` (the ``eval``
+    extra), imported when first named (not cached here: ``vars(tv)`` stays ``__all__``)."""
+    if name in _LAZY:
+        import importlib
+
+        module, extra = _LAZY[name]
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as error:
+            raise ImportError(
+                f"tv.{name} needs {error.name}: pip install 'typevet_async[{extra}]'"
+            ) from error
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -105,6 +125,8 @@ __all__ = [
     "BatchItem",
     "BatchRecordError",
     "BatchStream",
+    "CalibrationError",
+    "CalibrationMap",
     "CandidateMissingError",
     "CandidateRead",
     "Capabilities",

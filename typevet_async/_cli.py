@@ -1,4 +1,5 @@
-"""The ``typevet-async`` command line: judge, batch, generate, serve, mcp, serve-local.
+"""The ``typevet-async`` command line: judge, batch, eval, calibrate, generate, serve, mcp,
+serve-local.
 
 Backend, URL, model, API key and concurrency come from flags or the ``TYPEVET_*`` variables
 (flags win); with no URL the embedded llama.cpp server is started.
@@ -36,6 +37,7 @@ from typevet_async import _gateway as gateway
 from typevet_async._backends import embedded
 from typevet_async._convert import converter, questions_from_json
 from typevet_async._core.jsonvalues import parse_json
+from typevet_async._core.labels import gold_indices, labelled_record
 
 __all__ = [
     "EXIT_ERROR",
@@ -102,6 +104,36 @@ A line that is not JSON, or repeats an earlier id, gets an error line naming its
 again); --out must not be the input.
 
 {QUESTIONS_SHAPE}
+
+{EXIT_CODES}""",
+    "eval": f"""example (the shipped labelled set, on the bundled model):
+  typevet-async eval examples/eval/tickets.jsonl --questions examples/eval/questions.json \\
+      --out eval-report
+  typevet-async calibrate eval-report --out calibration.json
+  typevet-async batch tickets.jsonl --questions examples/eval/questions.json \\
+      --out answers.jsonl --calibration calibration.json
+
+input lines: {{"id": "e001", "state": "...", "labels": {{"refund": true, "route": "billing",
+"urgency": 2}}}}: a Noul's label is true or false, a Choice's one of its labels, a Score's
+its 0-based level; a question left out of "labels" is not scored for that record. Every line is
+checked before the first record is sent. Ids must be unique.
+--out DIR gets reads.jsonl (each record's probabilities, raw probabilities and rotations, with
+its labels, appended as judged; --resume continues it), report.json, report.html and, per
+question, QUESTION-reliability.png and QUESTION-confidence.png. --permutations K adds the
+order sensitivity (flip rate, largest probability change) to the report.
+
+{QUESTIONS_SHAPE}
+
+{EXIT_CODES}""",
+    "calibrate": f"""example:
+  typevet-async calibrate eval-report --out calibration.json --holdout 0.3
+
+Fits, per question, a temperature (on the question, and on every question of its type), Platt
+scaling and isotonic regression on the raw probabilities of eval's reads outside the held-out
+split (by a hash of each id), and keeps the one with the lowest held-out NLL only if it beats
+the raw probabilities there. The map is pinned to the question set, model, template family,
+server kind and reading (permutations, label prior) of the eval run: --calibration refuses it
+anywhere else.
 
 {EXIT_CODES}""",
     "generate": f"""example (examples/ticket.schema.json: a closed object of enums and a short
@@ -264,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _question_flags(judge)
     judge.add_argument("--table", action="store_true", help="print a readable table, not JSON")
+    _reading_flags(judge)
     _connection_flags(judge)
 
     batch = command("batch", "Judge every line of a JSONL file into another, in input order.")
@@ -290,7 +323,55 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "--no-progress", action="store_true", help="no progress bar on stderr (the summary stays)"
     )
+    _reading_flags(batch)
     _connection_flags(batch)
+
+    evaluation = command("eval", "Evaluate the answers on labelled JSONL records: the report.")
+    evaluation.add_argument("input", type=Path, help="the labelled JSONL records (a file)")
+    _question_flags(evaluation)
+    evaluation.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the report's folder (reads.jsonl, report.json, report.html, PNGs)",
+    )
+    evaluation.add_argument(
+        "--resume", action="store_true", help="continue DIR/reads.jsonl: skip records it has"
+    )
+    evaluation.add_argument(
+        "--bins",
+        type=embedded.positive_int_argument,
+        default=10,
+        metavar="N",
+        help="calibration bins (default: 10)",
+    )
+    evaluation.add_argument(
+        "--resamples",
+        type=_non_negative_int,
+        default=1000,
+        metavar="N",
+        help="bootstrap resamples of the intervals (default: 1000; 0: none)",
+    )
+    evaluation.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _reading_flags(evaluation)
+    _connection_flags(evaluation)
+
+    calibrate = command("calibrate", "Fit a pinned calibration map on an eval report's reads.")
+    calibrate.add_argument("report", type=Path, help="the folder eval wrote (its reads.jsonl)")
+    calibrate.add_argument(
+        "--out", type=Path, required=True, metavar="FILE", help="the map's JSON file"
+    )
+    calibrate.add_argument(
+        "--holdout",
+        type=_fraction,
+        default=0.3,
+        metavar="F",
+        help="the share of records held out to choose the map by (default: 0.3)",
+    )
+    calibrate.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="the held-out split's seed (default: 0)"
+    )
 
     generate = command("generate", "Generate one JSON value that passes a JSON Schema.")
     generate.add_argument("prompt", help="the instructions, as one user message")
@@ -391,6 +472,33 @@ _positive_float = embedded.number_argument(
     float, lambda value: 0 < value < float("inf"), "must be a positive number"
 )
 _non_negative_int = embedded.number_argument(int, lambda value: value >= 0, "must be 0 or more")
+_fraction = embedded.number_argument(
+    float, lambda value: 0 < value < 1, "must be a number between 0 and 1"
+)
+
+
+def _reading_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("reading")
+    group.add_argument(
+        "--permutations",
+        type=embedded.positive_int_argument,
+        metavar="K",
+        help="read each question under K cyclic rotations of its options (at most one per "
+        "option) and average them; K reads per question",
+    )
+    group.add_argument(
+        "--label-prior",
+        action="store_true",
+        help="with --permutations (at least the options' count): divide out the positions' "
+        "prior, estimated from each question's own rotations",
+    )
+    group.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="a calibration map (typevet-async calibrate) applied to the answers; refused "
+        "if fitted for another model, backend, template or question set",
+    )
 
 
 def _split_spec(spec: str, flag: str) -> tuple[str, str, list[str]]:
@@ -568,12 +676,31 @@ def _table(judgment: tv.Judgment) -> str:
     return "\n".join(lines)
 
 
+def reading_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The judgment keywords of --permutations, --label-prior and --calibration."""
+    reading: dict[str, Any] = {}
+    if args.permutations is not None:
+        reading["permutations"] = args.permutations
+    if args.label_prior:
+        reading["label_prior"] = True
+    if args.calibration is not None:
+        try:
+            data = args.calibration.read_bytes()
+        except OSError as error:
+            raise CommandLineError(
+                f"--calibration {args.calibration}: cannot read it: {_reason(error)}"
+            ) from None
+        reading["calibration"] = tv.CalibrationMap.from_json(data)
+    return reading
+
+
 async def run_judge(args: argparse.Namespace, out: TextIO) -> int:
     questions = questions_from_args(args)
+    reading = reading_from_args(args)
     session = session_from_args(args, os.environ)
     state = read_state(args.state, sys.stdin)
     async with session:
-        judgment = await session.judge(state, questions)
+        judgment = await session.judge(state, questions, **reading)
     if args.table:
         print(_table(judgment), file=out)
     else:
@@ -991,6 +1118,7 @@ def _count_lines(source: IO[bytes]) -> int:
 
 async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
     questions = questions_from_args(args)
+    reading = reading_from_args(args)
     session = session_from_args(args, os.environ)
     with _open_input(args.input) as source:
         _check_out(args, source)
@@ -1021,7 +1149,7 @@ async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
                 first = await anext(records, None)
                 if first is not None:
                     async with session:
-                        stream = session.judge_many(_then(first, records), questions)
+                        stream = session.judge_many(_then(first, records), questions, **reading)
                         async with contextlib.aclosing(stream):
                             async for item in stream:
                                 sink.deliver(item)
@@ -1032,6 +1160,115 @@ async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
         file=out,
     )
     return EXIT_FAILED_RECORDS if sink.failed else EXIT_OK
+
+
+# -- eval and calibrate -------------------------------------------------------------------
+
+
+def _eval_module() -> Any:
+    try:
+        from typevet_async import _evaluation
+    except ModuleNotFoundError as error:
+        raise CommandLineError(
+            f"eval and calibrate need {error.name}: pip install 'typevet_async[eval]'"
+        ) from None
+    return _evaluation
+
+
+def _labelled_lines(path: Path) -> list[Any]:
+    """Every record of a labelled file, checked before anything is sent.
+
+    :raises CommandLineError: a line that is not JSON or not a labelled record, naming it.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise CommandLineError(f"cannot read the input {path}: {_reason(error)}") from None
+    records = []
+    for number, line in enumerate(raw.removeprefix(_BOM).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_json(line))
+        except ValueError as error:
+            raise CommandLineError(
+                f"{path} line {number}: not valid JSON ({_json_error(error)})"
+            ) from None
+    return records
+
+
+async def run_eval(args: argparse.Namespace, out: TextIO) -> int:
+    evaluation_module = _eval_module()
+    questions = questions_from_args(args)
+    reading = reading_from_args(args)
+    records = _labelled_lines(args.input)
+    checked = list(questions.items())
+    for number, record in enumerate(records, start=1):
+        try:
+            _, _, labels = labelled_record(record)
+            gold_indices(labels, checked)
+        except tv.InvalidInputError as error:
+            raise CommandLineError(f"{args.input} record {number}: {error}") from None
+    session = session_from_args(args, os.environ)
+    bar = tqdm(
+        total=len(records),
+        unit="rec",
+        disable=True if args.no_progress else None,
+        file=sys.stderr,
+    )
+    with bar:
+        async with session:
+            evaluation = await evaluation_module.evaluate(
+                session,
+                records,
+                questions,
+                out=args.out / "reads.jsonl",
+                resume=args.resume,
+                on_progress=lambda progress: bar.update(1),
+                **reading,
+            )
+    report = evaluation.write(args.out, bins=args.bins, resamples=args.resamples)
+    print(_report_lines(report), file=out)
+    print(f"report: {args.out / 'report.html'}", file=out)
+    return EXIT_FAILED_RECORDS if evaluation.failed else EXIT_OK
+
+
+def _report_lines(report: Mapping[str, Any]) -> str:
+    lines = [f"{'question':16} {'items':>6} {'accuracy':>9} {'NLL':>7} {'Brier':>7} {'ECE':>7}"]
+    for question_id, entry in report["questions"].items():
+        found = entry["metrics"]
+        if found is None:
+            lines.append(f"{question_id:16} {0:>6}")
+            continue
+        lines.append(
+            f"{question_id:16} {entry['items']:>6} {found['accuracy']['value']:>9.3f} "
+            f"{found['nll']['value']:>7.3f} {found['brier']['value']:>7.3f} "
+            f"{found['ece_width']['value']:>7.3f}"
+        )
+    return "\n".join(lines)
+
+
+async def run_calibrate(args: argparse.Namespace, out: TextIO) -> int:
+    evaluation_module = _eval_module()
+    evaluation = evaluation_module.Evaluation.from_reads(args.report / "reads.jsonl")
+    calibration = evaluation.fit(holdout=args.holdout, seed=args.seed)
+    try:
+        args.out.write_bytes(calibration.to_json())
+    except OSError as error:
+        raise CommandLineError(f"cannot write --out {args.out}: {_reason(error)}") from None
+    for question_id, entry in calibration.questions.items():
+        figures = entry.report
+        kept = figures.get("kept", "none")
+        raw = figures.get("heldout_nll_raw")
+        if raw is None:
+            shown = figures.get("why", "")
+        elif kept == "none":
+            shown = f"held-out NLL {raw:.4f}: no candidate lowered it, the raw answers stay"
+        else:
+            shown = f"held-out NLL {raw:.4f} -> {figures['heldout_nll'][kept]:.4f}"
+        print(f"{question_id:16} {kept:20} {shown}", file=out)
+    print(f"map: {args.out} ({calibration.sha256})", file=out)
+    return EXIT_OK
 
 
 # -- main --------------------------------------------------------------------------------
@@ -1051,7 +1288,14 @@ def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":  # aiohttp's server runs on asyncio
         return asyncio.run(run_serve(args, sys.stdout))
-    runners = {"judge": run_judge, "batch": run_batch, "generate": run_generate, "mcp": run_mcp}
+    runners = {
+        "judge": run_judge,
+        "batch": run_batch,
+        "eval": run_eval,
+        "calibrate": run_calibrate,
+        "generate": run_generate,
+        "mcp": run_mcp,
+    }
     return anyio.run(runners[args.command], args, sys.stdout)
 
 

@@ -45,6 +45,7 @@ from typevet_async._core.redaction import redact, redact_value
 __all__ = [
     "BackendError",
     "BatchRecordError",
+    "CalibrationError",
     "CandidateMissingError",
     "ConfigurationError",
     "ControlTokenError",
@@ -125,6 +126,11 @@ class SchemaError(InvalidInputError):
 
 class ConfigurationError(InvalidInputError):
     """A session setting or TYPEVET_* environment variable is not valid."""
+
+
+class CalibrationError(ConfigurationError):
+    """A calibration map that cannot be read, or was not fitted for this judgment: another
+    model, template family, server kind, question or way of reading it (nothing was sent)."""
 
 
 class UnsupportedTemplateError(TypevetError):

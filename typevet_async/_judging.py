@@ -16,26 +16,30 @@ import asyncio
 import collections
 import functools
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
+from typevet_async._core.calibration import CalibrationMap, Reading
 from typevet_async._core.markers import ALL_RUNS, marker_runs
-from typevet_async._core.probe import Probe
+from typevet_async._core.probe import Probe, model_identity
 from typevet_async._core.questions import Question
+from typevet_async._core.rotations import rotation_offsets
 from typevet_async._core.scoring import (
     QuestionPlan,
     ScoringRequest,
     bind_question,
     interpret_read,
     request_for,
+    settle_question,
 )
 from typevet_async._errors import (
     ConfigurationError,
     InvalidInputError,
+    QuestionError,
     TypevetError,
     UnsupportedTemplateError,
 )
@@ -94,8 +98,8 @@ class Planner:
         is_special = self.is_special
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-        def bind(question: Question) -> QuestionPlan:
-            return bind_question(question, layout, control_ids, limit, is_special)
+        def bind(question: Question, rotation: int) -> QuestionPlan:
+            return bind_question(question, layout, control_ids, limit, is_special, rotation)
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def question_runs(question: Question) -> frozenset[str]:
@@ -143,8 +147,10 @@ class Planner:
         state_text: str,
         questions: Sequence[tuple[str, Question]],
         images: tuple[Image, ...],
+        readings: Mapping[str, Reading] | None = None,
     ) -> list[ScoringRequest]:
-        """Every question's scoring request, or the error that refuses the judgment unsent.
+        """Every question's scoring requests (one per rotation its `Reading` asks for, next to
+        each other, the unrotated one first), or the error that refuses the judgment unsent.
 
         :raises UnsupportedTemplateError: the SDK frames prompts and the served template is
             not a native Gemma family.
@@ -168,24 +174,77 @@ class Planner:
         requests = []
         judgment = next(self._judgments)
         for question_id, question in questions:
-            try:
-                plan = self._bind(question)
-            except TypevetError as error:
-                error.question_id = question_id
-                raise
-            requests.append(
-                request_for(
-                    question_id,
-                    plan,
-                    state_text,
-                    family=family,
-                    images=images,
-                    media_marker=probe.media_marker,
-                    is_special=self.is_special,
-                    judgment=judgment,
+            rotations = readings[question_id].rotations if readings else 1
+            for rotation in rotation_offsets(len(question.options()), rotations):
+                try:
+                    plan = self._bind(question, rotation)
+                except TypevetError as error:
+                    error.question_id = question_id
+                    raise
+                requests.append(
+                    request_for(
+                        question_id,
+                        plan,
+                        state_text,
+                        family=family,
+                        images=images,
+                        media_marker=probe.media_marker,
+                        is_special=self.is_special,
+                        judgment=judgment,
+                    )
                 )
-            )
         return requests
+
+
+def question_readings(
+    questions: Sequence[tuple[str, Question]], options: ReadOptions
+) -> dict[str, Reading]:
+    """How each question is read under ``options``' permutations and label prior.
+
+    :raises QuestionError: a count for a question the judgment does not ask, or the label
+        prior for a question read under some but not all of its rotations.
+    """
+    permutations = options.permutations
+    if isinstance(permutations, Mapping):
+        unknown = sorted(set(permutations) - {question_id for question_id, _ in questions})
+        if unknown:
+            raise QuestionError(
+                f"permutations names question(s) {unknown} that this judgment does not ask"
+            )
+    readings: dict[str, Reading] = {}
+    for question_id, question in questions:
+        options_count = len(question.options())
+        wanted = (
+            permutations.get(question_id, 1) if isinstance(permutations, Mapping) else permutations
+        )
+        rotations = min(wanted, options_count)
+        prior = options.label_prior and rotations > 1
+        if prior and rotations < options_count:
+            error = QuestionError(
+                f"label_prior needs all {options_count} rotations of the options, "
+                f"permutations gives {rotations}"
+            )
+            error.question_id = question_id
+            raise error
+        readings[question_id] = Reading(rotations, prior)
+    return readings
+
+
+def check_calibration(
+    planner: Planner,
+    questions: Sequence[tuple[str, Question]],
+    readings: Mapping[str, Reading],
+    calibration: CalibrationMap,
+) -> None:
+    """:raises CalibrationError: the map was not fitted for this judgment (nothing sent)."""
+    backend, probe = planner.backend, planner.probe
+    calibration.check(
+        model=model_identity(backend.model, probe.model_ids),
+        template_family=probe.family.value,
+        backend=backend.capabilities.server,
+        questions=questions,
+        readings=readings,
+    )
 
 
 async def judge(
@@ -203,9 +262,23 @@ async def judge(
     server judges (``framing="remote"``), sent whole under one slot."""
     backend, probe = planner.backend, planner.probe
     if backend.capabilities.framing != "remote":
+        readings = None
+        if options.permutations != 1 or options.calibration is not None:
+            readings = question_readings(questions, options)
+            if options.calibration is not None:
+                check_calibration(planner, questions, readings, options.calibration)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
-        requests = planner.plan(state_text, questions, images)
-        return await read_judgment(backend, probe, slots, requests, strategy, options)
+        requests = planner.plan(state_text, questions, images, readings)
+        return await read_judgment(backend, probe, slots, requests, strategy, options, readings)
+    permutations = options.permutations
+    rotated = (
+        max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
+    ) > 1
+    if options.calibration is not None or rotated:
+        raise ConfigurationError(
+            f"{type(backend).__name__}'s server reads the questions itself: permutations and "
+            "calibration maps apply where the SDK reads the logprobs; nothing was sent"
+        )
     if not isinstance(backend, RemoteJudging):
         raise ConfigurationError(
             f"{type(backend).__name__} declares framing 'remote' but has no judge"
@@ -230,9 +303,11 @@ async def read_judgment(
     requests: list[ScoringRequest],
     strategy: PrefixReuse,
     options: ReadOptions,
+    readings: Mapping[str, Reading] | None = None,
 ) -> Judgment:
     """Read every request (under ``strategy`` where the backend reuses prefixes) and gather
-    the answers in request order."""
+    the answers in request order: a question read under rotations is settled from all its
+    reads (`settle_question`), and a calibration map applied."""
 
     async def score(request: ScoringRequest) -> _Scored:
         async with slots:
@@ -259,11 +334,41 @@ async def read_judgment(
     usage = Usage()
     for item in scored:
         usage += item.usage
-    return Judgment(
-        {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},
-        usage,
-        {r.question_id: s.diagnostics for r, s in zip(requests, scored, strict=True)},
-    )
+    if readings is None and options.calibration is None:  # one read per question, as read
+        return Judgment(
+            {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},
+            usage,
+            {r.question_id: s.diagnostics for r, s in zip(requests, scored, strict=True)},
+        )
+    return _settled(requests, scored, usage, options, readings or {})
+
+
+def _settled(
+    requests: Sequence[ScoringRequest],
+    scored: Sequence[_Scored],
+    usage: Usage,
+    options: ReadOptions,
+    readings: Mapping[str, Reading],
+) -> Judgment:
+    grouped: dict[str, list[tuple[ScoringRequest, _Scored]]] = {}
+    for request, item in zip(requests, scored, strict=True):
+        grouped.setdefault(request.question_id, []).append((request, item))
+    calibration = options.calibration
+    answers: dict[str, Answer] = {}
+    diagnostics: dict[str, Diagnostics] = {}
+    for question_id, reads in grouped.items():
+        reading = readings.get(question_id, Reading())
+        answers[question_id], diagnostics[question_id] = settle_question(
+            reads[0][0].question,
+            [(item.answer, item.diagnostics) for _, item in reads],
+            [request.order for request, _ in reads],
+            label_prior=reading.label_prior,
+            calibrate=None
+            if calibration is None
+            else functools.partial(calibration.apply, question_id),
+            calibration=None if calibration is None else calibration.describe(question_id),
+        )
+    return Judgment(answers, usage, diagnostics)
 
 
 ReadAll = Callable[[list[ScoringRequest], int], Awaitable[list[_Scored]]]

@@ -41,6 +41,7 @@ from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
 from typevet_async._batch import BatchStream, Progress, judge_stream
 from typevet_async._core.answers import Judgment
+from typevet_async._core.calibration import CalibrationMap
 from typevet_async._core.generation import Generation
 from typevet_async._core.jsonvalues import check_text, render_state
 from typevet_async._core.layouts import jev_option_descriptions
@@ -71,6 +72,7 @@ from typevet_async._settings import (
     DEFAULT_MAX_CONCURRENCY,
     BatchOptions,
     GenerationOptions,
+    Permutations,
     ReadOptions,
     SessionSettings,
 )
@@ -520,6 +522,9 @@ class Session:
         off_menu_threshold: float | Unset | None = UNSET,
         raise_off_menu: bool | Unset = UNSET,
         max_retries: int | Unset = UNSET,
+        permutations: Permutations | Unset = UNSET,
+        label_prior: bool | Unset = UNSET,
+        calibration: CalibrationMap | Unset | None = UNSET,
     ) -> Judgment:
         """Ask every question about ``state``; answers come back in request order.
 
@@ -529,8 +534,16 @@ class Session:
         :param model: if given, must be the session's pinned model.
         :param off_menu_threshold: overrides the session's for this judgment (None: off);
             ``raise_off_menu`` and ``max_retries`` likewise (`UNSET`: the session's).
+        :param permutations: read each question under this many cyclic rotations of its
+            options (at most one per option; a mapping: by question id, others 1) and average
+            them; ``label_prior`` divides out the positions' prior first (`UNSET`: the
+            session's). Each rotation is a read.
+        :param calibration: a `CalibrationMap` for these answers (None: none; `UNSET`: the
+            session's); the diagnostics keep the raw probabilities.
         :raises InvalidInputError: bad questions, state, images, model or option; nothing was
             sent.
+        :raises CalibrationError: the map was not fitted for this model, template family,
+            server kind, question or reading; nothing was sent.
         :raises UnsupportedTemplateError: the SDK frames prompts and the server's template is
             not native Gemma 4 or 3.
         :raises DeadlineExceededError: ``timeout`` passed; every read was cancelled.
@@ -552,6 +565,9 @@ class Session:
             raise_off_menu=raise_off_menu,
             max_retries=max_retries,
             timeout=timeout,
+            permutations=permutations,
+            label_prior=label_prior,
+            calibration=calibration,
         )
         return await self._judge_checked(state, state_text, checked, images, options)
 
@@ -589,6 +605,9 @@ class Session:
         on_progress: Callable[[Progress], None] | None = None,
         timeout: float | None = None,
         max_retries: int | Unset = UNSET,
+        permutations: Permutations | Unset = UNSET,
+        label_prior: bool | Unset = UNSET,
+        calibration: CalibrationMap | Unset | None = UNSET,
     ) -> BatchStream:
         """Judge every record, streaming `BatchItem`s: an async iterator (`BatchStream`).
 
@@ -620,6 +639,8 @@ class Session:
         :param on_progress: called with a `Progress` after every record (in the batch's own
             task).
         :param timeout: seconds per record's judgment, and for the probe the batch starts with.
+        :param permutations: as `judge`; ``label_prior`` and ``calibration`` likewise (a map
+            that does not fit is raised once, from the first ``anext``).
         :raises InvalidInputError: bad questions, options or ``records`` (a string, bytes, a
             mapping, not iterable), at the call (nothing was sent).
         """
@@ -642,6 +663,9 @@ class Session:
             raise_off_menu=UNSET,
             max_retries=max_retries,
             timeout=timeout,
+            permutations=permutations,
+            label_prior=label_prior,
+            calibration=calibration,
         )
 
         async def probe_once() -> None:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal, Self
 
 import attrs
 
+from typevet_async._core.calibration import CalibrationMap
 from typevet_async._core.layouts import Layout
 from typevet_async._errors import ConfigurationError
 from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
@@ -29,11 +30,36 @@ from typevet_async._options import (
     unset_or,
 )
 
+#: A judgment's rotations of the options: one count for every question, or by question id.
+Permutations = int | Mapping[str, int]
+
+
+def _permutations(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, Mapping):
+        for question_id, count in value.items():
+            if not isinstance(question_id, str):
+                raise ConfigurationError(
+                    f"{attribute.name} maps question ids to counts, got the key {question_id!r}"
+                )
+            positive_int(None, attribute, count)
+        return
+    positive_int(None, attribute, value)
+
+
+def _calibration(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, CalibrationMap):
+        raise ConfigurationError(
+            f"{attribute.name} must be a CalibrationMap or None (read a map's file with "
+            f"tv.CalibrationMap.from_json), got {type(value).__name__}"
+        )
+
+
 __all__ = [
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_MAX_TOKENS",
     "BatchOptions",
     "GenerationOptions",
+    "Permutations",
     "PrefixReuse",
     "ReadOptions",
     "SessionSettings",
@@ -72,6 +98,13 @@ class SessionSettings:
         at once; ``"sequential"``, ``"first"`` (first alone, rest at once) and ``"off"`` (all
         at once) force a strategy. The README has the figures.
     :param max_tokens: the token limit of a generation, unless the call gives one.
+    :param permutations: read each question under this many cyclic rotations of its option
+        order (at most one per option) and average them; a mapping gives counts by question
+        id (others: 1). Each rotation is one more read.
+    :param label_prior: divide out the positions' prior, estimated from each question's own
+        rotations, before averaging (a question read under rotations needs all of them).
+    :param calibration: a fitted `CalibrationMap` applied to every judgment's answers (it
+        must have been fitted for this model, template family, server kind and questions).
     """
 
     max_concurrency: int = attrs.field(default=DEFAULT_MAX_CONCURRENCY, validator=positive_int)
@@ -82,6 +115,9 @@ class SessionSettings:
     max_image_bytes: int = attrs.field(default=DEFAULT_MAX_IMAGE_BYTES, validator=positive_int)
     prefix_reuse: PrefixReuse = attrs.field(default="auto", validator=one_of(PrefixReuse))
     max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=positive_int)
+    permutations: Permutations = attrs.field(default=1, validator=_permutations)
+    label_prior: bool = attrs.field(default=False, validator=boolean)
+    calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> SessionSettings:
@@ -126,10 +162,16 @@ class ReadOptions(_CallOptions):
     _session_fields: ClassVar[Mapping[str, str]] = {
         "off_menu_threshold": "off_menu_threshold",
         "raise_off_menu": "raise_off_menu",
+        "permutations": "permutations",
+        "label_prior": "label_prior",
+        "calibration": "calibration",
     }
 
     off_menu_threshold: float | None = attrs.field(validator=probability_or_none)
     raise_off_menu: bool = attrs.field(validator=boolean)
+    permutations: Permutations = attrs.field(default=1, validator=_permutations)
+    label_prior: bool = attrs.field(default=False, validator=boolean)
+    calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
 
 
 @attrs.frozen(kw_only=True)

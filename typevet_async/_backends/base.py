@@ -37,6 +37,9 @@ class Capabilities:
     """What a backend can do, declared once, read by the pipelines (never by the session)."""
 
     framing: Framing = attrs.field(validator=one_of(Framing))
+    #: The server's kind (``"llama.cpp"``, ``"vllm"``, ``"system-one"``): what a calibration
+    #: map is pinned to, since servers normalise logprobs their own way.
+    server: str = attrs.field(default="custom", validator=attrs.validators.instance_of(str))
     #: Whether the server keeps a read's prompt in a slot cache that the next read of the same
     #: prefix reuses, so that the session's ``prefix_reuse`` scheduling applies.
     prefix_reuse: bool = attrs.field(validator=boolean)

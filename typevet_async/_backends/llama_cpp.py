@@ -138,6 +138,7 @@ class AsyncLlamaCpp:
     def __init__(self, config: LlamaCppConfig) -> None:
         self.config = config
         self._capabilities = Capabilities(
+            server="llama.cpp",
             framing="sdk",
             prefix_reuse=True,
             generation_images=False,

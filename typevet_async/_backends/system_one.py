@@ -55,7 +55,11 @@ from typevet_async._options import Unset, non_empty_text, optional
 __all__ = ["AsyncSystemOne", "SystemOneConfig"]
 
 _CAPABILITIES = Capabilities(
-    framing="remote", prefix_reuse=False, generation_images=False, generation=False
+    server="system-one",
+    framing="remote",
+    prefix_reuse=False,
+    generation_images=False,
+    generation=False,
 )
 
 

@@ -53,6 +53,7 @@ MAX_LOGPROB_TOKEN_IDS = 128
 #: The server applies its own template; a read names at most 128 candidates; generation takes
 #: images (a text-only model refuses them itself).
 _CAPABILITIES = Capabilities(
+    server="vllm",
     framing="server",
     prefix_reuse=False,
     max_candidates=MAX_LOGPROB_TOKEN_IDS,

@@ -120,6 +120,13 @@ class Diagnostics:
     attempts: int = 1
     #: The endpoint that answered, in a session over several endpoints (None: the only one).
     endpoint: str | None = None
+    #: Each rotation's probabilities, in option order, when the options were read under
+    #: rotations (``permutations``); the fields above are then the first (unrotated) read's.
+    rotations: tuple[tuple[float, ...], ...] = ()
+    #: The probabilities before the calibration map, in option order (None: no map applied).
+    raw_probabilities: tuple[float, ...] | None = None
+    #: The calibration applied: the transform's kind and the map's SHA-256 (None: none).
+    calibration: str | None = None
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ import attrs
 from typevet_async._core.controls import BoundOption
 from typevet_async._core.jsonvalues import compact_json
 from typevet_async._core.markers import ALL_RUNS, IsSpecial, neutralise, neutralise_line
-from typevet_async._core.questions import Noul, Question
+from typevet_async._core.questions import Noul, Option, Question
 
 __all__ = [
     "JEV_SYSTEM_PROMPT",
@@ -67,12 +67,16 @@ class Message:
     images: tuple[ImagePart, ...] = ()
 
 
-def jev_option_descriptions(question: Question) -> list[str]:
-    """Each option's description: a Noul's default to No/Yes, a Choice's label if undescribed."""
+def jev_option_descriptions(
+    question: Question, options: Sequence[Option] | None = None
+) -> list[str]:
+    """Each option's description (of ``options``, by default the question's own, in order): a
+    Noul's default to No/Yes, a Choice's label if undescribed."""
+    shown = question.options() if options is None else options
     if isinstance(question, Noul):
         defaults = {"false": "No", "true": "Yes"}
-        return [o.description or defaults[o.label] for o in question.options()]
-    return [o.description or o.label for o in question.options()]
+        return [o.description or defaults[o.label] for o in shown]
+    return [o.description or o.label for o in shown]
 
 
 def jev_messages(
@@ -86,7 +90,9 @@ def jev_messages(
     """The Jev gateway's messages for one question, its JSON compact as the gateway sends it."""
     options = [
         {"letter": b.control, "description": neutralise_line(description, is_special)}
-        for b, description in zip(bound, jev_option_descriptions(question), strict=True)
+        for b, description in zip(
+            bound, jev_option_descriptions(question, [b.option for b in bound]), strict=True
+        )
     ]
     evidence = neutralise(evidence, is_special)
     criterion = neutralise_line(question.instructions, is_special)

@@ -9,7 +9,7 @@ import attrs
 from typevet_async._core.framing import TemplateFamily
 from typevet_async._errors import ConfigurationError
 
-__all__ = ["Probe", "check_requested_model", "check_served_model"]
+__all__ = ["Probe", "check_requested_model", "check_served_model", "model_identity"]
 
 
 @attrs.frozen
@@ -44,3 +44,13 @@ def check_requested_model(pinned: str | None, requested: str | None) -> None:
             f"this session is pinned to model {pinned!r}; a call for {requested!r} was "
             "refused before any request"
         )
+
+
+def model_identity(pinned: str | None, served: tuple[str, ...]) -> str:
+    """The model id a calibration map is pinned to: the session's pin, else the ids the server
+    lists, each GGUF path cut to its file name (llama.cpp lists the path it loaded, which
+    differs from machine to machine for the same file)."""
+    if pinned is not None:
+        return pinned
+    names = {name.rsplit("/", 1)[-1] if name.endswith(".gguf") else name for name in served}
+    return ",".join(sorted(names))

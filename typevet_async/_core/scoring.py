@@ -6,7 +6,7 @@ These two pure steps sit either side of the one ``await`` of a read (``typevet_a
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -30,6 +30,7 @@ from typevet_async._core.readings import (
     softmax,
     validated_entries,
 )
+from typevet_async._core.rotations import combine_rotations, rotation_order
 from typevet_async._errors import (
     InvalidLogprobsError,
     OffMenuError,
@@ -44,6 +45,7 @@ __all__ = [
     "interpret_read",
     "plan_question",
     "request_for",
+    "settle_question",
 ]
 
 
@@ -68,6 +70,9 @@ class ScoringRequest:
     #: Which judgment of its session the request belongs to: a session over several
     #: endpoints keeps a judgment's reads on one, so its cached prefix is reused.
     judgment: int = attrs.field(default=0, eq=False)
+    #: The option shown at each position, when the options are rotated
+    #: (`typevet_async._core.rotations`); empty: the order as given.
+    order: tuple[int, ...] = ()
 
     @functools.cached_property
     def option_groups(self) -> tuple[tuple[int, ...], ...]:
@@ -98,6 +103,8 @@ class QuestionPlan:
     variant_ids: tuple[tuple[int, ...], ...]
     #: The default layout's field block (question, a line per control, the answer rule).
     field_block: str | None
+    #: The option shown at each position (`rotation_order`); empty: the order as given.
+    order: tuple[int, ...] = ()
 
     @functools.cached_property
     def controls(self) -> tuple[str, ...]:
@@ -114,13 +121,18 @@ def bind_question(
     control_ids: Mapping[str, int],
     max_candidates: int | None,
     is_special: IsSpecial = ALL_RUNS,
+    rotation: int = 0,
 ) -> QuestionPlan:
     """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
-    the state. ``max_candidates`` is the backend's limit of candidate tokens per read.
+    the state. ``max_candidates`` is the backend's limit of candidate tokens per read. With a
+    ``rotation``, the options are shown rotated by it (the controls keep their positions).
 
     :raises TooManyOptionsError: more options than controls, or than one read can take.
     """
     options = question.options()
+    order = rotation_order(len(options), rotation) if rotation else ()
+    if order:
+        options = tuple(options[index] for index in order)
     alphabet = JEV_LETTERS if layout.is_jev else DEFAULT_ALPHABET
     bound = tuple(bind_controls(options, control_ids, alphabet))
     variants = tuple(
@@ -138,7 +150,9 @@ def bind_question(
             limit=max_candidates,
         )
     field_block = None if layout.is_jev else render_field_block(question, bound, is_special)
-    return QuestionPlan(question, layout, bound, variants if any(variants) else (), field_block)
+    return QuestionPlan(
+        question, layout, bound, variants if any(variants) else (), field_block, order
+    )
 
 
 def request_for(
@@ -180,12 +194,13 @@ def request_for(
             plan.variant_ids,
             prefill,
             judgment,
+            plan.order,
         )
     content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
     messages = (Message("user", content, tuple(images)),)
     prompt = frame_prefix(family, content) if family is not None else None
     return ScoringRequest(
-        question_id, question, messages, prompt, controls, token_ids, (), "", judgment
+        question_id, question, messages, prompt, controls, token_ids, (), "", judgment, plan.order
     )
 
 
@@ -250,7 +265,13 @@ def interpret_read(
         # The most probable accepted token; ties go to the control itself (first in group).
         chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
     chosen_logprobs = tuple(logprob[token] for token in chosen)
-    answer = build_answer(request.question, softmax(chosen_logprobs))
+    probabilities = softmax(chosen_logprobs)
+    if request.order:  # shown rotated: back to option order
+        in_order = [0.0] * len(probabilities)
+        for position, option in enumerate(request.order):
+            in_order[option] = probabilities[position]
+        probabilities = tuple(in_order)
+    answer = build_answer(request.question, probabilities)
     # A clamped read's filled-in values are not measurements: its off-menu mass is unknown.
     known = read.off_menu_known and not read.truncated
     off_menu = off_menu_mass(read.logprobs) if known else None
@@ -279,3 +300,43 @@ def interpret_read(
         endpoint=read.endpoint,
     )
     return answer, diagnostics
+
+
+def settle_question(
+    question: Question,
+    reads: Sequence[tuple[Answer, Diagnostics]],
+    orders: Sequence[tuple[int, ...]],
+    *,
+    label_prior: bool = False,
+    calibrate: Callable[[Sequence[float]], tuple[float, ...]] | None = None,
+    calibration: str | None = None,
+) -> tuple[Answer, Diagnostics]:
+    """A question's answer from its reads (one, or one per rotation: `combine_rotations`),
+    through ``calibrate`` when a map applies; the diagnostics keep the rotations' and the raw
+    probabilities, and count every read.
+    """
+    answer, diagnostics = reads[0]
+    if len(reads) == 1 and calibrate is None:
+        return answer, diagnostics
+    probabilities = tuple(answer.probabilities.values())  # option order
+    rotations: tuple[tuple[float, ...], ...] = ()
+    if len(reads) > 1:
+        options = len(probabilities)
+        rotations = tuple(tuple(read.probabilities.values()) for read, _ in reads)
+        probabilities = combine_rotations(
+            rotations,
+            [order or tuple(range(options)) for order in orders],
+            label_prior=label_prior,
+        )
+    raw = None
+    if calibrate is not None:
+        raw, probabilities = probabilities, calibrate(probabilities)
+    settled = attrs.evolve(
+        diagnostics,
+        reads=sum(read.reads for _, read in reads),
+        attempts=sum(read.attempts for _, read in reads),
+        rotations=rotations,
+        raw_probabilities=raw,
+        calibration=calibration,
+    )
+    return build_answer(question, probabilities), settled

@@ -1,0 +1,146 @@
+"""`tv.evaluate` and the eval/calibrate commands' checks, over the in-memory stub backend
+(whose reads favour the first position whatever the options say) or with no server at all:
+what is refused before anything is sent, what a reads file holds, and a map fitted from it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+
+import typevet_async as tv
+from typevet_async import _cli
+
+from .stubs import InMemoryStubBackend
+
+QUESTIONS: dict[str, tv.Question] = {
+    "refund": tv.Noul(instructions="Refund?"),
+    "route": tv.Choice(
+        {"billing": None, "shipping": None, "technical": None}, instructions="Team?"
+    ),
+}
+ROUTES = ("billing", "shipping", "technical")
+
+
+def records(count: int) -> list[dict[str, object]]:
+    return [
+        {"id": f"r{n}", "state": f"ticket {n}",
+         "labels": {"refund": n % 2 == 0, "route": ROUTES[n % 3]}}
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def write_questions(tmp_path: Path) -> Path:
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps({"refund": {"type": "noul", "instructions": "Refund?"}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": 1, "state": "x", "labels": {"refund": "yes"}}', "record 2: .*true or false"),
+        ('{"id": 1, "state": "x"}', "record 2: .*labelled record"),
+        ('{"id": 1, "state": "x", "labels": {"other": true}}', "record 2: .*not asked"),
+        ("{cut", "line 2: not valid JSON"),
+    ],
+)
+def test_eval_refuses_a_bad_line_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    data = tmp_path / "data.jsonl"
+    good = '{"id": 0, "state": "x", "labels": {"refund": true}}'
+    data.write_text(f"{good}\n{line}\n")
+    # An unreachable URL: a command that sent anything would fail with a TransportError.
+    questions = write_questions(tmp_path)
+    out = tmp_path / "out"
+    code = _cli.main(["eval", str(data), "--questions", str(questions), "--out", str(out),
+                      "--base-url", "http://127.0.0.1:9"])  # fmt: skip
+    assert code == _cli.EXIT_ERROR
+    error = capsys.readouterr().err
+    assert "TransportError" not in error
+    assert len(error.splitlines()) == 1
+    assert re.search(message, error), error
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibrate_names_a_folder_that_eval_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = _cli.main(["calibrate", str(tmp_path), "--out", str(tmp_path / "map.json")])
+    assert code == _cli.EXIT_ERROR
+    assert "not an eval run's facts" in capsys.readouterr().err
+
+
+@pytest.mark.asyncio
+async def test_evaluate_keeps_reads_with_their_labels_and_fits_a_pinned_map(
+    tmp_path: Path,
+) -> None:
+    backend = InMemoryStubBackend()
+    out = tmp_path / "reads.jsonl"
+    async with tv.Session(backend) as session:
+        evaluation = await tv.evaluate(session, records(90), QUESTIONS, out=out, permutations=3)
+    assert evaluation.records == 90
+    assert evaluation.failed == 0
+    route = evaluation.reads["route"]
+    assert route.gold[:3] == [0, 1, 2]
+    # Every option was shown first once: the stub's positional preference averages out.
+    assert route.probabilities[0] == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert len(route.rotations[0]) == 3
+    lines = [orjson.loads(line) for line in out.read_text().splitlines()]
+    assert [line["id"] for line in lines] == [f"r{n}" for n in range(90)]
+    assert lines[0]["labels"] == {"refund": True, "route": "billing"}
+    assert len(lines[0]["answers"]["route"]["rotations"]) == 3
+
+    report = evaluation.report(resamples=0)
+    entry = report["questions"]["route"]
+    assert entry["items"] == 90
+    assert entry["metrics"]["accuracy"]["value"] == pytest.approx(1 / 3)  # ties go to billing
+    assert entry["order_sensitivity"]["rotations"] == 3
+    assert entry["order_sensitivity"]["flip_rate"] == 1.0  # each rotation's first line wins
+    assert report["facts"]["permutations"] == "2, 3"
+
+    calibration = evaluation.fit(holdout=0.3)
+    assert calibration.pins.model == "stub-model"
+    assert calibration.pins.backend == "custom"
+    assert calibration.questions["route"].reading.rotations == 3
+    again = tv.Evaluation.from_reads(out).fit(holdout=0.3)
+    assert again.questions == calibration.questions
+    assert again.pins == calibration.pins
+
+    async with tv.Session(InMemoryStubBackend()) as session:
+        with pytest.raises(tv.CalibrationError, match="reading"):
+            await session.judge("t", QUESTIONS, calibration=calibration)
+        judgment = await session.judge("t", QUESTIONS, calibration=calibration, permutations=3)
+        mapped = await tv.evaluate(
+            session, records(30), QUESTIONS, permutations=3, calibration=calibration
+        )
+    assert judgment.diagnostics["route"].calibration is not None
+    mapped_report = mapped.report(resamples=0)
+    assert mapped_report["facts"]["calibration"] == calibration.sha256
+    for question_id, entry in mapped_report["questions"].items():
+        assert entry["raw_metrics"] is not None
+        assert entry["calibration"]["map"] == calibration.sha256
+        kept = calibration.questions[question_id].transform
+        assert entry["calibration"]["transform"] == ("none" if kept is None else kept.kind)
+
+    written = evaluation.write(tmp_path / "report", resamples=0)
+    assert written == evaluation.report(resamples=0)
+    for name in ("report.json", "report.html", "route-reliability.png", "refund-confidence.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+
+
+@pytest.mark.asyncio
+async def test_evaluate_refuses_bad_records_and_repeated_ids() -> None:
+    async with tv.Session(InMemoryStubBackend()) as session:
+        with pytest.raises(tv.InvalidInputError, match="appears twice"):
+            await tv.evaluate(session, records(3) + records(1), QUESTIONS)
+        bad = {"id": "x", "state": "s", "labels": {"route": "sales"}}
+        with pytest.raises(tv.InvalidInputError, match="one of"):
+            await tv.evaluate(session, [bad], QUESTIONS)
+        evaluation = await tv.evaluate(session, records(3), QUESTIONS)
+        with pytest.raises(tv.InvalidInputError, match="holdout"):
+            evaluation.fit(holdout=1.5)

@@ -1,0 +1,511 @@
+"""Evaluating a session's answers on labelled records, and fitting a calibration map on them.
+
+`evaluate` judges labelled records through `Session.judge_many` (bounded concurrency and
+memory, typed error items), keeps each question's probabilities, raw probabilities and
+rotations with its gold option, and can append every record's reads to a JSONL file as it
+goes, so a long run resumes where it stopped. The `Evaluation` it returns computes the report
+(`typevet_async._core.metrics`), writes it (JSON, HTML, PNGs: `typevet_async._report`) and fits
+a pinned `CalibrationMap` (`typevet_async._core.fitting`).
+
+This module needs the ``eval`` extra (numpy, scipy, matplotlib, jinja2); importing the SDK
+does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import orjson
+
+from typevet_async._backends.base import Backend
+from typevet_async._batch import BatchItem, Progress
+from typevet_async._core import fitting, metrics
+from typevet_async._core.answers import Judgment
+from typevet_async._core.calibration import (
+    CalibrationMap,
+    Pins,
+    QuestionMap,
+    Reading,
+    question_hash,
+    question_set_hash,
+)
+from typevet_async._core.labels import gold_indices, labelled_record
+from typevet_async._core.probe import Probe, model_identity
+from typevet_async._core.questions import Question, check_questions
+from typevet_async._core.systemone import question_to_system_one, questions_from_system_one
+from typevet_async._errors import InvalidInputError
+from typevet_async._judging import question_readings
+from typevet_async._options import UNSET, Unset
+from typevet_async._session import Session
+from typevet_async._settings import Permutations, ReadOptions
+
+__all__ = ["Evaluation", "QuestionReads", "evaluate", "pins_of", "question_entry"]
+
+#: Bootstrap resamples of the report's intervals, unless the call says otherwise.
+DEFAULT_RESAMPLES = 1000
+
+
+def _id_key(record_id: Any) -> str:
+    """A record id's identity: its JSON, keys sorted (so 5 and "5" differ)."""
+    return json.dumps(record_id, sort_keys=True)
+
+
+def pins_of(backend: Backend, probe: Probe, questions: Sequence[tuple[str, Question]]) -> Pins:
+    """What a map fitted on this session's reads of ``questions`` is pinned to."""
+    return Pins(
+        question_set_hash(questions),
+        model_identity(backend.model, probe.model_ids),
+        probe.family.value,
+        backend.capabilities.server,
+    )
+
+
+@attrs.define
+class QuestionReads:
+    """One question's labelled reads, in the order judged."""
+
+    #: Record id keys (`_id_key`), for the held-out split.
+    keys: list[str] = attrs.Factory(list)
+    gold: list[int] = attrs.Factory(list)
+    #: The answers' probabilities (calibrated, where a map applied), option order.
+    probabilities: list[tuple[float, ...]] = attrs.Factory(list)
+    #: Before any calibration map.
+    raw: list[tuple[float, ...]] = attrs.Factory(list)
+    #: Each rotation's probabilities (empty without permutations).
+    rotations: list[tuple[tuple[float, ...], ...]] = attrs.Factory(list)
+
+    def labelled(self, *, raw: bool = False) -> fitting.Labelled:
+        rows = self.raw if raw else self.probabilities
+        return fitting.Labelled(np.array(rows, dtype=np.float64), np.array(self.gold))
+
+
+def _answer_reads(judgment: Judgment) -> dict[str, dict[str, Any]]:
+    reads: dict[str, dict[str, Any]] = {}
+    for question_id, answer in judgment.answers.items():
+        diagnostics = judgment.diagnostics.get(question_id)
+        raw = diagnostics.raw_probabilities if diagnostics is not None else None
+        reads[question_id] = {
+            "probabilities": list(answer.probabilities.values()),
+            "raw": None if raw is None else list(raw),
+            "rotations": [] if diagnostics is None else [list(r) for r in diagnostics.rotations],
+        }
+    return reads
+
+
+@attrs.define
+class Evaluation:
+    """Labelled reads of a question set, and what was read with what."""
+
+    questions: tuple[tuple[str, Question], ...]
+    pins: Pins
+    readings: Mapping[str, Reading]
+    #: The calibration map the answers went through, if any (its SHA-256 is in the report).
+    calibration: CalibrationMap | None
+    reads: dict[str, QuestionReads]
+    records: int = 0
+    failed: int = 0
+    #: The first few failures, ``(record id, error type, message)``.
+    failures: list[tuple[Any, str, str]] = attrs.Factory(list)
+
+    @classmethod
+    def from_reads(cls, path: str | os.PathLike[str]) -> Evaluation:
+        """The evaluation a reads file (``evaluate(out=...)``) holds, with what it was made
+        with (its ``.run.json``), to fit a map on without judging again.
+
+        :raises InvalidInputError: either file is missing or not what `evaluate` writes.
+        """
+        reads = Path(path)
+        facts_path = reads.with_name(reads.name + ".run.json")
+        try:
+            facts = orjson.loads(facts_path.read_bytes())
+            evaluation = cls(
+                tuple(questions_from_system_one(facts["questions"]).items()),
+                Pins(**facts["pins"]),
+                {qid: Reading(**reading) for qid, reading in facts["readings"].items()},
+                None,
+                {qid: QuestionReads() for qid in facts["questions"]},
+            )
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as error:
+            raise InvalidInputError(
+                f"{facts_path} is not an eval run's facts (typevet-async eval writes it next "
+                f"to reads.jsonl): {error}"
+            ) from None
+        lines, _ = _previous_lines(reads)
+        for line in lines:
+            evaluation.add_line(line)
+        return evaluation
+
+    def add_line(self, line: Mapping[str, Any]) -> None:
+        """Take one reads line (`evaluate`'s JSONL shape)."""
+        self.records += 1
+        if "error" in line:
+            self.failed += 1
+            if len(self.failures) < 20:
+                error = line["error"]
+                self.failures.append((line["id"], error["type"], error["message"]))
+            return
+        key = _id_key(line["id"])
+        gold = gold_indices(line["labels"], self.questions)
+        for question_id, index in gold.items():
+            read = line["answers"][question_id]
+            target = self.reads[question_id]
+            target.keys.append(key)
+            target.gold.append(index)
+            target.probabilities.append(tuple(read["probabilities"]))
+            target.raw.append(tuple(read["raw"] or read["probabilities"]))
+            target.rotations.append(tuple(tuple(r) for r in read["rotations"]))
+
+    def facts(self) -> dict[str, Any]:
+        """The run's facts, as the report shows them."""
+        rotations = sorted({reading.rotations for reading in self.readings.values()})
+        return {
+            "model": self.pins.model,
+            "backend": self.pins.backend,
+            "template family": self.pins.template_family,
+            "question set": self.pins.questions,
+            "records": self.records,
+            "failed records": self.failed,
+            "permutations": ", ".join(map(str, rotations)),
+            "label prior": any(reading.label_prior for reading in self.readings.values()),
+            "calibration": "none" if self.calibration is None else self.calibration.sha256,
+        }
+
+    def report(
+        self, *, bins: int = 10, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+    ) -> dict[str, Any]:
+        """The JSON report: per question, the metrics (with bootstrap intervals), per label,
+        the order sensitivity (with permutations) and the raw metrics (with a map)."""
+        options = {"bins": bins, "resamples": resamples, "seed": seed}
+        questions: dict[str, Any] = {}
+        for question_id, question in self.questions:
+            reads = self.reads[question_id]
+            labels = [option.label for option in question.options()]
+            kind = type(question).__name__.lower()
+            calibrated = self._calibration_facts(question_id)
+            if not reads.gold:
+                questions[question_id] = question_entry(
+                    labels, None, None, kind=kind, items=0, calibration=calibrated
+                )
+                continue
+            data = reads.labelled()
+            raw_metrics = None
+            if self.calibration is not None:
+                raw = reads.labelled(raw=True)
+                raw_metrics = metrics.evaluate(raw.probabilities, raw.gold, **options)
+            order = None
+            if reads.rotations and len(reads.rotations[0]) > 1:
+                order = metrics.order_sensitivity(np.array(reads.rotations, dtype=np.float64))
+            questions[question_id] = question_entry(
+                labels,
+                metrics.evaluate(data.probabilities, data.gold, **options),
+                metrics.per_label(data.probabilities, data.gold, labels, **options),
+                kind=kind,
+                items=len(reads.gold),
+                order_sensitivity=order,
+                raw_metrics=raw_metrics,
+                calibration=calibrated,
+            )
+        return {"facts": self.facts(), "questions": questions}
+
+    def _calibration_facts(self, question_id: str) -> dict[str, Any] | None:
+        """What the report shows of the map applied to a question (None: no map)."""
+        if self.calibration is None:
+            return None
+        entry = self.calibration.questions[question_id]
+        figures = entry.report
+        kept = figures.get("kept", "none")
+        return {
+            "map": self.calibration.sha256,
+            "transform": "none" if entry.transform is None else entry.transform.kind,
+            "fitted on": entry.fitted_on or "-",
+            "held-out NLL, raw": figures.get("heldout_nll_raw"),
+            "held-out NLL, mapped": figures.get("heldout_nll", {}).get(kept),
+        }
+
+    def write(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        bins: int = 10,
+        resamples: int = DEFAULT_RESAMPLES,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Write ``report.json``, ``report.html`` and, per question, a reliability diagram and
+        a confidence histogram (PNG) into ``directory``; returns the report."""
+        from typevet_async import _report
+
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        report = self.report(bins=bins, resamples=resamples, seed=seed)
+        images: dict[str, str] = {}
+        for question_id, _ in self.questions:
+            reads = self.reads[question_id]
+            if not reads.gold:
+                continue
+            stem = _file_stem(question_id)
+            entry = report["questions"][question_id]
+            bins_width = [metrics.Bin(**item) for item in entry["metrics"]["bins_width"]]
+            reliability, histogram = f"{stem}-reliability.png", f"{stem}-confidence.png"
+            _report.reliability_png(
+                bins_width, folder / reliability, title=f"{question_id}: reliability"
+            )
+            data = reads.labelled()
+            confidence, correct = metrics.confidence_and_correct(data.probabilities, data.gold)
+            _report.confidence_png(
+                confidence, correct, folder / histogram, title=f"{question_id}: confidence"
+            )
+            images[f"{question_id}: reliability diagram"] = reliability
+            images[f"{question_id}: confidence histogram"] = histogram
+        (folder / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        _report.html_report(report, folder / "report.html", images=images)
+        return report
+
+    def fit(self, *, holdout: float = 0.3, seed: int = 0) -> CalibrationMap:
+        """Fit a map per question on the raw probabilities of the records outside the held-out
+        split (``holdout`` of them, by a hash of the id), and keep each only if it lowers the
+        held-out NLL (`fitting.choose_transform`; its figures are in each entry's report)."""
+        if not 0 < holdout < 1:
+            raise InvalidInputError(f"holdout must be between 0 and 1, got {holdout!r}")
+        fits: dict[str, fitting.Labelled] = {}
+        heldouts: dict[str, fitting.Labelled] = {}
+        for question_id, _ in self.questions:
+            reads = self.reads[question_id]
+            data = reads.labelled(raw=True)
+            mask = np.array(
+                [fitting.is_heldout(key, holdout, seed) for key in reads.keys], dtype=np.bool_
+            )
+            if not reads.gold:
+                data = fitting.Labelled(np.zeros((0, 2)), np.zeros(0, dtype=np.int64))
+                mask = np.zeros(0, dtype=np.bool_)
+            fits[question_id], heldouts[question_id] = data.subset(~mask), data.subset(mask)
+        kinds = {question_id: type(question).__name__ for question_id, question in self.questions}
+        pooled = fitting.pooled_by_type(fits, kinds)
+        entries: dict[str, QuestionMap] = {}
+        for question_id, question in self.questions:
+            best, figures = fitting.choose_transform(
+                fits[question_id], heldouts[question_id], pooled[question_id]
+            )
+            figures["holdout"], figures["seed"] = holdout, seed
+            entries[question_id] = QuestionMap(
+                question_hash(question),
+                self.readings[question_id],
+                None if best is None else best.transform,
+                "" if best is None else best.fitted_on,
+                figures,
+            )
+        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        return CalibrationMap(self.pins, entries, created)
+
+
+def _file_stem(question_id: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in question_id)
+    return safe or "question"
+
+
+def question_entry(
+    labels: Sequence[str],
+    found: metrics.Metrics | None,
+    per_label: Mapping[str, metrics.LabelMetrics] | None,
+    *,
+    kind: str = "choice",
+    items: int | None = None,
+    order_sensitivity: metrics.OrderSensitivity | None = None,
+    raw_metrics: metrics.Metrics | None = None,
+    calibration: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One question of the JSON report (the shape `typevet_async._report` renders)."""
+    return {
+        "type": kind,
+        "labels": list(labels),
+        "items": found.count if items is None and found is not None else (items or 0),
+        "metrics": None if found is None else found.to_json(),
+        "per_label": None
+        if per_label is None
+        else {label: each.to_json() for label, each in per_label.items()},
+        "order_sensitivity": None if order_sensitivity is None else order_sensitivity.to_json(),
+        "raw_metrics": None if raw_metrics is None else raw_metrics.to_json(),
+        "calibration": None if calibration is None else dict(calibration),
+    }
+
+
+def run_facts(evaluation: Evaluation) -> dict[str, Any]:
+    """What a reads file was made with: a resumed run must match it."""
+    return {
+        "format": "typevet_async.eval-run",
+        "version": 1,
+        "pins": attrs.asdict(evaluation.pins),
+        "readings": {qid: attrs.asdict(reading) for qid, reading in evaluation.readings.items()},
+        "calibration": None if evaluation.calibration is None else evaluation.calibration.sha256,
+        "questions": {qid: question_to_system_one(q) for qid, q in evaluation.questions},
+    }
+
+
+def _previous_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The reads lines a file holds, and the byte offset to continue from: a last line cut
+    short by a kill is dropped (and judged again); any other bad line is refused."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    lines: list[dict[str, Any]] = []
+    start = 0
+    while start < len(raw):
+        end = raw.find(b"\n", start)
+        chunk = raw[start:] if end == -1 else raw[start:end]
+        try:
+            data = orjson.loads(chunk) if chunk.strip() else None
+        except orjson.JSONDecodeError:
+            if end == -1 or not raw[end + 1 :].strip():
+                return lines, start
+            raise InvalidInputError(
+                f"{path}: a line that is not JSON at byte {start}, not the last line: fix or "
+                "remove it, then resume again"
+            ) from None
+        if end == -1 and data is not None:  # complete, but no newline yet
+            lines.append(data)
+            return lines, len(raw)
+        if data is not None:
+            lines.append(data)
+        if end == -1:
+            break
+        start = end + 1
+    return lines, len(raw)
+
+
+async def evaluate(
+    session: Session,
+    records: Iterable[Any] | AsyncIterable[Any],
+    questions: Mapping[str, Question],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    permutations: Permutations | Unset = UNSET,
+    label_prior: bool | Unset = UNSET,
+    calibration: CalibrationMap | Unset | None = UNSET,
+    max_in_flight: int | Unset = UNSET,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Evaluation:
+    """Judge labelled records and gather each question's reads with its gold option.
+
+    :param records: ``{"id": ..., "state": ..., "labels": {question id: gold}}`` mappings (a
+        Noul's gold is true/false, a Choice's a label, a Score's its 0-based level); ids
+        unique.
+    :param out: a JSONL file each record's reads are appended to as they come (flushed).
+    :param resume: continue ``out``: its records are loaded, not judged again (a last line
+        cut short is judged again); it must have been made with the same questions, model,
+        backend, template family, permutations and calibration.
+    :param permutations: as `Session.judge` (``label_prior`` and ``calibration`` too).
+    :raises InvalidInputError: a bad record or label (the records before it are judged and,
+        with ``out``, kept), or an ``out`` that cannot be resumed.
+    :raises CalibrationError: ``calibration`` was not fitted for this session's reads.
+    """
+    checked = check_questions(questions)
+    options = ReadOptions.for_call(
+        session.settings,
+        off_menu_threshold=UNSET,
+        raise_off_menu=UNSET,
+        permutations=permutations,
+        label_prior=label_prior,
+        calibration=calibration,
+    )
+    readings = question_readings(checked, options)
+    probe = await session.probe()
+    evaluation = Evaluation(
+        checked,
+        pins_of(session.backend, probe, checked),
+        readings,
+        options.calibration,
+        {question_id: QuestionReads() for question_id, _ in checked},
+    )
+    path = None if out is None else Path(out)
+    done: set[str] = set()
+    offset = 0
+    if path is not None:
+        facts_path = path.with_name(path.name + ".run.json")
+        facts = run_facts(evaluation)
+        if resume and facts_path.exists():
+            previous = orjson.loads(facts_path.read_bytes())
+            if previous != orjson.loads(orjson.dumps(facts)):
+                raise InvalidInputError(
+                    f"{path} was made with other questions, model, backend, template family, "
+                    f"permutations or calibration ({facts_path}); evaluate into a new file"
+                )
+        elif path.exists() and path.stat().st_size and not resume:
+            raise InvalidInputError(f"{path} exists and is not empty; pass resume=True")
+        if resume:
+            lines, offset = _previous_lines(path)
+            for line in lines:
+                evaluation.add_line(line)
+                done.add(_id_key(line["id"]))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        facts_path.write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
+
+    labels_of: dict[int, tuple[Any, Mapping[str, Any]]] = {}
+    seen: set[str] = set()
+    pulled = 0
+
+    async def pending() -> Any:
+        nonlocal pulled
+        async for data in _each(records):
+            record_id, state, labels = labelled_record(data)
+            gold_indices(labels, checked)  # a bad label is refused before its record is sent
+            key = _id_key(record_id)
+            if key in seen:
+                raise InvalidInputError(f"the record id {record_id!r} appears twice")
+            seen.add(key)
+            if key in done:
+                continue
+            labels_of[pulled] = (record_id, labels)
+            pulled += 1
+            yield record_id, state
+
+    stream = session.judge_many(
+        pending(),
+        questions,
+        max_in_flight=max_in_flight,
+        on_progress=on_progress,
+        permutations=options.permutations,
+        label_prior=options.label_prior,
+        calibration=options.calibration,
+    )
+    sink = None
+    if path is not None:
+        sink = path.open("r+b" if path.exists() else "wb", buffering=0)
+        sink.truncate(offset)
+        sink.seek(offset)
+    try:
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                line = _line(item, *labels_of.pop(item.index))
+                evaluation.add_line(line)
+                if sink is not None:
+                    sink.write(orjson.dumps(line) + b"\n")
+    finally:
+        if sink is not None:
+            sink.close()
+    return evaluation
+
+
+async def _each(records: Iterable[Any] | AsyncIterable[Any]) -> Any:
+    if isinstance(records, AsyncIterable):
+        async for record in records:
+            yield record
+    else:
+        for record in records:
+            yield record
+
+
+def _line(item: BatchItem, record_id: Any, labels: Mapping[str, Any]) -> dict[str, Any]:
+    if item.judgment is None:
+        assert item.error is not None
+        error = {"type": type(item.error).__name__, "message": str(item.error)}
+        return {"id": record_id, "labels": labels, "error": error}
+    return {"id": record_id, "labels": labels, "answers": _answer_reads(item.judgment)}
