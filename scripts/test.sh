@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the suite needs and runs it: lint, types, layering, unit and live tests.
 # Live tests start their own real servers: llama.cpp through xllamacpp, and vLLM (CPU) in its
-# own virtual environment, both serving Gemma 3 270M. On a fresh machine the vLLM environment
+# own virtual environment, both serving Gemma 3 270M (and a random-weight Qwen3 test model over
+# the real Qwen tokenizer, scripts/setup_qwen_model.sh). On a fresh machine the vLLM environment
 # and converted weights take about 8 minutes to build; they are cached for later runs (about
 # 4.7 GB under ~/.cache/typevet_async, or $TYPEVET_CACHE_DIR, with the bundled model).
 # Arguments go to pytest, e.g. scripts/test.sh -k batch.
@@ -18,6 +19,8 @@ step "assembling the bundled model (first run: ~250 MB, checked by sha256)"
 .venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model())"
 step "building the vLLM environment and converted weights (first run: ~8 min, ~4.5 GB)"
 ./scripts/setup_vllm.sh
+step "building the random-weight Qwen3 test model over the real Qwen tokenizer (first run: ~30 s, ~80 MB)"
+./scripts/setup_qwen_model.sh
 step "ruff check, ruff format --check"
 .venv/bin/ruff check typevet_async tests benchmarks examples
 .venv/bin/ruff format --check typevet_async tests benchmarks examples
@@ -25,6 +28,6 @@ step "mypy --strict"
 .venv/bin/mypy --strict typevet_async examples
 step "import layering (lint-imports)"
 .venv/bin/lint-imports
-step "pytest: unit tests, then live tests against real servers (about 18 min on 2 cores; the load tests about 6)"
+step "pytest: unit tests, then live tests against real servers (about 25 min on 2 cores; the load tests about 6, eval over the shipped set about 4)"
 # -v names each test as it starts: the long live tests are not one silent dot.
 exec .venv/bin/python -m pytest tests -v --durations=10 "$@"

@@ -8,7 +8,8 @@ The tree::
     │   │   └── TooManyOptionsError                   more options than single-token controls
     │   ├── SchemaError                               a JSON Schema that is malformed or remote
     │   └── ConfigurationError                        session settings or TYPEVET_* variables
-    ├── UnsupportedTemplateError                      served template is not a native Gemma family
+    │       └── CalibrationError                      a map unreadable, or fitted for another run
+    ├── UnsupportedTemplateError                      served template cannot frame a judgment
     ├── BackendError                                  talking to the server failed
     │   ├── TransportError (also ConnectionError)     refused, reset, disconnected
     │   ├── ServerError                               an HTTP error status (carries status, body)
@@ -134,7 +135,8 @@ class CalibrationError(ConfigurationError):
 
 
 class UnsupportedTemplateError(TypevetError):
-    """The served chat template is not a native Gemma 4 or Gemma 3 template."""
+    """The served chat template cannot frame a judgment: degraded (its turn markers are not
+    the served model's special tokens), without turn markers, or moving with the message."""
 
     def __init__(self, message: str, *, family: str, rendered: str) -> None:
         super().__init__(message)

@@ -24,6 +24,7 @@ import attrs
 from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Reading
+from typevet_async._core.framing import TemplateFamily, turn_markers
 from typevet_async._core.markers import ALL_RUNS, marker_runs
 from typevet_async._core.probe import Probe, model_identity
 from typevet_async._core.questions import Question
@@ -89,7 +90,10 @@ class Planner:
         capabilities = backend.capabilities
         self.backend = backend
         self.probe = probe
-        self._family = probe.family if capabilities.framing == "sdk" else None
+        #: Where the backend scores a raw prefix, the frame the SDK frames it in (None: the
+        #: server renders the messages); `refusal` says why it has none.
+        self._frames = capabilities.framing == "sdk"
+        self._frame = probe.prompt_frame if self._frames else None
         control_ids, layout = probe.control_ids, settings.layout
         limit = capabilities.max_candidates
         #: Marker run -> whether the served tokenizer reads it as a special token (recently
@@ -153,19 +157,15 @@ class Planner:
         each other, the unrotated one first), or the error that refuses the judgment unsent.
 
         :raises UnsupportedTemplateError: the SDK frames prompts and the served template is
-            not a native Gemma family.
+            degraded (its turn markers are not the model's special tokens), has no markers, or
+            could not be framed (`template_refusal`).
         :raises InvalidInputError: images for a server that does not declare vision.
         :raises TooManyOptionsError: a question needs more controls or candidates than there
             are (``question_id`` names it).
         """
-        family, probe = self._family, self.probe
-        if family is not None and not family.is_native:
-            raise UnsupportedTemplateError(
-                f"the served chat template is {family.value}, not a native Gemma 4 or "
-                f"Gemma 3 template; judgments need the model's own turn markers",
-                family=family.value,
-                rendered=probe.rendered_template,
-            )
+        frame, probe = self._frame, self.probe
+        if self._frames and frame is None:
+            raise template_refusal(probe)
         if images and not probe.vision:
             raise InvalidInputError(
                 "the server does not declare vision (/props modalities); images were refused "
@@ -186,7 +186,7 @@ class Planner:
                         question_id,
                         plan,
                         state_text,
-                        family=family,
+                        frame=frame,
                         images=images,
                         media_marker=probe.media_marker,
                         is_special=self.is_special,
@@ -194,6 +194,31 @@ class Planner:
                     )
                 )
         return requests
+
+
+def template_refusal(probe: Probe) -> UnsupportedTemplateError:
+    """Why the SDK cannot frame prompts in the served template (refused before any read)."""
+    family = probe.family
+    if family is TemplateFamily.DEGRADED:
+        markers = turn_markers(probe.rendered_template)
+        why = (
+            f"its turn markers {markers} are not special tokens of the served model: its "
+            "tokenizer reads them as several ordinary tokens, so the template was written for "
+            "another model family and this model was never trained on it; serve the model's "
+            "own chat template"
+        )
+    elif family.is_native:
+        why = (
+            "its rendering moves with the message, so the SDK cannot learn where the answer "
+            "starts (two probe messages rendered differently around the message)"
+        )
+    else:
+        why = "it shows no turn markers (<...> or [...]) the SDK can frame a prompt in"
+    return UnsupportedTemplateError(
+        f"the served chat template ({family.value}) cannot frame a judgment: {why}",
+        family=family.value,
+        rendered=probe.rendered_template,
+    )
 
 
 def question_readings(

@@ -545,7 +545,8 @@ class Session:
         :raises CalibrationError: the map was not fitted for this model, template family,
             server kind, question or reading; nothing was sent.
         :raises UnsupportedTemplateError: the SDK frames prompts and the server's template is
-            not native Gemma 4 or 3.
+            degraded (its turn markers are not the model's special tokens) or cannot be
+            framed.
         :raises DeadlineExceededError: ``timeout`` passed; every read was cancelled.
         :raises BackendError: the first failing question's error, in question order.
         """

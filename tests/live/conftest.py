@@ -66,7 +66,10 @@ def vllm_url() -> Iterator[str]:
         yield reuse
         return
 
-    server = VllmServerProcess("vllm")
+    yield from _serve_vllm(VllmServerProcess("vllm"))
+
+
+def _serve_vllm(server: VllmServerProcess) -> Iterator[str]:
     server.start()
     try:
         yield server.url
@@ -74,17 +77,65 @@ def vllm_url() -> Iterator[str]:
         server.stop()
 
 
+def _per_backend(request: pytest.FixtureRequest, llama_cpp: str, vllm: str) -> tuple[str, str]:
+    fixture = llama_cpp if request.param == "llama_cpp" else vllm
+    return request.param, request.getfixturevalue(fixture)
+
+
 @pytest.fixture(params=["llama_cpp", "vllm"])
 def backend(request: pytest.FixtureRequest) -> tuple[str, str]:
     """Runs a test once per backend: (name, URL) of the real server."""
-    fixture = "gemma3_url" if request.param == "llama_cpp" else "vllm_url"
-    return request.param, request.getfixturevalue(fixture)
+    return _per_backend(request, "gemma3_url", "vllm_url")
+
+
+QWEN_DIR = tv.cache_dir() / "models" / "qwen3-tiny"
+QWEN_TEMPLATE = FIXTURES / "qwen3.jinja"
+QWEN_MODEL_ID = "qwen3-tiny"
+
+
+def _qwen_ready() -> None:
+    if not (QWEN_DIR / ".typevet-ready").exists():
+        raise RuntimeError(f"{QWEN_DIR} is missing: run scripts/setup_qwen_model.sh first")
+
+
+@pytest.fixture(scope="session")
+def qwen_llama_url() -> Iterator[str]:
+    """llama.cpp serving the random-weight Qwen3 model (the real Qwen tokenizer, built by
+    scripts/setup_qwen_model.sh) under a Qwen3-style template, thinking switchable."""
+    _qwen_ready()
+    options = tv.ServerOptions(
+        model_path=QWEN_DIR / "qwen3-tiny.gguf",
+        chat_template=QWEN_TEMPLATE.read_text(),
+        jinja=True,
+        n_ctx=4096,
+        n_parallel=2,
+    )
+    yield from _start(options, "qwen3-llama")
+
+
+@pytest.fixture(scope="session")
+def qwen_vllm_url() -> Iterator[str]:
+    """vLLM serving the same Qwen3 model (its Hugging Face folder) under the same template."""
+    _qwen_ready()
+    yield from _serve_vllm(
+        VllmServerProcess(
+            "qwen3-vllm", model=QWEN_DIR / "hf", served_name=QWEN_MODEL_ID, template=QWEN_TEMPLATE
+        )
+    )
+
+
+@pytest.fixture(params=["llama_cpp", "vllm"])
+def qwen_backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Runs a test once per backend serving the Qwen3 model: (name, URL)."""
+    return _per_backend(request, "qwen_llama_url", "qwen_vllm_url")
 
 
 def _needs_vllm(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
-    uses_fixture = "vllm_url" in getattr(item, "fixturenames", ())
-    return uses_fixture or (callspec is not None and callspec.params.get("backend") == "vllm")
+    fixtures = set(getattr(item, "fixturenames", ()))
+    uses_fixture = bool(fixtures & {"vllm_url", "qwen_vllm_url"})
+    params = callspec.params if callspec is not None else {}
+    return uses_fixture or "vllm" in (params.get("backend"), params.get("qwen_backend"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -155,11 +155,16 @@ class InFlightCounter:
 
 
 def vllm_candidate_read(
-    url: str, content: str, token_ids: tuple[int, ...], *, top_logprobs: int = 0
+    url: str,
+    content: str,
+    token_ids: tuple[int, ...],
+    *,
+    top_logprobs: int = 0,
+    model: str = VLLM_MODEL_ID,
 ) -> dict[int, float]:
     """An independent vLLM read outside the SDK: plain urllib and json."""
     body: dict[str, Any] = {
-        "model": VLLM_MODEL_ID,
+        "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 1,
         "logprobs": True,

@@ -35,18 +35,33 @@ def _free_port() -> int:
 class VllmServerProcess:
     """A vLLM OpenAI-compatible server in a child process; ``url`` once started."""
 
-    def __init__(self, log_name: str = "vllm") -> None:
+    def __init__(
+        self,
+        log_name: str = "vllm",
+        *,
+        model: Path | None = None,
+        served_name: str = VLLM_MODEL_ID,
+        template: Path = GEMMA3_TEMPLATE,
+    ) -> None:
         self.cache = tv.cache_dir()
         self.python = self.cache / "vllm-venv" / "bin" / "python"
-        self.model = self.cache / "models" / "gemma-3-270m-hf"
+        self.model = model or self.cache / "models" / "gemma-3-270m-hf"
+        self.served_name = served_name
+        self.template = template
         self.log = self.cache / "test-logs" / f"{log_name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
 
     def start(self) -> str:
-        for needed in (self.python, self.model / ".typevet-ready"):
+        ready = self.model / ".typevet-ready"
+        if not ready.exists():  # the Qwen model's marker is its parent folder's
+            ready = self.model.parent / ".typevet-ready"
+        for needed in (self.python, ready):
             if not needed.exists():
-                raise RuntimeError(f"{needed} is missing: run scripts/setup_vllm.sh first")
+                raise RuntimeError(
+                    f"{needed} is missing: run scripts/setup_vllm.sh (and, for the Qwen "
+                    "model, scripts/setup_qwen_model.sh) first"
+                )
         port = _free_port()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {
@@ -57,8 +72,8 @@ class VllmServerProcess:
         }
         command = [
             str(self.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model), "--served-model-name", VLLM_MODEL_ID,
-            "--chat-template", str(GEMMA3_TEMPLATE), "--max-model-len", "2048",
+            "--model", str(self.model), "--served-model-name", self.served_name,
+            "--chat-template", str(self.template), "--max-model-len", "2048",
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--logprobs-mode", "raw_logprobs", "--max-logprobs", "128", "--enforce-eager",
         ]  # fmt: skip

@@ -257,12 +257,20 @@ async def test_gemma4_family_framing(gemma4_url: str) -> None:
     assert_exact_softmax(judgment)
 
 
-async def test_chatml_template_is_refused_before_any_scoring(chatml_url: str) -> None:
+@pytest.mark.parametrize("layout", ["typevet", "fused", "split"])
+async def test_gemma_under_a_chatml_template_is_refused_as_degraded(
+    chatml_url: str, layout: str
+) -> None:
     counter = InFlightCounter("/completion")
-    async with tv.Session.llama_cpp(chatml_url, trace_configs=[counter.config]) as session:
+    async with tv.Session.llama_cpp(
+        chatml_url, layout=layout, trace_configs=[counter.config]
+    ) as session:
+        assert (await session.probe()).family is tv.TemplateFamily.DEGRADED
         with pytest.raises(tv.UnsupportedTemplateError) as caught:
             await session.judge(TICKET, questions())
-    assert caught.value.family == "chatml"
+    assert caught.value.family == "degraded"
+    assert "['<|im_end|>', '<|im_start|>'] are not special tokens" in str(caught.value)
+    assert "several ordinary tokens" in str(caught.value)
     assert "<|im_start|>" in caught.value.rendered
     assert counter.started == 0
 

@@ -495,7 +495,7 @@ async def test_a_refused_probe_fails_the_batch_once_before_any_record(error: Exc
 
 
 async def test_an_unsupported_template_fails_the_batch_once() -> None:
-    backend = InMemoryStubBackend(tv.TemplateFamily.CHATML)
+    backend = InMemoryStubBackend(tv.TemplateFamily.DEGRADED)
     progress: list[tv.Progress] = []
     async with session(backend, 4) as s:
         with anyio.fail_after(5), pytest.raises(tv.UnsupportedTemplateError):

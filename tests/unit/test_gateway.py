@@ -316,7 +316,7 @@ async def test_an_upstream_refusal_of_the_request_is_a_422_not_a_retried_5xx(
 
 @pytest.mark.asyncio
 async def test_an_unsupported_template_is_a_501() -> None:
-    client, _ = await start(InMemoryStubBackend(tv.TemplateFamily.CHATML))
+    client, _ = await start(InMemoryStubBackend(tv.TemplateFamily.DEGRADED))
     try:
         response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
         assert response.status == 501

@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 import typevet_async as tv
 from typevet_async._core.controls import DIGITS, bind_controls, control_token_ids
 from typevet_async._core.fields import render_field_block, render_user_content
-from typevet_async._core.framing import TemplateFamily, classify_template, frame_prefix
+from typevet_async._core.framing import (
+    EMPTY_THINK_BLOCK,
+    PROBE_MESSAGE,
+    SECOND_PROBE_MESSAGE,
+    TemplateFamily,
+    classify_template,
+    frame_prefix,
+    learn_frame,
+)
 from typevet_async._core.markers import marker_runs, neutralise, neutralise_line
 from typevet_async._core.scoring import plan_question
 
@@ -115,6 +123,13 @@ def test_user_content_puts_state_first_and_keeps_state_lines() -> None:
     assert content.startswith("line one\nline two\n\nQuestion: Refund?\n")
 
 
+QWEN_RENDERED = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+LLAMA3_RENDERED = (
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+
+
 @pytest.mark.parametrize(
     ("rendered", "family"),
     [
@@ -123,14 +138,56 @@ def test_user_content_puts_state_first_and_keeps_state_lines() -> None:
             TemplateFamily.GEMMA3,
         ),
         ("<bos><|turn>user\nhi<turn|>\n<|turn>model\n", TemplateFamily.GEMMA4),
-        ("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", TemplateFamily.CHATML),
-        ("[INST] hi [/INST]", TemplateFamily.UNSUPPORTED),
-        ("gemma", TemplateFamily.UNSUPPORTED),
+        (QWEN_RENDERED, TemplateFamily.CHATML),
+        (LLAMA3_RENDERED, TemplateFamily.LLAMA3),
+        ("[INST] hi [/INST]", TemplateFamily.OTHER),
+        ("User: hi\nAssistant:", TemplateFamily.UNSUPPORTED),
     ],
 )
 def test_classify_template(rendered: str, family: TemplateFamily) -> None:
     assert classify_template(rendered) is family
-    assert family.is_native == (family in (TemplateFamily.GEMMA3, TemplateFamily.GEMMA4))
+    assert classify_template(rendered, lambda marker: True) is family
+    assert family.is_native == (family is not TemplateFamily.UNSUPPORTED)
+
+
+def test_a_template_whose_markers_are_not_one_token_each_is_degraded() -> None:
+    # Gemma's tokenizer reads <|im_start|> as six ordinary tokens.
+    several = {"<|im_start|>": 6, "<|im_end|>": 6}
+    verdict = classify_template(QWEN_RENDERED, lambda marker: several.get(marker, 1) == 1)
+    assert verdict is TemplateFamily.DEGRADED
+    assert not verdict.is_native
+    # The Gemma families are recognised by their markers alone, as before.
+    gemma = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    assert classify_template(gemma, lambda marker: False) is TemplateFamily.GEMMA3
+
+
+def test_a_frame_is_learned_from_two_renderings_and_ends_after_an_empty_think_block() -> None:
+    def render(message: str, think: str = "<think>\n\n</think>\n\n") -> str:
+        return f"<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n{think}"
+
+    frame = learn_frame(render(PROBE_MESSAGE), render(SECOND_PROBE_MESSAGE), template="<think>")
+    assert frame is not None
+    assert frame.prefix("X") == render("X")
+    assert frame.prefill == ""  # the template wrote the empty think block itself
+    # A thinking template that wrote none: the SDK appends it.
+    bare = learn_frame(
+        render(PROBE_MESSAGE, ""), render(SECOND_PROBE_MESSAGE, ""), template="<think>"
+    )
+    assert bare is not None
+    assert bare.prefix("X") == render("X")
+    assert bare.prefill == EMPTY_THINK_BLOCK
+    # Not a thinking template: nothing is appended.
+    plain = learn_frame(render(PROBE_MESSAGE, ""), render(SECOND_PROBE_MESSAGE, ""))
+    assert plain is not None
+    assert plain.prefix("X") == render("X", "")
+    # A leading BOS text goes: the server adds BOS itself.
+    llama = LLAMA3_RENDERED.replace("hi", PROBE_MESSAGE)
+    second = LLAMA3_RENDERED.replace("hi", SECOND_PROBE_MESSAGE)
+    framed = learn_frame(llama, second, bos="<|begin_of_text|>")
+    assert framed is not None
+    assert framed.head == "<|start_header_id|>user<|end_header_id|>\n\n"
+    # A rendering that moves with the message (here: it upper-cases it) cannot be framed.
+    assert learn_frame(render(PROBE_MESSAGE), render(SECOND_PROBE_MESSAGE.upper())) is None
 
 
 def test_frame_prefix_per_family() -> None:

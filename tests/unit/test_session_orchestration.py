@@ -137,9 +137,9 @@ async def test_caller_cancellation_cancels_reads() -> None:
 
 
 async def test_unsupported_template_fails_before_any_read() -> None:
-    backend = InMemoryStubBackend(tv.TemplateFamily.CHATML)
+    backend = InMemoryStubBackend(tv.TemplateFamily.DEGRADED)
     async with session(backend) as s:
-        with pytest.raises(tv.UnsupportedTemplateError, match="chatml"):
+        with pytest.raises(tv.UnsupportedTemplateError, match="degraded"):
             await s.judge("s", {"a": noul()})
     assert backend.reads == []
 

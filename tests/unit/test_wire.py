@@ -190,7 +190,9 @@ def ref_llama_props(raw: bytes) -> Any:
     vision = field(field(doc, "modalities", obj, {}), "vision", boolean, False)
     marker = field(doc, "media_marker", nullable(string), None)
     slots = field(doc, "total_slots", nullable(lambda value: integer(value, 1)), None)
-    return llama_cpp_wire.Props(vision, marker or None, slots)
+    template = field(doc, "chat_template", string, "")
+    bos = field(doc, "bos_token", nullable(string), None)
+    return llama_cpp_wire.Props(vision, marker or None, slots, template, bos or None)
 
 
 def ref_chat_output(raw: bytes) -> Any:
@@ -419,7 +421,8 @@ ENDPOINTS = [
     ),
     Endpoint(
         "llama_cpp", "props", llama_cpp_wire.decode_props, ref_llama_props,
-        (("modalities", "vision"), ("media_marker",), ("total_slots",)),
+        (("modalities", "vision"), ("media_marker",), ("total_slots",), ("chat_template",),
+         ("bos_token",)),
     ),
     Endpoint("llama_cpp", "chat_generation", decode_chat_output, ref_chat_output, CHAT_USED),
     Endpoint(

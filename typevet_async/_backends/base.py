@@ -25,8 +25,9 @@ __all__ = ["Backend", "Capabilities", "Framing", "RemoteJudging"]
 
 #: ``"sdk"``: the SDK frames the raw prefix in the served family's own turn markers and the
 #: backend scores ``ScoringRequest.prompt`` (llama.cpp ``/completion``); the served template
-#: must then be a native Gemma family. ``"server"``: the server applies its own chat template
-#: to ``ScoringRequest.messages`` (vLLM ``/v1/chat/completions``). ``"remote"``: the server
+#: must then be native (its turn markers the model's special tokens). ``"server"``: the
+#: server applies its own chat template to ``ScoringRequest.messages`` (vLLM
+#: ``/v1/chat/completions``). ``"remote"``: the server
 #: judges whole judgments itself (System One, ``POST /v1/systemone``): the backend is also a
 #: `RemoteJudging`, and the session calls its ``judge`` instead of planning and reading.
 Framing = Literal["sdk", "server", "remote"]

@@ -36,7 +36,12 @@ from typevet_async._backends.llama_cpp_wire import (
 )
 from typevet_async._backends.openai_chat import decode_chat_output
 from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
-from typevet_async._core.framing import classify_template
+from typevet_async._core.framing import (
+    SECOND_PROBE_MESSAGE,
+    classify_template,
+    learn_frame,
+    turn_markers,
+)
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model
 from typevet_async._core.readings import (
@@ -186,14 +191,28 @@ class AsyncLlamaCpp:
                 await anyio.to_thread.run_sync(self._server.stop)
 
     async def probe(self) -> Probe:
-        """Classify the served template, tokenize every control, read vocabulary and vision."""
+        """Classify the served template (its turn markers checked against the tokenizer),
+        learn its frame, tokenize every control, read vocabulary and vision."""
         vocab_size, model_ids = decode_models(await self.http.get("/v1/models"))
         check_served_model(self.config.model, model_ids)
         rendered = decode_rendered(await self.http.post("/apply-template", probe_template_body()))
         tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
         props = decode_props(await self.http.get("/props"))
+        family = classify_template(rendered)
+        frame = None
+        if not family.is_gemma and family.is_native:
+            # A native template's markers are the model's special tokens: one token each.
+            markers = turn_markers(rendered)
+            tokenized = await gather_in_order(markers, self.tokenize)
+            lengths = {m: len(t) for m, t in zip(markers, tokenized, strict=True)}
+            family = classify_template(rendered, lambda marker: lengths[marker] == 1)
+        if not family.is_gemma and family.is_native:
+            second = decode_rendered(
+                await self.http.post("/apply-template", probe_template_body(SECOND_PROBE_MESSAGE))
+            )
+            frame = learn_frame(rendered, second, template=props.chat_template, bos=props.bos_token)
         return Probe(
-            classify_template(rendered),
+            family,
             rendered,
             control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True))),
             vocab_size,
@@ -201,6 +220,7 @@ class AsyncLlamaCpp:
             vision=props.vision,
             media_marker=props.media_marker,
             slots=props.slots,
+            frame=frame,
         )
 
     async def tokenize(self, text: str, *, parse_special: bool = True) -> list[int]:

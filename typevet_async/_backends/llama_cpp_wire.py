@@ -106,8 +106,13 @@ def template_body(messages: Sequence[Message]) -> dict[str, Any]:
     }
 
 
-def probe_template_body() -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": PROBE_MESSAGE}]}
+def probe_template_body(message: str = PROBE_MESSAGE) -> dict[str, Any]:
+    """One user message, rendered as a judgment's is: generation prompt, thinking off."""
+    return {
+        "messages": [{"role": "user", "content": message}],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
 
 
 def tokenize_body(text: str, *, parse_special: bool = True) -> dict[str, Any]:
@@ -286,6 +291,8 @@ class _Props(Reply):
     modalities: _Modalities = msgspec.field(default_factory=_Modalities)
     media_marker: str | None = None
     total_slots: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    chat_template: str = ""
+    bos_token: str | None = None
 
 
 _PROPS = decoder_for(_Props)
@@ -299,10 +306,20 @@ class Props:
     media_marker: str | None
     #: Reads the server runs at once (``total_slots``); None if it does not say.
     slots: int | None
+    #: The served chat template's source ("" if it does not say) and the BOS token's text.
+    chat_template: str = ""
+    bos_token: str | None = None
 
 
 def decode_props(raw: bytes) -> Props:
     """:raises ProtocolError: ``modalities`` not an object, ``vision`` not a boolean,
-    ``media_marker`` neither a string nor null, or ``total_slots`` not a positive integer."""
+    ``media_marker`` neither a string nor null, ``total_slots`` not a positive integer, or
+    ``chat_template`` or ``bos_token`` not a string."""
     reply = decode(_PROPS, raw, "/props")
-    return Props(reply.modalities.vision, reply.media_marker or None, reply.total_slots)
+    return Props(
+        reply.modalities.vision,
+        reply.media_marker or None,
+        reply.total_slots,
+        reply.chat_template,
+        reply.bos_token or None,
+    )

@@ -1,66 +1,184 @@
-"""Template families and the raw prefix framed in the served family's own turn markers.
+"""Template families, and the raw prefix framed in the served template's own turn markers.
 
-The probe renders one sentinel message through the server's template; `classify_template`
-names the family from the markers it finds. Judgments accept only the two native Gemma
-families: their prefix ends exactly where the model's first answer token goes.
+The probe renders a sentinel user message through the server's template (thinking off, with
+the generation prompt); `classify_template` names the family from the markers it finds.
+
+A template is *native* to the model when its turn markers are the model's own special tokens:
+the served tokenizer reads each as one token. A marker it reads as several ordinary tokens
+means a template written for another family, which the model was never trained on: *degraded*,
+and refused. The two Gemma families are recognised by their markers alone, as before (their
+frames are written here); every other family must pass the tokenizer's check, and its frame
+is learned from the served template itself (`learn_frame`).
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Callable
+
+import attrs
+
+from typevet_async._core.markers import marker_runs
 
 __all__ = [
+    "EMPTY_THINK_BLOCK",
+    "GEMMA_FRAMES",
     "PROBE_MESSAGE",
+    "SECOND_PROBE_MESSAGE",
+    "PromptFrame",
     "TemplateFamily",
     "answer_prefill",
     "classify_template",
     "frame_prefix",
+    "learn_frame",
+    "turn_markers",
 ]
 
 #: After Gemma 4's model turn header: an empty thought channel, so no thinking can open.
 GEMMA4_NO_THINKING = "<|channel>thought\n<channel|>"
 
+#: What a thinking template (Qwen3 and its kin) writes after the assistant header when thinking
+#: is off; the SDK writes it itself where the template does not.
+EMPTY_THINK_BLOCK = "<think>\n\n</think>\n\n"
+
 #: The text the template probe sends as its only user message.
 PROBE_MESSAGE = "typevet-probe"
+#: A second sentinel: a frame learned from one rendering is checked against another.
+SECOND_PROBE_MESSAGE = "typevet-probe-second"
+
+_ENDS_IN_EMPTY_THINK_BLOCK = re.compile(r"<think>\s*</think>\s*$")
 
 
 class TemplateFamily(enum.Enum):
     GEMMA4 = "gemma4"
     GEMMA3 = "gemma3"
+    #: ChatML turns (``<|im_start|>``): Qwen, and many others.
     CHATML = "chatml"
+    #: Llama 3 headers (``<|start_header_id|>``).
+    LLAMA3 = "llama3"
+    #: Another template whose turn markers are the model's own special tokens.
+    OTHER = "other"
+    #: Turn markers the served tokenizer reads as several ordinary tokens: another family's.
+    DEGRADED = "degraded"
+    #: No turn markers the SDK can find.
     UNSUPPORTED = "unsupported"
     #: A System One server: it frames and reads every question itself, and shows no template.
     REMOTE = "remote"
 
     @property
     def is_native(self) -> bool:
+        """Whether the SDK may frame prompts in it (the refused ones are degraded, unsupported
+        and, since a remote server frames its own, remote)."""
+        return self in _NATIVE
+
+    @property
+    def is_gemma(self) -> bool:
         return self in (TemplateFamily.GEMMA4, TemplateFamily.GEMMA3)
 
 
-def classify_template(rendered: str) -> TemplateFamily:
-    """Name the family of a template from its rendering of one user message."""
+_NATIVE = frozenset(
+    {
+        TemplateFamily.GEMMA4,
+        TemplateFamily.GEMMA3,
+        TemplateFamily.CHATML,
+        TemplateFamily.LLAMA3,
+        TemplateFamily.OTHER,
+    }
+)
+
+
+@attrs.frozen
+class PromptFrame:
+    """What goes around the user content in a prefix the SDK frames: ``head`` up to it,
+    ``tail`` after it, to the answer position."""
+
+    head: str
+    tail: str
+    #: What follows the template's generation prompt so that no thinking opens (Gemma 4's
+    #: empty thought channel, or an empty think block the template did not write); a prompt
+    #: the server renders (Jev layouts) must end with it too.
+    prefill: str = ""
+
+    def prefix(self, user_content: str) -> str:
+        return f"{self.head}{user_content}{self.tail}"
+
+
+#: The Gemma families' frames, written here; the server adds BOS itself.
+GEMMA_FRAMES = {
+    TemplateFamily.GEMMA4: PromptFrame(
+        "<|turn>user\n", f"<turn|>\n<|turn>model\n{GEMMA4_NO_THINKING}", GEMMA4_NO_THINKING
+    ),
+    TemplateFamily.GEMMA3: PromptFrame(
+        "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
+    ),
+}
+
+
+def turn_markers(rendered: str) -> list[str]:
+    """The marker runs of a sentinel rendering (the template's own: the sentinel has none)."""
+    return sorted(marker_runs([rendered]))
+
+
+def classify_template(
+    rendered: str, is_one_token: Callable[[str], bool] | None = None
+) -> TemplateFamily:
+    """Name the family of a template from its rendering of one user message.
+
+    :param is_one_token: the served tokenizer's verdict on each of the rendering's
+        `turn_markers` (one token, or several); without it (a server whose template renders
+        every prompt itself) the family is named from the markers alone.
+    """
     if "<|turn>user\n" in rendered and "<turn|>" in rendered:
         return TemplateFamily.GEMMA4
     if "<start_of_turn>user\n" in rendered and "<end_of_turn>" in rendered:
         return TemplateFamily.GEMMA3
-    if "<|im_start|>" in rendered:
+    markers = turn_markers(rendered)
+    if not markers:
+        return TemplateFamily.UNSUPPORTED
+    if is_one_token is not None and not all(map(is_one_token, markers)):
+        return TemplateFamily.DEGRADED
+    if "<|im_start|>" in markers:
         return TemplateFamily.CHATML
-    return TemplateFamily.UNSUPPORTED
+    if "<|start_header_id|>" in markers:
+        return TemplateFamily.LLAMA3
+    return TemplateFamily.OTHER
+
+
+def learn_frame(
+    first: str, second: str, *, template: str = "", bos: str | None = None
+) -> PromptFrame | None:
+    """The frame around the user content, from the served template's renderings of
+    `PROBE_MESSAGE` (``first``) and `SECOND_PROBE_MESSAGE` (``second``); None when the two do
+    not agree (a template that moves with the content cannot be framed once).
+
+    A leading ``bos`` text is dropped: the server adds BOS to a prompt itself. Where the
+    template's source mentions ``<think>`` but its rendering with thinking off does not end in
+    an empty think block, one is appended (`EMPTY_THINK_BLOCK`), so the answer position is
+    after it, never inside a thought.
+    """
+    if first.count(PROBE_MESSAGE) != 1 or second.count(SECOND_PROBE_MESSAGE) != 1:
+        return None
+    head, tail = first.split(PROBE_MESSAGE)
+    if second != f"{head}{SECOND_PROBE_MESSAGE}{tail}" or not tail:
+        return None
+    if bos and head.startswith(bos):
+        head = head[len(bos) :]
+    prefill = ""
+    if "<think>" in template and not _ENDS_IN_EMPTY_THINK_BLOCK.search(tail):
+        prefill = EMPTY_THINK_BLOCK
+    return PromptFrame(head, tail + prefill, prefill)
 
 
 def answer_prefill(family: TemplateFamily) -> str:
-    """What must follow the model turn header at the answer position."""
+    """What must follow a Gemma model turn header at the answer position."""
     return GEMMA4_NO_THINKING if family is TemplateFamily.GEMMA4 else ""
 
 
 def frame_prefix(family: TemplateFamily, user_content: str) -> str:
-    """One user turn and the model turn header; the server adds BOS itself.
-
-    Gemma 4's prefix also carries an empty thought channel, so no thinking section can open
-    at the answer position.
-    """
-    if family is TemplateFamily.GEMMA4:
-        return f"<|turn>user\n{user_content}<turn|>\n<|turn>model\n{GEMMA4_NO_THINKING}"
-    if family is TemplateFamily.GEMMA3:
-        return f"<start_of_turn>user\n{user_content}<end_of_turn>\n<start_of_turn>model\n"
-    raise ValueError(f"cannot frame a prefix for template family {family.value!r}")
+    """A Gemma family's prefix: one user turn and the model turn header (Gemma 4's with an
+    empty thought channel, so no thinking section can open at the answer position)."""
+    frame = GEMMA_FRAMES.get(family)
+    if frame is None:
+        raise ValueError(f"cannot frame a prefix for template family {family.value!r}")
+    return frame.prefix(user_content)

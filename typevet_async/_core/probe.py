@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from typevet_async._core.framing import TemplateFamily
+from typevet_async._core.framing import GEMMA_FRAMES, PromptFrame, TemplateFamily
 from typevet_async._errors import ConfigurationError
 
 __all__ = ["Probe", "check_requested_model", "check_served_model", "model_identity"]
@@ -27,6 +27,14 @@ class Probe:
     #: Reads the server runs at once, if it says (llama.cpp ``/props`` ``total_slots``): the
     #: most a multi-endpoint session sends it at once.
     slots: int | None = None
+    #: The frame learned from the served template, for a native family other than Gemma's
+    #: where the SDK frames prompts (None: a Gemma family's own frame, or none).
+    frame: PromptFrame | None = None
+
+    @property
+    def prompt_frame(self) -> PromptFrame | None:
+        """The frame the SDK frames prompts in: a Gemma family's own, else the learned one."""
+        return GEMMA_FRAMES.get(self.family, self.frame)
 
 
 def check_served_model(pinned: str | None, served: tuple[str, ...]) -> None:

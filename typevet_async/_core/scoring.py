@@ -19,7 +19,7 @@ from typevet_async._core.controls import (
     space_variant,
 )
 from typevet_async._core.fields import render_field_block, render_user_content
-from typevet_async._core.framing import TemplateFamily, answer_prefill, frame_prefix
+from typevet_async._core.framing import GEMMA_FRAMES, PromptFrame, TemplateFamily
 from typevet_async._core.layouts import ImagePart, Layout, Message, jev_messages
 from typevet_async._core.markers import ALL_RUNS, IsSpecial
 from typevet_async._core.questions import Question
@@ -160,7 +160,7 @@ def request_for(
     plan: QuestionPlan,
     state_text: str,
     *,
-    family: TemplateFamily | None,
+    frame: PromptFrame | None,
     images: Sequence[ImagePart] = (),
     media_marker: str | None = None,
     is_special: IsSpecial = ALL_RUNS,
@@ -168,9 +168,9 @@ def request_for(
 ) -> ScoringRequest:
     """One question's scoring request about ``state_text`` (in judgment ``judgment``).
 
-    With a ``family`` the SDK frames the raw prefix itself (the default layout where the
-    backend frames prompts); with a ``media_marker`` one marker per image goes before the
-    state text.
+    With a ``frame`` the SDK frames the raw prefix itself (the default layout where the
+    backend frames prompts; a Jev layout's server-rendered prompt then ends in the frame's
+    prefill); with a ``media_marker`` one marker per image goes before the state text.
     """
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
     controls, token_ids, question = plan.controls, plan.token_ids, plan.question
@@ -183,7 +183,7 @@ def request_for(
                 Message(first.role, markers + first.content, first.images),
                 *messages[2:],
             )
-        prefill = answer_prefill(family) if family is not None else ""
+        prefill = frame.prefill if frame is not None else ""
         return ScoringRequest(
             question_id,
             question,
@@ -198,7 +198,7 @@ def request_for(
         )
     content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
     messages = (Message("user", content, tuple(images)),)
-    prompt = frame_prefix(family, content) if family is not None else None
+    prompt = frame.prefix(content) if frame is not None else None
     return ScoringRequest(
         question_id, question, messages, prompt, controls, token_ids, (), "", judgment, plan.order
     )
@@ -216,7 +216,8 @@ def plan_question(
     media_marker: str | None = None,
     max_candidates: int | None = None,
 ) -> ScoringRequest:
-    """`bind_question` and `request_for` in one step, for one question.
+    """`bind_question` and `request_for` in one step, for one question (``family``: a Gemma
+    family, whose frame the SDK writes; None: the server renders the messages).
 
     :raises TooManyOptionsError: as `bind_question` (``question_id`` names the question).
     """
@@ -225,8 +226,9 @@ def plan_question(
     except TypevetError as error:
         error.question_id = question_id
         raise
+    frame = None if family is None else GEMMA_FRAMES[family]
     return request_for(
-        question_id, plan, state_text, family=family, images=images, media_marker=media_marker
+        question_id, plan, state_text, frame=frame, images=images, media_marker=media_marker
     )
 
 
