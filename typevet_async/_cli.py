@@ -1175,43 +1175,46 @@ def _eval_module() -> Any:
     return _evaluation
 
 
-def _labelled_lines(path: Path) -> list[Any]:
-    """Every record of a labelled file, checked before anything is sent.
+def _labelled_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """Each record of a labelled file with its line number, read as it goes.
 
-    :raises CommandLineError: a line that is not JSON or not a labelled record, naming it.
+    :raises CommandLineError: the file cannot be read, or a line is not JSON (naming it).
     """
     try:
-        raw = path.read_bytes()
+        source = path.open("rb")
     except OSError as error:
         raise CommandLineError(f"cannot read the input {path}: {_reason(error)}") from None
-    records = []
-    for number, line in enumerate(raw.removeprefix(_BOM).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(parse_json(line))
-        except ValueError as error:
-            raise CommandLineError(
-                f"{path} line {number}: not valid JSON ({_json_error(error)})"
-            ) from None
-    return records
+    with source:
+        for number, line in enumerate(source, start=1):
+            if number == 1:
+                line = line.removeprefix(_BOM)
+            if not line.strip():
+                continue
+            try:
+                yield number, parse_json(line)
+            except ValueError as error:
+                raise CommandLineError(
+                    f"{path} line {number}: not valid JSON ({_json_error(error)})"
+                ) from None
 
 
 async def run_eval(args: argparse.Namespace, out: TextIO) -> int:
     evaluation_module = _eval_module()
     questions = questions_from_args(args)
     reading = reading_from_args(args)
-    records = _labelled_lines(args.input)
     checked = list(questions.items())
-    for number, record in enumerate(records, start=1):
+    total = 0
+    for number, record in _labelled_lines(args.input):  # every line checked before any read
         try:
             _, _, labels = labelled_record(record)
             gold_indices(labels, checked)
         except tv.InvalidInputError as error:
-            raise CommandLineError(f"{args.input} record {number}: {error}") from None
+            raise CommandLineError(f"{args.input} line {number}: {error}") from None
+        total += 1
+    records = (record for _, record in _labelled_lines(args.input))
     session = session_from_args(args, os.environ)
     bar = tqdm(
-        total=len(records),
+        total=total,
         unit="rec",
         disable=True if args.no_progress else None,
         file=sys.stderr,

@@ -350,11 +350,21 @@ def run_facts(evaluation: Evaluation) -> dict[str, Any]:
 
 def _previous_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The reads lines a file holds, and the byte offset to continue from: a last line cut
-    short by a kill is dropped (and judged again); any other bad line is refused."""
+    short by a kill is dropped (and judged again), a complete last line without its line
+    break gets one; any other bad line is refused."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         return [], 0
+    if raw and not raw.endswith(b"\n"):
+        try:
+            orjson.loads(raw[raw.rfind(b"\n") + 1 :])
+        except orjson.JSONDecodeError:
+            pass  # cut short: dropped below
+        else:
+            raw += b"\n"
+            with path.open("ab") as file:
+                file.write(b"\n")
     lines: list[dict[str, Any]] = []
     start = 0
     while start < len(raw):
@@ -369,9 +379,6 @@ def _previous_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
                 f"{path}: a line that is not JSON at byte {start}, not the last line: fix or "
                 "remove it, then resume again"
             ) from None
-        if end == -1 and data is not None:  # complete, but no newline yet
-            lines.append(data)
-            return lines, len(raw)
         if data is not None:
             lines.append(data)
         if end == -1:
@@ -438,8 +445,13 @@ async def evaluate(
                     f"{path} was made with other questions, model, backend, template family, "
                     f"permutations or calibration ({facts_path}); evaluate into a new file"
                 )
-        elif path.exists() and path.stat().st_size and not resume:
-            raise InvalidInputError(f"{path} exists and is not empty; pass resume=True")
+        elif path.exists() and path.stat().st_size:
+            raise InvalidInputError(
+                f"{path} exists and is not empty; pass resume=True"
+                if not resume
+                else f"{path} has no {facts_path.name} saying what it was made with: it "
+                "cannot be resumed; evaluate into a new file"
+            )
         if resume:
             lines, offset = _previous_lines(path)
             for line in lines:

@@ -91,7 +91,7 @@ class Planner:
         self.backend = backend
         self.probe = probe
         #: Where the backend scores a raw prefix, the frame the SDK frames it in (None: the
-        #: server renders the messages); `refusal` says why it has none.
+        #: server renders the messages); `template_refusal` says why a template has none.
         self._frames = capabilities.framing == "sdk"
         self._frame = probe.prompt_frame if self._frames else None
         control_ids, layout = probe.control_ids, settings.layout
@@ -174,8 +174,12 @@ class Planner:
         requests = []
         judgment = next(self._judgments)
         for question_id, question in questions:
-            rotations = readings[question_id].rotations if readings else 1
-            for rotation in rotation_offsets(len(question.options()), rotations):
+            offsets = (  # the common case, no rotations, without building the options
+                (0,)
+                if readings is None
+                else rotation_offsets(len(question.options()), readings[question_id].rotations)
+            )
+            for rotation in offsets:
                 try:
                     plan = self._bind(question, rotation)
                 except TypevetError as error:

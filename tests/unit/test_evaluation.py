@@ -42,9 +42,9 @@ def write_questions(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"id": 1, "state": "x", "labels": {"refund": "yes"}}', "record 2: .*true or false"),
-        ('{"id": 1, "state": "x"}', "record 2: .*labelled record"),
-        ('{"id": 1, "state": "x", "labels": {"other": true}}', "record 2: .*not asked"),
+        ('{"id": 1, "state": "x", "labels": {"refund": "yes"}}', "line 2: .*true or false"),
+        ('{"id": 1, "state": "x"}', "line 2: .*labelled record"),
+        ('{"id": 1, "state": "x", "labels": {"other": true}}', "line 2: .*not asked"),
         ("{cut", "line 2: not valid JSON"),
     ],
 )
@@ -144,3 +144,22 @@ async def test_evaluate_refuses_bad_records_and_repeated_ids() -> None:
         evaluation = await tv.evaluate(session, records(3), QUESTIONS)
         with pytest.raises(tv.InvalidInputError, match="holdout"):
             evaluation.fit(holdout=1.5)
+
+
+@pytest.mark.asyncio
+async def test_resuming_a_reads_file_cut_by_a_kill_or_missing_its_last_line_break(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "reads.jsonl"
+    async with tv.Session(InMemoryStubBackend()) as session:
+        await tv.evaluate(session, records(3), QUESTIONS, out=out)
+        out.write_bytes(out.read_bytes().rstrip(b"\n"))  # complete, but no line break
+        await tv.evaluate(session, records(4), QUESTIONS, out=out, resume=True)
+        out.write_bytes(out.read_bytes()[:-20])  # the last line cut short: judged again
+        resumed = await tv.evaluate(session, records(6), QUESTIONS, out=out, resume=True)
+        (tmp_path / "reads.jsonl.run.json").unlink()
+        with pytest.raises(tv.InvalidInputError, match="cannot be resumed"):
+            await tv.evaluate(session, records(6), QUESTIONS, out=out, resume=True)
+    ids = [orjson.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert ids == [f"r{n}" for n in range(6)]
+    assert resumed.records == 6

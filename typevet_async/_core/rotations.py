@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typevet_async._core.readings import softmax
 from typevet_async._errors import QuestionError
 
-__all__ = ["combine_rotations", "rotation_offsets", "rotation_order"]
+__all__ = ["combine_rotations", "in_option_order", "rotation_offsets", "rotation_order"]
 
 
 def rotation_offsets(options: int, rotations: int) -> tuple[int, ...]:
@@ -36,6 +36,14 @@ def rotation_offsets(options: int, rotations: int) -> tuple[int, ...]:
 def rotation_order(options: int, offset: int) -> tuple[int, ...]:
     """The option shown at each position under the rotation by ``offset``."""
     return tuple((position + offset) % options for position in range(options))
+
+
+def in_option_order(by_position: Sequence[float], order: Sequence[int]) -> tuple[float, ...]:
+    """A read's probabilities by position (``order``: the option shown at each), by option."""
+    by_option = [0.0] * len(by_position)
+    for position, option in enumerate(order):
+        by_option[option] = by_position[position]
+    return tuple(by_option)
 
 
 def combine_rotations(
@@ -80,8 +88,5 @@ def _divide_prior(
     debiased: list[tuple[float, ...]] = []
     for logs, order in zip(log_positions, orders, strict=True):
         by_position = softmax([logs[d] - log_prior[d] for d in range(options)])
-        in_option_order = [0.0] * options
-        for position, option in enumerate(order):
-            in_option_order[option] = by_position[position]
-        debiased.append(tuple(in_option_order))
+        debiased.append(in_option_order(by_position, order))
     return debiased

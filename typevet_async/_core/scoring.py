@@ -30,7 +30,7 @@ from typevet_async._core.readings import (
     softmax,
     validated_entries,
 )
-from typevet_async._core.rotations import combine_rotations, rotation_order
+from typevet_async._core.rotations import combine_rotations, in_option_order, rotation_order
 from typevet_async._errors import (
     InvalidLogprobsError,
     OffMenuError,
@@ -269,10 +269,7 @@ def interpret_read(
     chosen_logprobs = tuple(logprob[token] for token in chosen)
     probabilities = softmax(chosen_logprobs)
     if request.order:  # shown rotated: back to option order
-        in_order = [0.0] * len(probabilities)
-        for position, option in enumerate(request.order):
-            in_order[option] = probabilities[position]
-        probabilities = tuple(in_order)
+        probabilities = in_option_order(probabilities, request.order)
     answer = build_answer(request.question, probabilities)
     # A clamped read's filled-in values are not measurements: its off-menu mass is unknown.
     known = read.off_menu_known and not read.truncated
