@@ -97,7 +97,7 @@ def main() -> None:
     else:
         with tv.EmbeddedServer(tv.ServerOptions(n_parallel=4, n_ctx=4 * 4096)) as server:
             figures = anyio.run(run, server.url, args.rounds)
-    print(write_results("permutations", {"rounds": args.rounds, "modes": figures}))
+    print(write_results("bench_permutations", {"rounds": args.rounds, "modes": figures}))
 
 
 if __name__ == "__main__":
