@@ -36,7 +36,7 @@ import typevet_async as tv
 from typevet_async import _gateway as gateway
 from typevet_async._backends import embedded
 from typevet_async._convert import converter, questions_from_json
-from typevet_async._core.jsonvalues import parse_json
+from typevet_async._core.jsonvalues import parse_json, record_key
 from typevet_async._core.labels import gold_indices, labelled_record
 
 __all__ = [
@@ -790,11 +790,6 @@ _BACKLOG_LIMIT: Final = 1024
 _BOM: Final = b"\xef\xbb\xbf"
 
 
-def _id_key(value: Any) -> str:
-    """A record id's identity: its JSON, keys sorted, so 5, 5.0, "5" and true differ."""
-    return json.dumps(value, sort_keys=True)
-
-
 def _error_line(record_id: Any, error_type: str, message: str) -> bytes:
     return _dumps({"id": record_id, "error": {"type": error_type, "message": message}}) + b"\n"
 
@@ -854,7 +849,7 @@ def _read_previous(out: Path) -> _Previous:
                     "it is not the last line, so no kill cut it short: fix or remove it, then "
                     "--resume again"
                 ) from None
-            previous.counts[_id_key(data["id"])] += 1
+            previous.counts[record_key(data["id"])] += 1
             previous.lines += 1
             previous.needs_newline = last
         if last:
@@ -953,7 +948,7 @@ class _Reader:
             problem = None
             is_record = isinstance(data, dict) and "id" in data and "state" in data
             record_id, state = (data["id"], data["state"]) if is_record else (number, data)
-        key = _id_key(record_id)
+        key = record_key(record_id)
         occurrence = self.seen[key]
         self.seen[key] += 1
         if occurrence < self.previous.counts[key]:  # --resume: --out has this line already

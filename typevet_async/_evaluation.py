@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import os
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ import attrs
 import numpy as np
 import orjson
 
-from typevet_async._backends.base import Backend
 from typevet_async._batch import BatchItem, Progress
 from typevet_async._core import fitting, metrics
 from typevet_async._core.answers import Judgment
@@ -35,44 +33,28 @@ from typevet_async._core.calibration import (
     QuestionMap,
     Reading,
     question_hash,
-    question_set_hash,
 )
+from typevet_async._core.jsonvalues import record_key
 from typevet_async._core.labels import gold_indices, labelled_record
-from typevet_async._core.probe import Probe, model_identity
 from typevet_async._core.questions import Question, check_questions
 from typevet_async._core.systemone import question_to_system_one, questions_from_system_one
 from typevet_async._errors import InvalidInputError
-from typevet_async._judging import question_readings
+from typevet_async._judging import question_readings, served_pins
 from typevet_async._options import UNSET, Unset
 from typevet_async._session import Session
 from typevet_async._settings import Permutations, ReadOptions
 
-__all__ = ["Evaluation", "QuestionReads", "evaluate", "pins_of", "question_entry"]
+__all__ = ["Evaluation", "QuestionReads", "evaluate", "question_entry"]
 
 #: Bootstrap resamples of the report's intervals, unless the call says otherwise.
 DEFAULT_RESAMPLES = 1000
-
-
-def _id_key(record_id: Any) -> str:
-    """A record id's identity: its JSON, keys sorted (so 5 and "5" differ)."""
-    return json.dumps(record_id, sort_keys=True)
-
-
-def pins_of(backend: Backend, probe: Probe, questions: Sequence[tuple[str, Question]]) -> Pins:
-    """What a map fitted on this session's reads of ``questions`` is pinned to."""
-    return Pins(
-        question_set_hash(questions),
-        model_identity(backend.model, probe.model_ids),
-        probe.family.value,
-        backend.capabilities.server,
-    )
 
 
 @attrs.define
 class QuestionReads:
     """One question's labelled reads, in the order judged."""
 
-    #: Record id keys (`_id_key`), for the held-out split.
+    #: Record id keys (`record_key`), for the held-out split.
     keys: list[str] = attrs.Factory(list)
     gold: list[int] = attrs.Factory(list)
     #: The answers' probabilities (calibrated, where a map applied), option order.
@@ -152,7 +134,7 @@ class Evaluation:
                 error = line["error"]
                 self.failures.append((line["id"], error["type"], error["message"]))
             return
-        key = _id_key(line["id"])
+        key = record_key(line["id"])
         gold = gold_indices(line["labels"], self.questions)
         for question_id, index in gold.items():
             read = line["answers"][question_id]
@@ -427,7 +409,7 @@ async def evaluate(
     probe = await session.probe()
     evaluation = Evaluation(
         checked,
-        pins_of(session.backend, probe, checked),
+        served_pins(session.backend, probe, checked),
         readings,
         options.calibration,
         {question_id: QuestionReads() for question_id, _ in checked},
@@ -456,7 +438,7 @@ async def evaluate(
             lines, offset = _previous_lines(path)
             for line in lines:
                 evaluation.add_line(line)
-                done.add(_id_key(line["id"]))
+                done.add(record_key(line["id"]))
         path.parent.mkdir(parents=True, exist_ok=True)
         facts_path.write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
 
@@ -469,7 +451,7 @@ async def evaluate(
         async for data in _each(records):
             record_id, state, labels = labelled_record(data)
             gold_indices(labels, checked)  # a bad label is refused before its record is sent
-            key = _id_key(record_id)
+            key = record_key(record_id)
             if key in seen:
                 raise InvalidInputError(f"the record id {record_id!r} appears twice")
             seen.add(key)

@@ -23,7 +23,7 @@ import attrs
 
 from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
-from typevet_async._core.calibration import CalibrationMap, Reading
+from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
 from typevet_async._core.framing import TemplateFamily, turn_markers
 from typevet_async._core.markers import ALL_RUNS, marker_runs
 from typevet_async._core.probe import Probe, model_identity
@@ -266,13 +266,17 @@ def check_calibration(
     calibration: CalibrationMap,
 ) -> None:
     """:raises CalibrationError: the map was not fitted for this judgment (nothing sent)."""
-    backend, probe = planner.backend, planner.probe
-    calibration.check(
-        model=model_identity(backend.model, probe.model_ids),
-        template_family=probe.family.value,
-        backend=backend.capabilities.server,
-        questions=questions,
-        readings=readings,
+    calibration.check(served_pins(planner.backend, planner.probe, questions), questions, readings)
+
+
+def served_pins(backend: Backend, probe: Probe, questions: Sequence[tuple[str, Question]]) -> Pins:
+    """What a map fitted on this backend's reads of ``questions`` is pinned to, and what a
+    judgment's map must match."""
+    return Pins(
+        question_set_hash(questions),
+        model_identity(backend.model, probe.model_ids),
+        probe.family.value,
+        backend.capabilities.server,
     )
 
 

@@ -171,15 +171,11 @@ def test_an_edited_or_foreign_artefact_is_refused() -> None:
 
 
 def _check(calibration: CalibrationMap, **given: object) -> None:
-    actual: dict[str, object] = {
-        "model": "stub-model",
-        "template_family": "gemma3",
-        "backend": "custom",
-        "questions": [("route", ROUTE)],
-        "readings": {"route": Reading()},
-        **given,
-    }
-    calibration.check(**actual)  # type: ignore[arg-type]
+    pins = {"model": "stub-model", "template_family": "gemma3", "backend": "custom"}
+    questions = given.pop("questions", [("route", ROUTE)])
+    readings = given.pop("readings", {"route": Reading()})
+    served = Pins(questions="", **{**pins, **given})  # type: ignore[arg-type]
+    calibration.check(served, questions, readings)  # type: ignore[arg-type]
 
 
 def test_a_map_is_refused_for_another_model_template_or_backend() -> None:

@@ -262,7 +262,7 @@ class CalibrationMap:
             },
         }
 
-    @property
+    @functools.cached_property  # describe() names it for every question of every judgment
     def sha256(self) -> str:
         """``sha256:`` of the artefact's canonical JSON (keys sorted), its own digest left out."""
         return "sha256:" + hashlib.sha256(_canonical(self._body())).hexdigest()
@@ -312,14 +312,12 @@ class CalibrationMap:
 
     def check(
         self,
-        *,
-        model: str,
-        template_family: str,
-        backend: str,
+        served: Pins,
         questions: Sequence[tuple[str, Question]],
         readings: Mapping[str, Reading],
     ) -> None:
-        """Refuse a judgment this map was not fitted for.
+        """Refuse a judgment this map was not fitted for (``served``: the judgment's own pins;
+        its question set may be a subset of the map's, each question checked by its hash).
 
         :raises CalibrationError: the model, template family or server kind differ, or a
             question is not in the map, was changed, or is read another way (rotations, label
@@ -327,9 +325,9 @@ class CalibrationMap:
         """
         pins = self.pins
         for what, fitted, actual in (
-            ("model", pins.model, model),
-            ("template family", pins.template_family, template_family),
-            ("backend", pins.backend, backend),
+            ("model", pins.model, served.model),
+            ("template family", pins.template_family, served.template_family),
+            ("backend", pins.backend, served.backend),
         ):
             if fitted != actual:
                 raise _mismatch(what, fitted, actual)

@@ -28,7 +28,6 @@ __all__ = [
     "SECOND_PROBE_MESSAGE",
     "PromptFrame",
     "TemplateFamily",
-    "answer_prefill",
     "classify_template",
     "frame_prefix",
     "learn_frame",
@@ -168,11 +167,6 @@ def learn_frame(
     if "<think>" in template and not _ENDS_IN_EMPTY_THINK_BLOCK.search(tail):
         prefill = EMPTY_THINK_BLOCK
     return PromptFrame(head, tail + prefill, prefill)
-
-
-def answer_prefill(family: TemplateFamily) -> str:
-    """What must follow a Gemma model turn header at the answer position."""
-    return GEMMA4_NO_THINKING if family is TemplateFamily.GEMMA4 else ""
 
 
 def frame_prefix(family: TemplateFamily, user_content: str) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "compact_json",
     "json_depth",
     "parse_json",
+    "record_key",
     "render_state",
 ]
 
@@ -236,3 +237,9 @@ def json_depth(value: Any) -> int:
         elif isinstance(item, list):
             stack.extend((child, depth + 1) for child in item)
     return deepest
+
+
+def record_key(record_id: Any) -> str:
+    """A record id's identity: its JSON, keys sorted, so 5, 5.0, "5" and true differ (a batch's
+    and an evaluation's duplicate checks and resumes, and the held-out split)."""
+    return json.dumps(record_id, sort_keys=True)
