@@ -39,14 +39,13 @@ from typing import Any
 import anyio
 
 import typevet_async as tv
+from typevet_async._backends.llama_cpp import next_top_k
 from typevet_async._core.jsonvalues import render_state
 from typevet_async._core.scoring import plan_question
 from typevet_async._demo import QUESTIONS as DEMO_QUESTIONS
 from typevet_async._demo import TICKETS
 
 SMALL_KS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-#: The SDK's escalation: each read that misses a candidate asks for this many times more.
-ESCALATION_FACTOR = 32
 #: The tolerance the README promises for "equal to a whole-vocabulary read".
 EQUAL = 1e-6
 RESULTS = Path(__file__).parent / "results" / "top_k.json"
@@ -318,11 +317,15 @@ def summarise(results: list[dict[str, Any]], vocab: int) -> dict[str, Any]:
 
 def escalation_path(first: int, needed: int, vocab: int) -> list[int]:
     """The K of each read the SDK makes for a prompt whose candidates need ``needed``, when
-    ``first`` is the first read and the default: x32 per miss, never below the default."""
+    ``first`` is the first read: the SDK's own escalation (`next_top_k`) after each miss."""
     path = [first]
     while path[-1] < needed:
-        path.append(min(max(path[-1] * ESCALATION_FACTOR, first), vocab))
+        path.append(next_top_k(path[-1], vocab))
     return path
+
+
+#: The SDK's default first read: by the question's number of options.
+BY_MENU = "32 per option"
 
 
 def simulate(
@@ -342,11 +345,19 @@ def simulate(
                 return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
         return measured[0][1]
 
+    sdk = tv.LlamaCppConfig(base_url="http://unused")
     rows = []
-    for first in (*SMALL_KS, vocab):
+    for first in (*SMALL_KS, vocab, BY_MENU):
         for subset, keep in (("all", lambda r: True), ("demo", lambda r: r["options"] <= 4)):
             chosen = [r for r in results if keep(r)]
-            paths = [escalation_path(first, r["needed_k"], vocab) for r in chosen]
+            paths = [
+                escalation_path(
+                    sdk.first_top_k(r["options"]) if first == BY_MENU else int(first),
+                    r["needed_k"],
+                    vocab,
+                )
+                for r in chosen
+            ]
             rows.append(
                 {
                     "first_k": first,
@@ -452,21 +463,7 @@ def report(
             f"| {worst['name']}/{'cache' if worst['cache'] else 'nocache'} |"
         )
 
-    print(
-        "\nthe first read under the SDK's rule (miss: read again at x32, never below the first "
-        "K, capped at the vocabulary); 'demo' = the demo's three questions (2-4 options):"
-    )
-    print(
-        "| first K | questions | pairs escalated | mean reads | max reads | mean body per "
-        "question | mean read time per question, cache on (interpolated) |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for row in simulation:
-        print(
-            f"| {row['first_k']:,} | {row['questions']} | {row['escalated']} of {row['pairs']} "
-            f"| {row['mean_reads']:.2f} | {row['max_reads']} | {row['mean_kb']:.0f} KB "
-            f"| {row['mean_ms_cached']:.0f} ms |"
-        )
+    report_first_read(simulation)
 
     def passes(row: dict[str, Any]) -> bool:
         return row["prompts_missed"] == 0 and (row["max_d_prob"] or 0.0) <= EQUAL
@@ -493,6 +490,36 @@ def report(
     for key, row in table.items():
         if row["missed"]:
             print(f"K={int(key):,} missed: {', '.join(row['missed'])}")
+
+
+def report_first_read(simulation: list[dict[str, Any]]) -> None:
+    print(
+        "\nthe first read under the SDK's rule (miss: read again at x32, at least 4,096, "
+        "capped at the vocabulary); 'demo' = the demo's three questions (2-4 options):"
+    )
+    print(
+        "| first K | questions | pairs escalated | mean reads | max reads | mean body per "
+        "question | mean read time per question, cache on (interpolated) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for row in simulation:
+        first = row["first_k"]
+        shown = first if isinstance(first, str) else format(first, ",")
+        print(
+            f"| {shown} | {row['questions']} | {row['escalated']} of {row['pairs']} "
+            f"| {row['mean_reads']:.2f} | {row['max_reads']} | {row['mean_kb']:.0f} KB "
+            f"| {row['mean_ms_cached']:.0f} ms |"
+        )
+
+
+def recompute_first_read(path: Path) -> None:
+    """The first-read simulation again, from a results file's measured ranks and timings."""
+    document = json.loads(path.read_text())
+    simulation = simulate(document["per_prompt"], document["summary"], document["vocabulary"])
+    report_first_read(simulation)
+    document["first_read"] = simulation
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 def run(url: str, repeats: int, out: Path | None) -> None:
@@ -572,7 +599,16 @@ def main() -> None:
         "--repeats", type=int, default=3, help="reads of each K below the vocabulary"
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON results file")
+    parser.add_argument(
+        "--first-read-only",
+        action="store_true",
+        help="no reads: recompute the first-read table from --out's recorded ranks (after a "
+        "change to the SDK's first-read or escalation rule) and write it back",
+    )
     args = parser.parse_args()
+    if args.first_read_only:
+        recompute_first_read(args.out)
+        return
     if args.url:
         run(args.url, args.repeats, args.out)
         return

@@ -364,8 +364,8 @@ async def read_judgment(
     if not backend.capabilities.prefix_reuse or len(requests) < 2:
         strategy = "off"
     scored = await _schedule(requests, strategy, read_all)
-    usage = Usage()
-    for item in scored:
+    usage = scored[0].usage if scored else Usage()
+    for item in scored[1:]:
         usage += item.usage
     if readings is None and options.calibration is None:  # one read per question, as read
         return Judgment(

@@ -66,10 +66,32 @@ async def test_logprobs_equal_an_independent_whole_vocabulary_read(gemma3_url: s
         expected = [independent[token_id] for token_id in diagnostics.token_ids]
         assert_same_read(diagnostics.logprobs, expected)
         off_menu = 1.0 - sum(math.exp(lp) for lp in expected)
-        # The SDK read K=4,096, the independent read the whole vocabulary: the off-menu mass
-        # moves by the normaliser shift times the candidates' mass (shift up to 4.7e-4, README
-        # "What exact means here"; mass ~0.05 on this model): a few 1e-5 at most.
+        # The SDK read its first K (64 or 128 here), the independent read the whole vocabulary:
+        # the off-menu mass moves by the normaliser shift times the candidates' mass (shift up
+        # to 5.9e-4, README "How a read works"; mass ~0.05 on this model): a few 1e-5 at most.
         assert diagnostics.off_menu_mass == pytest.approx(off_menu, abs=1e-4)
+    assert_exact_softmax(judgment)
+
+
+async def test_the_first_read_grows_with_the_menu(gemma3_url: str) -> None:
+    # 32 entries per option, a power of two, at least 64. This model's candidates sat at rank
+    # 24 or less for a Noul and 95 or less for 3 or 4 options (README), so none escalates here.
+    departments = [f"team {n}" for n in range(10)]
+    asked = {**questions(), "team": tv.Choice(departments, instructions="Which team?")}
+    async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as session:
+        judgment = await session.judge(TICKET, asked)
+    first = {"refund": 64, "route": 128, "urgency": 128, "team": 512}
+    for question_id, top_k in first.items():
+        diagnostics = judgment.diagnostics[question_id]
+        if question_id != "team":
+            assert diagnostics.reads == 1, question_id
+        if diagnostics.reads == 1:
+            assert diagnostics.top_k == top_k, question_id
+        else:  # (only the 10-option menu may): x32, at least 4,096
+            assert diagnostics.top_k >= 4096
+        independent = whole_vocabulary_logprobs(gemma3_url, diagnostics.prompt, cache_prompt=False)
+        expected = [independent[token_id] for token_id in diagnostics.token_ids]
+        assert_same_read(diagnostics.logprobs, expected)
     assert_exact_softmax(judgment)
 
 

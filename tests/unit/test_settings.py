@@ -76,11 +76,25 @@ def test_a_llama_cpp_backend_needs_a_url_or_server_options_not_both() -> None:
         tv.LlamaCppConfig(base_url="localhost")
 
 
-def test_the_first_read_has_one_size_setting() -> None:
-    assert tv.LlamaCppConfig(base_url=URL).first_top_k == 128
-    assert tv.LlamaCppConfig(base_url=URL, on_missing="clamp").first_top_k == 20
-    assert tv.LlamaCppConfig(base_url=URL, on_missing="error").first_top_k == 20
-    assert tv.LlamaCppConfig(base_url=URL, on_missing="clamp", top_k=50).first_top_k == 50
+@pytest.mark.parametrize(
+    ("options", "top_k"),
+    [(2, 64), (3, 128), (4, 128), (5, 256), (10, 512), (16, 512), (20, 1024), (36, 2048),
+     (128, 4096), (1000, 4096)],
+)  # fmt: skip
+def test_the_first_exact_read_holds_32_entries_per_option(options: int, top_k: int) -> None:
+    assert tv.LlamaCppConfig(base_url=URL).first_top_k(options) == top_k
+
+
+def test_a_set_top_k_and_the_single_read_policies_ignore_the_menu() -> None:
+    set_k = tv.LlamaCppConfig(base_url=URL, top_k=50)
+    clamp = tv.LlamaCppConfig(base_url=URL, on_missing="clamp")
+    error = tv.LlamaCppConfig(base_url=URL, on_missing="error")
+    clamp_set_k = tv.LlamaCppConfig(base_url=URL, on_missing="clamp", top_k=50)
+    for options in (2, 36):
+        assert set_k.first_top_k(options) == 50
+        assert clamp.first_top_k(options) == 20
+        assert error.first_top_k(options) == 20
+        assert clamp_set_k.first_top_k(options) == 50
 
 
 @pytest.mark.parametrize(

@@ -339,6 +339,8 @@ class HttpClient:
         # connector then never makes it wait for a connection.
         self._connections = asyncio.Semaphore(self.settings.max_connections)
         self._timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout)
+        #: Stateless between calls (tenacity passes the retry state in): built once.
+        self._wait = WaitRetryAfter(self.settings.retry)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         #: Set by `aclose`: ends the waits between retries.
@@ -447,7 +449,7 @@ class HttpClient:
             lambda: self._request(method, path, data, counter),
             retries=resolve(max_retries, self.settings.retry.max_retries),
             retryable=is_transient if retry_timeouts else transient_but_no_timeout,
-            wait=WaitRetryAfter(self.settings.retry),
+            wait=self._wait,
             sleep=self._backoff,
         )
 

@@ -63,22 +63,30 @@ from typevet_async._options import Unset, boolean, one_of, optional, positive_in
 
 __all__ = [
     "DEFAULT_CLAMP_TOP_K",
-    "DEFAULT_TOP_K",
+    "ENTRIES_PER_OPTION",
+    "MIN_FIRST_TOP_K",
     "AsyncLlamaCpp",
     "LlamaCppConfig",
     "OnMissing",
     "next_top_k",
 ]
 
-#: The first read under ``on_missing="exact"``. The size of a read does not change an answer:
+#: The first read under ``on_missing="exact"`` holds this many entries per option (rounded up
+#: to a power of two, within `MIN_FIRST_TOP_K` .. `ESCALATED_TOP_K`): 64 for a Noul, 128 for 3
+#: or 4 options, 512 for 10, 1,024 for 20. The size of a read does not change an answer:
 #: llama.cpp's float32 normaliser shifts every logprob of a top-K read by one common amount,
 #: which cancels in the answer's softmax (benchmarks/measure_top_k.py, 1,014 complete reads:
 #: answers within 1.2e-7 of the whole-vocabulary read at every K from 16 up). So the first read
-#: only has to find the candidates: 128 found them for every one of the demo's questions (64
-#: missed one) at a 12 KB body (top 4,096: 370 KB); a read that misses one escalates.
-DEFAULT_TOP_K = 128
-#: An escalated read asks for at least this many: on the measured set every read that missed a
-#: candidate at 128 but 4 (20- and 36-option menus) found it in the top 4,096.
+#: only has to find the candidates, and how deep they sit grows with the menu: the largest
+#: candidate rank over 10 measured pairs was 24 for 2 options, 95 for 3, 346 for 10 and about
+#: 10,000 for 20 and 36. This rule escalated 7 of those 60 pairs, a fixed 128 escalated 22, and
+#: a Noul's read is 5 KB (top 4,096: 370 KB). A read that misses a candidate escalates.
+ENTRIES_PER_OPTION = 32
+#: The smallest first read under ``on_missing="exact"``.
+MIN_FIRST_TOP_K = 64
+#: An escalated read asks for at least this many, and no first read asks for more: on the
+#: measured set, every read that missed a candidate at 128 but 4 (20- and 36-option menus)
+#: found it in the top 4,096.
 ESCALATED_TOP_K = 4096
 #: The one read under ``on_missing="clamp"`` and ``"error"``: the Jev gateway reads 20.
 DEFAULT_CLAMP_TOP_K = 20
@@ -99,10 +107,11 @@ class LlamaCppConfig:
 
     :param base_url: the server's URL; None starts the embedded server (``server``).
     :param model: if given, the server must serve a model of that id or alias.
-    :param top_k: logprobs asked for on the first read (default: 4,096 under ``exact``, 20
-        under ``clamp`` and ``error``). Under ``exact`` a read that misses a candidate is
-        repeated with a larger K, up to the whole vocabulary; under ``clamp`` and ``error`` it
-        is the only read.
+    :param top_k: logprobs asked for on the first read (default: under ``exact``, 32 per
+        option rounded up to a power of two, at least 64 and at most 4,096; 20 under ``clamp``
+        and ``error``). Under ``exact`` a read that misses a candidate is repeated with a
+        larger K, up to the whole vocabulary; under ``clamp`` and ``error`` it is the only
+        read.
     :param on_missing: ``"exact"`` (escalate until every option is read), ``"clamp"`` (Jev:
         a missing option gets the lowest logprob returned and the answer is flagged
         ``truncated``) or ``"error"`` (`CandidateMissingError`).
@@ -125,11 +134,16 @@ class LlamaCppConfig:
                 "a llama.cpp backend needs either base_url or embedded server options, not both"
             )
 
-    @property
-    def first_top_k(self) -> int:
+    def first_top_k(self, options: int) -> int:
+        """The K of a question's first read, for a question of ``options`` options."""
         if self.top_k is not None:
             return self.top_k
-        return DEFAULT_TOP_K if self.on_missing == "exact" else DEFAULT_CLAMP_TOP_K
+        if self.on_missing != "exact":
+            return DEFAULT_CLAMP_TOP_K
+        top_k = MIN_FIRST_TOP_K
+        while top_k < ENTRIES_PER_OPTION * options and top_k < ESCALATED_TOP_K:
+            top_k *= 2
+        return top_k
 
 
 def next_top_k(top_k: int, vocab_size: int) -> int:
@@ -155,7 +169,7 @@ class AsyncLlamaCpp:
     def __repr__(self) -> str:
         where = redact(self.config.base_url) if self.config.base_url else "embedded"
         return (
-            f"AsyncLlamaCpp({where!r}, top_k={self.config.first_top_k}, "
+            f"AsyncLlamaCpp({where!r}, top_k={self.config.top_k!r}, "
             f"on_missing={self.config.on_missing!r}, reproducible={self.config.reproducible})"
         )
 
@@ -283,7 +297,7 @@ class AsyncLlamaCpp:
         groups = request.option_groups
         policy = self.config.on_missing
         vocab_size = probe.vocab_size
-        top_k = min(self.config.first_top_k, vocab_size)
+        top_k = min(self.config.first_top_k(len(groups)), vocab_size)
         reads = prompt_tokens = cached_tokens = 0
         while True:
             body = completion_body(
