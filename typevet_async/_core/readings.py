@@ -93,20 +93,11 @@ def validated_logprobs(
     """The read's logprobs by token id; a repeated id, an id not below ``vocab_size`` (when it
     is known), a non-finite value or a positive logprob is refused.
 
-    The one check of a read's entries, whichever backend returned them. The checks run as
-    builtins over the whole read (a read holds 128 entries or more, on the hot path); only a
-    read that fails one is walked entry by entry, to name the first offender.
+    The one check of a read's entries, whichever backend returned them (`_all_valid`).
     """
-    logprobs = top.logprobs
-    values = logprobs.values()
-    if (
-        len(logprobs) != top.returned
-        or (vocab_size is not None and logprobs and max(logprobs) >= vocab_size)
-        or not all(map(math.isfinite, values))
-        or (not allow_positive and values and max(values) > LOGPROB_SLACK)
-    ):
+    if not _all_valid(top.logprobs, top.returned, allow_positive, vocab_size):
         _refuse_first(top.pairs(), allow_positive, vocab_size)
-    return logprobs
+    return top.logprobs
 
 
 def validated_entries(
@@ -116,8 +107,26 @@ def validated_entries(
     vocab_size: int | None = None,
 ) -> dict[int, float]:
     """`validated_logprobs` of (token id, logprob) pairs in the order returned."""
-    top = TopLogprobs.from_pairs(entries, len(entries))
-    return validated_logprobs(top, allow_positive=allow_positive, vocab_size=vocab_size)
+    logprobs = dict(entries)
+    if not _all_valid(logprobs, len(entries), allow_positive, vocab_size):
+        _refuse_first(entries, allow_positive, vocab_size)
+    return logprobs
+
+
+def _all_valid(
+    logprobs: dict[int, float], returned: int, allow_positive: bool, vocab_size: int | None
+) -> bool:
+    """Every entry passes (no id twice, every id below the vocabulary, every value finite and
+    at most `LOGPROB_SLACK`). The checks run as builtins over the whole read (a read holds 64
+    entries or more, on the hot path); only a read that fails one is walked entry by entry
+    (`_refuse_first`), to name the first offender."""
+    values = logprobs.values()
+    return not (
+        len(logprobs) != returned
+        or (vocab_size is not None and logprobs and max(logprobs) >= vocab_size)
+        or not all(map(math.isfinite, values))
+        or (not allow_positive and values and max(values) > LOGPROB_SLACK)
+    )
 
 
 def _refuse_first(

@@ -250,10 +250,8 @@ def interpret_read(
         raise InvalidLogprobsError(
             f"read returned token ids {sorted(unexpected)} that the request did not ask for"
         )
-    logprob = validated_entries(
-        tuple(zip(read.token_ids, read.logprobs, strict=True)),
-        allow_positive=not read.off_menu_known,
-    )
+    candidates = tuple(zip(read.token_ids, read.logprobs, strict=True))
+    logprob = validated_entries(candidates, allow_positive=not read.off_menu_known)
     groups = request.option_groups
     missing = missing_options(logprob, groups)
     if missing:
@@ -291,7 +289,7 @@ def interpret_read(
         off_menu_mass=off_menu,
         top_k=read.top_k,
         reads=read.reads,
-        candidates=tuple(zip(read.token_ids, read.logprobs, strict=True)),
+        candidates=candidates,
         policy=read.policy,
         truncated=read.truncated,
         off_menu_flagged=flagged,
