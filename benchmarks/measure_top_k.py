@@ -1,5 +1,6 @@
 """How the size K of a llama.cpp top-K read changes an answer: figures for the README's
-"How a read works, and why it is exact" section, and for the choice of ``DEFAULT_TOP_K``.
+"How a read works, and why it is exact" section, and for the size of the first read
+(``LlamaCppConfig.first_top_k``).
 
 Each question of a measured set (the demo's 5 tickets x its 3 questions, plus 10-, 20- and
 36-option Choices on the same tickets, default layout, Gemma 3 template) is read with
