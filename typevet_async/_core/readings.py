@@ -117,8 +117,8 @@ def _all_valid(
     logprobs: dict[int, float], returned: int, allow_positive: bool, vocab_size: int | None
 ) -> bool:
     """Every entry passes (no id twice, every id below the vocabulary, every value finite and
-    at most `LOGPROB_SLACK`). The checks run as builtins over the whole read (a read holds 64
-    entries or more, on the hot path); only a read that fails one is walked entry by entry
+    at most `LOGPROB_SLACK`). The checks run as builtins over the whole read (a default read
+    holds 64 entries or more, on the hot path); only a read that fails one is walked entry by entry
     (`_refuse_first`), to name the first offender."""
     values = logprobs.values()
     return not (
