@@ -27,6 +27,7 @@ the differences between layers, not a conversion to µs. Under valgrind the clie
 ``--slice-scale`` (default 50) to keep the number of parks per question as it is natively.
 
     python -m benchmarks.measure_instructions [--questions 600] [--concurrency 64]
+        [--layers floor judge_many]
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
         asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url)))
         body_path = folder / "body.json"
         body_path.write_bytes(server.last_completion())
-        for layer in LAYERS:
+        for layer in args.layers:
             for path in glob.glob(str(folder / "callgrind.out*")):
                 os.remove(path)
             command = [
@@ -217,16 +218,18 @@ def run(args: argparse.Namespace) -> None:
             print(f"{layer:14} {results[layer]:8.1f} k instructions per question", flush=True)
     rows = []
     previous = None
-    for layer in LAYERS:
+    for layer in args.layers:
         added = "-" if previous is None else f"{results[layer] - results[previous]:+.1f}"
-        share = results[layer] / results["floor"]
-        rows.append([layer, f"{results[layer]:.1f}", added, f"{share:.2f}x"])
+        share = f"{results[layer] / results['floor']:.2f}x" if "floor" in results else "-"
+        rows.append([layer, f"{results[layer]:.1f}", added, share])
         previous = layer
     table = markdown_table(["layer", "k instructions / question", "added", "vs floor"], rows)
     print(
         f"\ncallgrind, concurrency {args.concurrency}, {args.questions} questions a layer, one "
         f"Noul per ticket, top-64 reads\n\n{table}"
     )
+    if tuple(args.layers) != LAYERS:
+        return  # a partial run (an A/B of a change) is not the budget: nothing written
     path = write_results(
         NAME,
         {
@@ -245,6 +248,13 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--slice-scale", type=float, default=50.0)
+    parser.add_argument(
+        "--layers",
+        nargs="+",
+        choices=LAYERS,
+        default=list(LAYERS),
+        help="only these layers (an A/B of one change; the results file is not written)",
+    )
     parser.add_argument("--client", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:

@@ -324,6 +324,55 @@ async def judge(
         return await backend.judge(state, questions, probe, max_retries=options.max_retries)
 
 
+async def _read_many(
+    backend: Backend,
+    probe: Probe,
+    slots: asyncio.Semaphore,
+    requests: list[ScoringRequest],
+    strategy: PrefixReuse,
+    options: ReadOptions,
+) -> tuple[list[_Scored], Usage]:
+    """Several requests, read in the order ``strategy`` picks (`_schedule`), at once where it
+    allows (`gather_in_order`): their results in request order, and their summed usage."""
+
+    async def score(request: ScoringRequest) -> _Scored:
+        return await _score(backend, probe, slots, request, options)
+
+    def tag(error: TypevetError, index: int) -> None:
+        if error.question_id is None:
+            error.question_id = requests[index].question_id
+
+    async def read_all(batch: list[ScoringRequest], offset: int) -> list[_Scored]:
+        return await gather_in_order(batch, score, tag=lambda e, i: tag(e, offset + i))
+
+    if not backend.capabilities.prefix_reuse:
+        strategy = "off"
+    scored = await _schedule(requests, strategy, read_all)
+    usage = scored[0].usage if scored else Usage()
+    for item in scored[1:]:
+        usage += item.usage
+    return scored, usage
+
+
+async def _score(
+    backend: Backend,
+    probe: Probe,
+    slots: asyncio.Semaphore,
+    request: ScoringRequest,
+    options: ReadOptions,
+) -> _Scored:
+    """One request read, under one of the session's slots, and interpreted."""
+    async with slots:
+        read = await backend.read(request, probe, max_retries=options.max_retries)
+    answer, diagnostics = interpret_read(
+        request,
+        read,
+        off_menu_threshold=options.off_menu_threshold,
+        raise_off_menu=options.raise_off_menu,
+    )
+    return _Scored(answer, diagnostics, Usage(read.prompt_tokens, read.cached_tokens, read.reads))
+
+
 def _from_cache(usage: Usage) -> bool:
     """Most of the read's prompt came from the server's cache (so it reuses prefixes)."""
     return usage.cached_tokens * 2 >= usage.prompt_tokens > 0
@@ -342,31 +391,16 @@ async def read_judgment(
     the answers in request order: a question read under rotations is settled from all its
     reads (`settle_question`), and a calibration map applied."""
 
-    async def score(request: ScoringRequest) -> _Scored:
-        async with slots:
-            read = await backend.read(request, probe, max_retries=options.max_retries)
-        answer, diagnostics = interpret_read(
-            request,
-            read,
-            off_menu_threshold=options.off_menu_threshold,
-            raise_off_menu=options.raise_off_menu,
-        )
-        usage = Usage(read.prompt_tokens, read.cached_tokens, read.reads)
-        return _Scored(answer, diagnostics, usage)
-
-    def tag(error: TypevetError, index: int) -> None:
-        if error.question_id is None:
-            error.question_id = requests[index].question_id
-
-    async def read_all(batch: list[ScoringRequest], offset: int) -> list[_Scored]:
-        return await gather_in_order(batch, score, tag=lambda e, i: tag(e, offset + i))
-
-    if not backend.capabilities.prefix_reuse or len(requests) < 2:
-        strategy = "off"
-    scored = await _schedule(requests, strategy, read_all)
-    usage = scored[0].usage if scored else Usage()
-    for item in scored[1:]:
-        usage += item.usage
+    if len(requests) == 1:  # one read (the common case): no closures, schedule or fan-out
+        try:
+            scored = [await _score(backend, probe, slots, requests[0], options)]
+        except TypevetError as error:
+            if error.question_id is None:
+                error.question_id = requests[0].question_id
+            raise
+        usage = scored[0].usage
+    else:
+        scored, usage = await _read_many(backend, probe, slots, requests, strategy, options)
     if readings is None and options.calibration is None:  # one read per question, as read
         return Judgment(
             {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},

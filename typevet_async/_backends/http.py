@@ -86,6 +86,7 @@ __all__ = [
     "is_transient",
     "map_client_error",
     "retrying",
+    "retrying_after",
     "transient_but_no_timeout",
 ]
 
@@ -225,17 +226,37 @@ async def retrying(
 ) -> T:
     """``attempt()``, and up to ``retries`` more after each ``retryable`` failure.
 
-    The first attempt runs directly: tenacity is entered only after a transient failure, and
-    its first attempt re-raises that failure instead of running again, so its stop and wait
-    rules see exactly the attempts they would have seen had it been entered from the start.
+    The first attempt runs directly: tenacity is entered only after a transient failure
+    (`retrying_after`).
     """
-    first: TypevetError | None = None
     try:
         return await attempt()
     except TypevetError as error:
         if retries == 0 or not retryable(error):
             raise
         first = error
+    return await retrying_after(
+        first, attempt, retries=retries, retryable=retryable, wait=wait, sleep=sleep
+    )
+
+
+async def retrying_after(
+    first: TypevetError,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    retries: int,
+    retryable: Callable[[BaseException], bool],
+    wait: Callable[[RetryCallState], float],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Up to ``retries`` more ``attempt()`` after a first attempt failed with ``first`` (a
+    ``retryable`` failure), under tenacity's policy.
+
+    tenacity's first attempt re-raises ``first`` instead of running again, so its stop and
+    wait rules see exactly the attempts they would have seen had it been entered from the
+    start.
+    """
+    failure: TypevetError | None = first
     async for tenacity_attempt in AsyncRetrying(
         stop=stop_after_attempt(retries + 1),
         wait=wait,
@@ -244,9 +265,9 @@ async def retrying(
         sleep=sleep,
     ):
         with tenacity_attempt:
-            if first is not None:
-                failure, first = first, None
-                raise failure
+            if failure is not None:
+                raised, failure = failure, None
+                raise raised
             return await attempt()
     raise AssertionError("unreachable: tenacity reraises the last error")
 
@@ -444,11 +465,22 @@ class HttpClient:
         attempts: Attempts | None,
         retry_timeouts: bool,
     ) -> bytes:
+        """`retrying` of `_request`, its first attempt inlined: one coroutine and no closure on
+        every request that succeeds at once (the hot path)."""
         counter = attempts if attempts is not None else Attempts()
-        return await retrying(
+        try:
+            return await self._request(method, path, data, counter)
+        except TypevetError as error:
+            retries = resolve(max_retries, self.settings.retry.max_retries)
+            retryable = is_transient if retry_timeouts else transient_but_no_timeout
+            if retries == 0 or not retryable(error):
+                raise
+            first = error
+        return await retrying_after(
+            first,
             lambda: self._request(method, path, data, counter),
-            retries=resolve(max_retries, self.settings.retry.max_retries),
-            retryable=is_transient if retry_timeouts else transient_but_no_timeout,
+            retries=retries,
+            retryable=retryable,
             wait=self._wait,
             sleep=self._backoff,
         )
@@ -467,10 +499,13 @@ class HttpClient:
     async def _request(
         self, method: str, path: str, data: bytes | None, counter: Attempts
     ) -> bytes:
+        """One attempt: the reply's body, sent once more on a fresh connection if the pooled
+        one turns out stale."""
         if self._session is None:
             state = "closed" if self._closed else "not open"
             raise SessionStateError(f"the HTTP client is {state}")
         url = f"{self.base_url}{path}"
+        headers = None if data is None else _JSON_HEADERS
         await yield_if_busy()  # sending costs CPU too: not in a slice that has run out
         async with self._connections:
             # At most two sends: every request the SDK sends is idempotent, and a pooled
@@ -484,7 +519,25 @@ class HttpClient:
                     raise self._closed_meanwhile(method, url)
                 counter.count += 1
                 try:
-                    return await self._send(session, method, url, data)
+                    # aiohttp's clock starts here, once this request holds one of our slots
+                    # (waiting for a pooled connection is not counted), and runs to the end of
+                    # the body.
+                    async with session.request(
+                        method,
+                        url,
+                        data=data,
+                        headers=headers,
+                        allow_redirects=False,
+                        timeout=self._timeout,
+                    ) as response:
+                        cap = self.settings.max_response_bytes
+                        if _length_is_known(response, cap, method, url):
+                            raw = await response.read()  # one call, no per-chunk work
+                        else:
+                            raw = await _read_streamed(response, cap, method, url)
+                        if response.status >= 300:
+                            raise _server_error(response, raw, method, url)
+                        return raw
                 except TypevetError:
                     raise  # the server's answer, already typed (a status, a body too large)
                 except (aiohttp.ClientError, OSError, RuntimeError) as error:
@@ -505,42 +558,33 @@ class HttpClient:
                 raise failure
         raise AssertionError("unreachable: the second send returns or raises")
 
-    async def _send(
-        self, session: aiohttp.ClientSession, method: str, url: str, data: bytes | None
-    ) -> bytes:
-        headers = None if data is None else _JSON_HEADERS
-        # aiohttp's clock starts here, once this request holds one of our connection slots
-        # (so waiting for a pooled connection is not counted), and runs to the end of the body.
-        async with session.request(
-            method,
-            url,
-            data=data,
-            headers=headers,
-            allow_redirects=False,
-            timeout=self._timeout,
-        ) as response:
-            raw = await self._read_capped(response, method, url)
-            if response.status >= 300:
-                raise _server_error(response, raw, method, url)
-            return raw
 
-    async def _read_capped(self, response: aiohttp.ClientResponse, method: str, url: str) -> bytes:
-        cap = self.settings.max_response_bytes
-        length = response.content_length
-        if length is not None and length > cap:
-            raise ProtocolError(
-                f"{method} {redact(url)}: response of {length} bytes exceeds the {cap}-byte cap"
-            )
-        if length is not None and _identity(response.headers.get("Content-Encoding")):
-            # The length is known and is the body's own: read it in one call, no per-chunk work.
-            return await response.read()
-        # Chunked, or compressed (the declared length is not the decoded one): cap as it streams.
-        chunks = bytearray()
-        async for chunk in response.content.iter_chunked(1 << 20):
-            chunks += chunk
-            if len(chunks) > cap:
-                raise ProtocolError(f"{method} {redact(url)}: response exceeds the {cap}-byte cap")
-        return bytes(chunks)
+async def _read_streamed(
+    response: aiohttp.ClientResponse, cap: int, method: str, url: str
+) -> bytes:
+    """A body of unknown length (chunked, or compressed: the declared length is not the
+    decoded one), capped as it streams in."""
+    chunks = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 20):
+        chunks += chunk
+        if len(chunks) > cap:
+            raise ProtocolError(f"{method} {redact(url)}: response exceeds the {cap}-byte cap")
+    return bytes(chunks)
+
+
+def _length_is_known(response: aiohttp.ClientResponse, cap: int, method: str, url: str) -> bool:
+    """The body's own length is declared (no content coding): it is read in one call.
+
+    :raises ProtocolError: the declared length exceeds ``cap`` (refused before reading).
+    """
+    length = response.content_length
+    if length is None:
+        return False
+    if length > cap:
+        raise ProtocolError(
+            f"{method} {redact(url)}: response of {length} bytes exceeds the {cap}-byte cap"
+        )
+    return _identity(response.headers.get("Content-Encoding"))
 
 
 def _server_error(

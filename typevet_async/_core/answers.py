@@ -39,7 +39,7 @@ def _frozen_mapping(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
 
 def entropy_confidence(probabilities: Sequence[float]) -> float:
     """1 - H(p)/ln(n), in [0, 1]."""
-    entropy = -math.fsum(p * math.log(p) for p in probabilities if p > 0.0)
+    entropy = -math.fsum([p * math.log(p) for p in probabilities if p > 0.0])
     return min(1.0, max(0.0, 1.0 - entropy / math.log(len(probabilities))))
 
 

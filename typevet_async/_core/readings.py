@@ -213,7 +213,7 @@ def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
     top = max(logprobs)
     weights = [math.exp(value - top) for value in logprobs]
     total = math.fsum(weights)
-    return tuple(weight / total for weight in weights)
+    return tuple([weight / total for weight in weights])  # a list: no generator to run
 
 
 def candidate_mass(logprobs: Sequence[float]) -> float:
@@ -222,7 +222,7 @@ def candidate_mass(logprobs: Sequence[float]) -> float:
     :raises InvalidLogprobsError: it exceeds 1 by more than `MASS_SLACK`: these cannot be
         full-vocabulary logprobs of distinct tokens.
     """
-    mass = math.fsum(math.exp(value) for value in logprobs)
+    mass = math.fsum(map(math.exp, logprobs))
     if mass > 1.0 + MASS_SLACK:
         raise InvalidLogprobsError(
             f"the candidates' probabilities sum to {mass:.6g}, more than 1 + {MASS_SLACK}"

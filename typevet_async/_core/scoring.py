@@ -49,6 +49,21 @@ __all__ = [
 ]
 
 
+def option_groups(
+    token_ids: tuple[int, ...], variant_ids: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[int, ...], ...]:
+    """Each option's accepted tokens: its control's, then its variants (none: ``()``)."""
+    variants = variant_ids or tuple(() for _ in token_ids)
+    return tuple((token, *extra) for token, extra in zip(token_ids, variants, strict=True))
+
+
+def read_ids(
+    token_ids: tuple[int, ...], variant_ids: tuple[tuple[int, ...], ...]
+) -> tuple[int, ...]:
+    """Every token id a read asks for: the controls, then their variants."""
+    return token_ids + tuple(token for variants in variant_ids for token in variants)
+
+
 @attrs.frozen
 class ScoringRequest:
     """One question, rendered: the messages or raw prefix to score, and the candidates."""
@@ -74,17 +89,19 @@ class ScoringRequest:
     #: (`typevet_async._core.rotations`); empty: the order as given.
     order: tuple[int, ...] = ()
 
-    @functools.cached_property
-    def option_groups(self) -> tuple[tuple[int, ...], ...]:
-        """Each option's accepted tokens: its control's, then its variants."""
-        variants = self.variant_ids or tuple(() for _ in self.token_ids)
-        return tuple((token, *extra) for token, extra in zip(self.token_ids, variants, strict=True))
-
-    @functools.cached_property
-    def read_ids(self) -> tuple[int, ...]:
-        """Every token id to read: the controls, then their variants."""
-        extra = tuple(token for variants in self.variant_ids for token in variants)
-        return self.token_ids + extra
+    #: Each option's accepted tokens: its control's, then its variants (`option_groups`; a
+    #: request planned from a `QuestionPlan` gets the plan's, built once per question).
+    option_groups: tuple[tuple[int, ...], ...] = attrs.field(
+        default=attrs.Factory(lambda self: option_groups(self.token_ids, self.variant_ids), True),
+        eq=False,
+        repr=False,
+    )
+    #: Every token id to read: the controls, then their variants (`read_ids`).
+    read_ids: tuple[int, ...] = attrs.field(
+        default=attrs.Factory(lambda self: read_ids(self.token_ids, self.variant_ids), True),
+        eq=False,
+        repr=False,
+    )
 
     @property
     def user_text(self) -> str:
@@ -113,6 +130,14 @@ class QuestionPlan:
     @functools.cached_property
     def token_ids(self) -> tuple[int, ...]:
         return tuple(b.token_id for b in self.bound)
+
+    @functools.cached_property
+    def option_groups(self) -> tuple[tuple[int, ...], ...]:
+        return option_groups(self.token_ids, self.variant_ids)
+
+    @functools.cached_property
+    def read_ids(self) -> tuple[int, ...]:
+        return read_ids(self.token_ids, self.variant_ids)
 
 
 def bind_question(
@@ -195,12 +220,25 @@ def request_for(
             prefill,
             judgment,
             plan.order,
+            plan.option_groups,
+            plan.read_ids,
         )
     content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
     messages = (Message("user", content, tuple(images)),)
     prompt = frame.prefix(content) if frame is not None else None
     return ScoringRequest(
-        question_id, question, messages, prompt, controls, token_ids, (), "", judgment, plan.order
+        question_id,
+        question,
+        messages,
+        prompt,
+        controls,
+        token_ids,
+        (),
+        "",
+        judgment,
+        plan.order,
+        plan.option_groups,
+        plan.read_ids,
     )
 
 
