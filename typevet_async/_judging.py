@@ -390,7 +390,6 @@ async def read_judgment(
     """Read every request (under ``strategy`` where the backend reuses prefixes) and gather
     the answers in request order: a question read under rotations is settled from all its
     reads (`settle_question`), and a calibration map applied."""
-
     if len(requests) == 1:  # one read (the common case): no closures, schedule or fan-out
         try:
             scored = [await _score(backend, probe, slots, requests[0], options)]

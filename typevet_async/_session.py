@@ -584,7 +584,7 @@ class Session:
         if options.timeout is not None:
             with _deadline(options.timeout, "the judgment"):
                 return await self._judge_now(state, state_text, checked, images, options)
-        return await self._judge_now(state, state_text, checked, images, options)
+        return await self._judge_now(state, state_text, checked, images, options)  # no context
 
     async def _judge_now(
         self,
@@ -594,6 +594,7 @@ class Session:
         images: tuple[Image, ...],
         options: ReadOptions,
     ) -> Judgment:
+        """The judgment, the probe read first if the session has not probed yet."""
         planner = self._planner  # set with the probe: once probed, no lock and no await
         if planner is None:
             _, planner = await self._ready_planner()

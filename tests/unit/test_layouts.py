@@ -56,6 +56,28 @@ def test_jev_letters_and_space_variants() -> None:
     assert request.variant_ids == ((IDS[" A"],), (IDS[" B"],))
 
 
+def test_a_planned_request_carries_its_plans_groups_as_a_bare_request_derives_them() -> None:
+    # The planner hands each request its question plan's groups (built once per question); a
+    # request built by hand derives the same ones from its token and variant ids.
+    for layout in (Layout.TYPEVET, Layout.FUSED):
+        planned = plan(layout)
+        bare = tv.ScoringRequest(
+            "q",
+            COLOUR,
+            planned.messages,
+            planned.prompt,
+            planned.controls,
+            planned.token_ids,
+            planned.variant_ids,
+        )
+        assert planned.option_groups == bare.option_groups
+        assert planned.read_ids == bare.read_ids
+    fused = plan(Layout.FUSED)
+    assert fused.option_groups == ((IDS["A"], IDS[" A"]), (IDS["B"], IDS[" B"]))
+    assert fused.read_ids == (IDS["A"], IDS["B"], IDS[" A"], IDS[" B"])
+    assert plan(Layout.TYPEVET).option_groups == ((IDS["0"],), (IDS["1"],))
+
+
 def test_noul_defaults_to_no_yes_descriptions() -> None:
     request = plan(Layout.FUSED, tv.Noul(instructions="is it red?"))
     assert '"options":[{"letter":"A","description":"No"},{"letter":"B","description":"Yes"}]' in (
