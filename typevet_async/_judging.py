@@ -325,18 +325,13 @@ async def judge(
 
 
 async def _read_many(
-    backend: Backend,
-    probe: Probe,
-    slots: asyncio.Semaphore,
     requests: list[ScoringRequest],
     strategy: PrefixReuse,
-    options: ReadOptions,
+    score: Callable[[ScoringRequest], Awaitable[_Scored]],
 ) -> tuple[list[_Scored], Usage]:
-    """Several requests, read in the order ``strategy`` picks (`_schedule`), at once where it
-    allows (`gather_in_order`): their results in request order, and their summed usage."""
-
-    async def score(request: ScoringRequest) -> _Scored:
-        return await _score(backend, probe, slots, request, options)
+    """Several requests, each read by ``score``, in the order ``strategy`` picks (`_schedule`),
+    at once where it allows (`gather_in_order`): their results in request order, and their
+    summed usage."""
 
     def tag(error: TypevetError, index: int) -> None:
         if error.question_id is None:
@@ -345,8 +340,6 @@ async def _read_many(
     async def read_all(batch: list[ScoringRequest], offset: int) -> list[_Scored]:
         return await gather_in_order(batch, score, tag=lambda e, i: tag(e, offset + i))
 
-    if not backend.capabilities.prefix_reuse:
-        strategy = "off"
     scored = await _schedule(requests, strategy, read_all)
     usage = scored[0].usage if scored else Usage()
     for item in scored[1:]:
@@ -399,7 +392,11 @@ async def read_judgment(
             raise
         usage = scored[0].usage
     else:
-        scored, usage = await _read_many(backend, probe, slots, requests, strategy, options)
+        scored, usage = await _read_many(
+            requests,
+            strategy if backend.capabilities.prefix_reuse else "off",
+            lambda request: _score(backend, probe, slots, request, options),
+        )
     if readings is None and options.calibration is None:  # one read per question, as read
         return Judgment(
             {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},

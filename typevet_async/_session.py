@@ -581,33 +581,14 @@ class Session:
         options: ReadOptions,
     ) -> Judgment:
         """`judge` once its arguments are checked (a batch checks them once, not per record)."""
-        if options.timeout is not None:
-            with _deadline(options.timeout, "the judgment"):
-                return await self._judge_now(state, state_text, checked, images, options)
-        return await self._judge_now(state, state_text, checked, images, options)  # no context
-
-    async def _judge_now(
-        self,
-        state: Any,
-        state_text: str,
-        checked: Sequence[tuple[str, Question]],
-        images: tuple[Image, ...],
-        options: ReadOptions,
-    ) -> Judgment:
-        """The judgment, the probe read first if the session has not probed yet."""
+        arguments = (self._slots, state, state_text, checked, images)
+        reuse = self._settings.prefix_reuse
         planner = self._planner  # set with the probe: once probed, no lock and no await
-        if planner is None:
+        if planner is not None and options.timeout is None:  # the hot path: no context either
+            return await judge(planner, *arguments, reuse, options)
+        with _deadline(options.timeout, "the judgment"):
             _, planner = await self._ready_planner()
-        return await judge(
-            planner,
-            self._slots,
-            state,
-            state_text,
-            checked,
-            images,
-            self._settings.prefix_reuse,
-            options,
-        )
+            return await judge(planner, *arguments, reuse, options)
 
     def judge_many(
         self,
