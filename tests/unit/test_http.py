@@ -14,7 +14,7 @@ import pytest_asyncio
 
 import typevet_async as tv
 from typevet_async._backends import llama_cpp_wire as backend_wire
-from typevet_async._backends.http import Attempts, HttpClient
+from typevet_async._backends.http import Attempts, HttpClient, is_transient, retrying
 from typevet_async._backends.llama_cpp import OnMissing
 
 from .stubs import (
@@ -265,6 +265,46 @@ async def test_retries_give_up_after_max_retries(stub: FaultInjectingStubServer)
     assert caught.value.status == 503
     assert attempts.count == 3  # 1 + max_retries
     assert len(stub.requests) == 4
+
+
+@pytest.mark.asyncio
+async def test_a_failed_first_attempt_handed_to_retrying_counts_as_its_first() -> None:
+    # The client makes its first attempt itself and hands the failure to `retrying`: tenacity's
+    # stop rule must count it, so `retries` more attempts are made, not `retries + 1`.
+    calls: list[int] = []
+    waits: list[float] = []
+
+    async def attempt() -> str:
+        calls.append(len(calls))
+        raise tv.TransportError("down")
+
+    async def no_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    with pytest.raises(tv.TransportError, match="down"):
+        await retrying(
+            attempt,
+            retries=2,
+            retryable=is_transient,
+            wait=lambda state: 0.5,
+            sleep=no_sleep,
+            first=tv.TransportError("first"),
+        )
+    assert calls == [0, 1]  # 1 (handed in) + 2 retries
+    assert waits == [0.5, 0.5]  # a wait before each retry, the first one's included
+
+    async def answer() -> str:
+        calls.append(len(calls))
+        return "ok"
+
+    calls.clear()
+    assert (
+        await retrying(
+            answer, retries=2, retryable=is_transient, wait=lambda state: 0.0, sleep=no_sleep
+        )
+        == "ok"
+    )
+    assert calls == [0]  # no first failure: one direct attempt, tenacity never entered
 
 
 @pytest.mark.asyncio
