@@ -333,18 +333,22 @@ async def _read_many(
     at once where it allows (`gather_in_order`): their results in request order, and their
     summed usage."""
 
-    def tag(error: TypevetError, index: int) -> None:
-        if error.question_id is None:
-            error.question_id = requests[index].question_id
-
     async def read_all(batch: list[ScoringRequest], offset: int) -> list[_Scored]:
-        return await gather_in_order(batch, score, tag=lambda e, i: tag(e, offset + i))
+        return await gather_in_order(
+            batch, score, tag=lambda error, i: _name_question(error, requests[offset + i])
+        )
 
     scored = await _schedule(requests, strategy, read_all)
     usage = scored[0].usage if scored else Usage()
     for item in scored[1:]:
         usage += item.usage
     return scored, usage
+
+
+def _name_question(error: TypevetError, request: ScoringRequest) -> None:
+    """An error of a read names its question (unless it already names one)."""
+    if error.question_id is None:
+        error.question_id = request.question_id
 
 
 async def _score(
@@ -387,14 +391,13 @@ async def read_judgment(
         try:
             scored = [await _score(backend, probe, slots, requests[0], options)]
         except TypevetError as error:
-            if error.question_id is None:
-                error.question_id = requests[0].question_id
+            _name_question(error, requests[0])
             raise
         usage = scored[0].usage
-    else:
+    else:  # several reads (or none)
         scored, usage = await _read_many(
             requests,
-            strategy if backend.capabilities.prefix_reuse else "off",
+            strategy if backend.capabilities.prefix_reuse and requests else "off",
             lambda request: _score(backend, probe, slots, request, options),
         )
     if readings is None and options.calibration is None:  # one read per question, as read
