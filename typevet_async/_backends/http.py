@@ -225,7 +225,8 @@ async def retrying(
     first: TypevetError | None = None,
 ) -> T:
     """``attempt()``, and up to ``retries`` more after each ``retryable`` failure; with
-    ``first``, the first attempt was already made and failed with it (a retryable failure).
+    ``first``, the first attempt was already made and failed with it (raised as itself unless
+    it is retryable and ``retries`` allows another).
 
     The first attempt runs directly: tenacity is entered only after a transient failure, and
     its first attempt re-raises that failure instead of running again, so its stop and wait
@@ -235,9 +236,9 @@ async def retrying(
         try:
             return await attempt()
         except TypevetError as error:
-            if retries == 0 or not retryable(error):
-                raise
             first = error
+    if retries == 0 or not retryable(first):
+        raise first
     failure: TypevetError | None = first
     async for tenacity_attempt in AsyncRetrying(
         stop=stop_after_attempt(retries + 1),
@@ -453,15 +454,11 @@ class HttpClient:
         try:
             return await self._request(method, path, data, counter)
         except TypevetError as error:
-            retries = resolve(max_retries, self.settings.retry.max_retries)
-            retryable = is_transient if retry_timeouts else transient_but_no_timeout
-            if retries == 0 or not retryable(error):
-                raise
-            first = error
+            first = error  # whether it is retried is `retrying`'s to say
         return await retrying(
             lambda: self._request(method, path, data, counter),
-            retries=retries,
-            retryable=retryable,
+            retries=resolve(max_retries, self.settings.retry.max_retries),
+            retryable=is_transient if retry_timeouts else transient_but_no_timeout,
             wait=self._wait,
             sleep=self._backoff,
             first=first,
