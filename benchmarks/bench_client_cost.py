@@ -13,6 +13,9 @@ rotated:
   probe and a warm-up batch;
 - ``judge``: at concurrency 1 only, a loop of ``await session.judge(ticket, questions)`` (the
   one-question judgment path);
+- ``pipeline``: at concurrency 64 and the default read only, ``sdk`` with
+  ``time_slice=None``: a batch pipeline's session, whose reads never yield to the loop (what
+  the time slices that hold the event-loop lag target cost);
 - ``floor``: a minimal aiohttp loop (``c`` workers on one ``ClientSession``) that posts the
   very ``/completion`` body the SDK sent (captured by the replay server from an SDK run, the
   ticket swapped per question and serialised with orjson) and reads the reply's bytes, no
@@ -79,8 +82,10 @@ TARGET_OVERHEAD_US = {64: 150.0, 1: 250.0}
 # -- client passes (each in its own process) -----------------------------------------------
 
 
-def _session(url: str, read: str, concurrency: int) -> tv.Session:
-    return tv.Session.llama_cpp(url, max_concurrency=concurrency, top_k=READS[read])
+def _session(url: str, read: str, concurrency: int, mode: str = "sdk") -> tv.Session:
+    # A pipeline's loop runs nothing but the batch: its reads need not yield (`time_slice`).
+    extra: dict[str, Any] = {"time_slice": None} if mode == "pipeline" else {}
+    return tv.Session.llama_cpp(url, max_concurrency=concurrency, top_k=READS[read], **extra)
 
 
 def profile_by_package(profiler: cProfile.Profile, count: int) -> dict[str, float]:
@@ -132,7 +137,7 @@ async def sdk_pass(
     failed = reads = 0
     first_error = ""
     top_ks: dict[int, int] = {}
-    async with _session(url, read, concurrency) as session:
+    async with _session(url, read, concurrency, mode) as session:
         await session.probe()
         async for item in session.judge_many(
             ticket_stream(WARM_UP, start=2 * 10**9), QUESTIONS, max_in_flight=concurrency
@@ -208,6 +213,8 @@ def run(args: argparse.Namespace) -> None:
             passes += [("sdk", read, concurrency), ("floor", read, concurrency)]
             if concurrency == 1 and read == "default":
                 passes.append(("judge", read, concurrency))
+            if concurrency > 1 and read == "default":
+                passes.append(("pipeline", read, concurrency))
     results: dict[tuple[str, str, int], list[dict[str, Any]]] = {p: [] for p in passes}
     captured: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
@@ -244,7 +251,7 @@ def run(args: argparse.Namespace) -> None:
                 ].get("unanswered", 0)
                 results[client, read, concurrency].append(result)
                 print(
-                    f"round {round_index + 1} {client:5} {read:8} c={concurrency:<3} "
+                    f"round {round_index + 1} {client:8} {read:8} c={concurrency:<3} "
                     f"{result['cpu_us_per_question']:8.0f} us/q "
                     f"{result['questions_per_s']:7.0f} q/s n_probs {result['n_probs_seen']}",
                     flush=True,
@@ -367,6 +374,42 @@ def report(
                     f"overhead {overhead:,.0f} µs over the floor (target <= {target:,.0f}): "
                     f"{'met' if overhead <= target else 'MISSED'}"
                 )
+            if ("pipeline", read, concurrency) in results:
+                pipeline_cpu = [
+                    r["cpu_us_per_question"] for r in results["pipeline", read, concurrency]
+                ]
+                paired_pipeline = [a - b for a, b in zip(pipeline_cpu, floor_cpu, strict=True)]
+                overhead_pipeline = statistics.median(pipeline_cpu) - statistics.median(floor_cpu)
+                cells[f"overhead-pipeline/{read}/c{concurrency}"] = {
+                    "difference_of_medians_us": overhead_pipeline,
+                    "paired_by_round_us": spread(paired_pipeline),
+                }
+                rows.append(
+                    [
+                        label,
+                        str(concurrency),
+                        "`judge_many`, `time_slice=None`",
+                        fmt(spread(pipeline_cpu)),
+                        fmt(spread(floor_cpu)),
+                        f"**{overhead_pipeline:,.0f}** "
+                        f"({min(paired_pipeline):,.0f}-{max(paired_pipeline):,.0f})",
+                        fmt(
+                            spread(
+                                [
+                                    r["questions_per_s"]
+                                    for r in results["pipeline", read, concurrency]
+                                ]
+                            )
+                        ),
+                        fmt(spread([r["questions_per_s"] for r in floor])),
+                    ]
+                )
+                verdicts.append(
+                    f"  - with `time_slice=None` (no slices: the lag target does not hold): "
+                    f"overhead {overhead_pipeline:,.0f} µs (target <= "
+                    f"{TARGET_OVERHEAD_US[concurrency]:,.0f}): "
+                    f"{'met' if overhead_pipeline <= TARGET_OVERHEAD_US[concurrency] else 'MISSED'}"
+                )
             if concurrency == 1 and ("judge", read, 1) in results:
                 judge = results["judge", read, 1]
                 judge_cpu = [r["cpu_us_per_question"] for r in judge]
@@ -449,7 +492,7 @@ def main() -> None:
         "--questions-4096", type=int, default=600, help="per top-4,096 pass at c=64 (half at c=1)"
     )
     parser.add_argument("--reads", nargs="+", choices=list(READS), default=list(READS))
-    parser.add_argument("--pass", dest="client", choices=["sdk", "judge", "floor"])
+    parser.add_argument("--pass", dest="client", choices=["sdk", "judge", "pipeline", "floor"])
     parser.add_argument("--read", choices=list(READS))
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--url")

@@ -13,7 +13,8 @@ Side by side, each pass in a fresh client process, rounds rotated:
 - ``floor``: a minimal aiohttp loop, 64 workers posting the SDK's captured body and reading
   the bytes;
 - ``sdk default``: the SDK at its default read; ``sdk top4096``: with ``top_k=4096`` (the old
-  default's 370 KB bodies).
+  default's 370 KB bodies); ``sdk pipeline``: the default read with ``time_slice=None`` (a
+  batch pipeline's session: its reads never yield, so this shows what the slices hold off).
 
 Per pass: p50, p99 and max lag over every tick; cells are medians over rounds (min-max).
 
@@ -59,8 +60,8 @@ IN_FLIGHT = 64
 WARM_UP = 300
 TICK = 0.001
 TARGET_P99_MS = 5.0
-READS: dict[str, int | None] = {"default": None, "top4096": 4096}  # top_k
-PASSES = ("idle", "floor", "sdk default", "sdk top4096")
+READS: dict[str, int | None] = {"default": None, "top4096": 4096, "pipeline": None}  # top_k
+PASSES = ("idle", "floor", "sdk default", "sdk top4096", "sdk pipeline")
 
 
 async def with_ticker(work: Callable[[], Awaitable[int]]) -> dict[str, Any]:
@@ -95,7 +96,10 @@ async def with_ticker(work: Callable[[], Awaitable[int]]) -> dict[str, Any]:
 
 
 async def sdk_pass(url: str, read: str, count: int) -> dict[str, Any]:
-    async with tv.Session.llama_cpp(url, max_concurrency=IN_FLIGHT, top_k=READS[read]) as session:
+    # "pipeline": the default read on a session whose reads never yield (``time_slice=None``).
+    extra: dict[str, Any] = {"time_slice": None} if read == "pipeline" else {}
+    session = tv.Session.llama_cpp(url, max_concurrency=IN_FLIGHT, top_k=READS[read], **extra)
+    async with session:
         await session.probe()
         async for item in session.judge_many(
             ticket_stream(WARM_UP, start=2 * 10**9), QUESTIONS, max_in_flight=IN_FLIGHT
@@ -177,6 +181,7 @@ def run(args: argparse.Namespace) -> None:
             "floor": f"minimal aiohttp loop, 64 in flight (K={default_k} body)",
             "sdk default": f"SDK `judge_many`, 64 in flight, default read (K={default_k})",
             "sdk top4096": "SDK `judge_many`, 64 in flight, `top_k=4096`",
+            "sdk pipeline": "SDK `judge_many`, 64 in flight, default read, `time_slice=None`",
         }[name]
         rows.append(
             [

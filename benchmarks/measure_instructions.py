@@ -23,7 +23,7 @@ It reaches into the session's internals (``_backend``, ``_ready_planner``, ``_sl
 run a stage alone: a measuring tool, not an example. Instructions are not time: the
 interpreter's work retires fewer instructions per cycle than msgspec's decoding loop, so read
 the differences between layers, not a conversion to µs. Under valgrind the client runs about
-50 times slower, so the time slice (`typevet_async._slicing.SLICE`) is scaled by
+50 times slower, so the time slice (the session's ``time_slice``, 1 ms by default) is scaled by
 ``--slice-scale`` (default 50) to keep the number of parks per question as it is natively.
 
     python -m benchmarks.measure_instructions [--questions 600] [--concurrency 64]
@@ -103,7 +103,12 @@ async def _measured(concurrency: int, count: int, one: Callable[[int], Awaitable
 
 
 async def client(
-    url: str, layer: str, concurrency: int, count: int, template: dict[str, Any]
+    url: str,
+    layer: str,
+    concurrency: int,
+    count: int,
+    template: dict[str, Any],
+    time_slice: float,
 ) -> None:
     # Imported here: only the client process needs the SDK's internals.
     from typevet_async import _judging
@@ -126,7 +131,8 @@ async def client(
         return
     prompt, primed = template["prompt"], ticket(PRIME_TICKET)
     questions = list(QUESTIONS.items())
-    async with tv.Session.llama_cpp(url, max_concurrency=concurrency) as session:
+    session = tv.Session.llama_cpp(url, max_concurrency=concurrency, time_slice=time_slice)
+    async with session:
         await session.probe()
         _, planner = await session._ready_planner()
         backend, probe, slots = planner.backend, planner.probe, session._slots
@@ -259,11 +265,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.client:
         url, layer, concurrency, count, body_path, scale = args.client
-        from typevet_async import _slicing
+        from typevet_async._slicing import SLICE
 
-        _slicing.SLICE *= float(scale)  # type: ignore[misc]
         template = orjson.loads(Path(body_path).read_bytes())
-        asyncio.run(client(url, layer, int(concurrency), int(count), template))
+        time_slice = SLICE * float(scale)
+        asyncio.run(client(url, layer, int(concurrency), int(count), template, time_slice))
         return
     run(args)
 

@@ -76,6 +76,7 @@ from typevet_async._settings import (
     ReadOptions,
     SessionSettings,
 )
+from typevet_async._slicing import SLICE
 
 __all__ = ["Session"]
 
@@ -104,12 +105,14 @@ def _http(
     request_timeout: float,
     max_retries: int,
     trace_configs: Sequence[aiohttp.TraceConfig],
+    time_slice: float | None,
 ) -> HttpSettings:
     return HttpSettings(
         api_key=api_key,
         request_timeout=request_timeout,
         retry=RetryPolicy(max_retries=max_retries),
         trace_configs=trace_configs,
+        time_slice=time_slice,
     )
 
 
@@ -260,6 +263,7 @@ class Session:
         max_retries: int = DEFAULT_MAX_RETRIES,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
         **settings: Any,
     ) -> Session:
         """A session on a llama.cpp server at ``base_url`` (None: the embedded ``server``), or
@@ -275,6 +279,10 @@ class Session:
             HTTP 408, 429, 5xx), with exponential backoff and jitter, honouring Retry-After;
             0 turns retries off; a call may override it.
         :param trace_configs: aiohttp trace hooks.
+        :param time_slice: seconds of the SDK's own CPU work one event-loop iteration may run
+            before its reads yield to the loop's other tasks and timers (default 1 ms: an async
+            web app's handlers keep running while it judges); None never yields, for a loop
+            that runs nothing else (a batch pipeline saves the slices' CPU).
         :param settings: `SessionSettings` by name (``max_concurrency``, ``layout``, the
             off-menu guard, image caps, ``prefix_reuse``, ``max_tokens``).
         :raises ConfigurationError: an option of the wrong type or value, or an unknown one,
@@ -287,7 +295,7 @@ class Session:
             server=server,
             endpoint_slots=endpoint_slots,
         )
-        http = _http(api_key, request_timeout, max_retries, trace_configs)
+        http = _http(api_key, request_timeout, max_retries, trace_configs, time_slice)
 
         def build(url: str | None) -> AsyncLlamaCpp:
             config = LlamaCppConfig(
@@ -320,6 +328,7 @@ class Session:
         max_retries: int = DEFAULT_MAX_RETRIES,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
         **settings: Any,
     ) -> Session:
         """A session on a vLLM server, pinned to ``model`` (every request names it).
@@ -329,7 +338,7 @@ class Session:
         _FactoryArguments(
             api_key=api_key, trace_configs=trace_configs, endpoint_slots=endpoint_slots
         )
-        http = _http(api_key, request_timeout, max_retries, trace_configs)
+        http = _http(api_key, request_timeout, max_retries, trace_configs, time_slice)
 
         def build(url: str) -> AsyncVllm:
             return AsyncVllm(
@@ -350,6 +359,7 @@ class Session:
         max_retries: int = DEFAULT_MAX_RETRIES,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
         **settings: Any,
     ) -> Session:
         """A session on a System One server (``POST /v1/systemone``): ``typevet-async serve``,
@@ -379,7 +389,7 @@ class Session:
                 f"{', '.join(framing)} cannot be set on a System One session: the server "
                 "frames and reads the questions itself"
             )
-        http = _http(api_key, request_timeout, max_retries, trace_configs)
+        http = _http(api_key, request_timeout, max_retries, trace_configs, time_slice)
 
         def build(url: str) -> AsyncSystemOne:
             return AsyncSystemOne(SystemOneConfig(base_url=url, model=model, http=http))

@@ -7,11 +7,16 @@ other handlers wait (measured on the replay server: a 1 ms ticker's p99 lag was 
 
 `yield_if_busy` is awaited at the two points where a read's CPU work starts: before a request
 is sent and before a reply is decoded. While the loop's current slice has run for less than
-`SLICE` seconds, it returns at once (no loop trip). Past that, the slice is over: the task
-parks in a first-come queue, and early in the next loop iteration a fresh slice wakes as many
-parked tasks as it has room for (adapted to how far past `SLICE` the slices run), the rest
-waiting for the iterations after. The loop's timers and I/O callbacks thus run every
-slice or so, and a parked task costs nothing until its turn.
+the caller's slice length (`SLICE` by default: the HTTP client's ``time_slice``), it returns
+at once (no loop trip). Past that, the slice is over: the task parks in a first-come queue,
+and early in the next loop iteration a fresh slice wakes as many parked tasks as it has room
+for (adapted to how far past the slice length the slices run), the rest waiting for the
+iterations after. The loop's timers and I/O callbacks thus run every slice or so, and a parked
+task costs nothing until its turn.
+
+A length of None never yields: for a loop that runs nothing but the SDK's work (a batch
+pipeline), where the slices only cost CPU (measured at concurrency 64: 35 to 60 µs a question
+of about 350; `benchmarks.bench_client_cost`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Final
 
 __all__ = ["SLICE", "yield_if_busy"]
 
-#: Seconds of the SDK's own work one loop iteration may run before the SDK's tasks yield.
+#: Seconds of the SDK's own work one loop iteration may run before the SDK's tasks yield, by
+#: default (a 1.5 ms slice took the p99 lag of a 1 ms ticker past 5 ms at concurrency 64).
 SLICE: Final = 0.001
 
 
@@ -32,34 +38,38 @@ class _Slice:
     """One event loop's slice: when it started, how many parked tasks a fresh slice wakes,
     and who waits."""
 
-    __slots__ = ("expired", "expired_at", "room", "started", "waiting")
+    __slots__ = ("expired", "expired_at", "length", "room", "started", "waiting")
 
     def __init__(self) -> None:
         # No reference to the loop: the loop is this record's weak key.
         self.started = time.perf_counter()
         self.expired = False
+        #: The slice length of the task that found it used up (what `renew` adapts the room
+        #: to).
+        self.length = SLICE
         #: When the slice ran out and the next `renew` was scheduled: the time until that
         #: `renew` runs is the rest of the loop's iteration, which the loop's timers and other
         #: tasks wait for too.
         self.expired_at = self.started
-        #: Parked tasks a fresh slice wakes: halved while the wait above exceeds `SLICE` (the
+        #: Parked tasks a fresh slice wakes: halved while the wait above exceeds `length` (the
         #: woken tasks' work, and the replies they caused, did not fit), grown by a quarter
         #: while it stays under half of it.
         self.room = 4
         self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    def expire(self, now: float) -> None:
+    def expire(self, now: float, length: float) -> None:
         self.expired = True
         self.expired_at = now
+        self.length = length
         asyncio.get_running_loop().call_soon(self.renew)
 
     def renew(self) -> None:
         """A fresh slice: wake the parked tasks it has room for, in arrival order."""
         now = time.perf_counter()
-        overrun = now - self.expired_at
-        if overrun > SLICE:
+        overrun, length = now - self.expired_at, self.length
+        if overrun > length:
             self.room = max(1, self.room // 2)
-        elif overrun < SLICE / 2:
+        elif overrun < length / 2:
             self.room = min(_MAX_ROOM, self.room + max(1, self.room // 4))
         self.started = now
         self.expired = False
@@ -70,7 +80,7 @@ class _Slice:
                 waiter.set_result(None)
                 woken += 1
         if self.waiting:  # the rest wait for the next slice; newcomers queue behind them
-            self.expire(now)
+            self.expire(now, length)
 
 
 #: The most parked tasks one slice wakes.
@@ -97,15 +107,18 @@ def _slice_of(loop: asyncio.AbstractEventLoop) -> _Slice:
     return current
 
 
-async def yield_if_busy() -> None:
-    """Return at once within the loop's slice; past it, wait for a later slice's turn."""
+async def yield_if_busy(length: float | None) -> None:
+    """Return at once within the loop's slice (``length`` seconds; None: always); past it,
+    wait for a later slice's turn."""
+    if length is None:
+        return
     loop = asyncio.get_running_loop()
     current = _slice_of(loop)
     if not current.expired:
         now = time.perf_counter()
-        if now - current.started < SLICE:
+        if now - current.started < length:
             return
-        current.expire(now)
+        current.expire(now, length)
     waiter = loop.create_future()
     current.waiting.append(waiter)
     await waiter  # a cancelled waiter is skipped by `renew`

@@ -75,3 +75,23 @@ async def test_fail_fast_and_cancellation(gemma3_url: str) -> None:
         assert len(asyncio.all_tasks()) == tasks_before
         again = await session.judge(TICKET, QUESTIONS)
     assert list(again) == ["refund"]
+
+
+@pytest.mark.asyncio
+async def test_a_pipeline_session_without_time_slices_answers_as_the_default_one(
+    gemma3_url: str,
+) -> None:
+    # Reproducible reads (no prompt cache, one at a time) give the same logprobs each time:
+    # the two sessions must give the very same answers, in order.
+    records = [(f"t{n}", f"Ticket {n}: {TICKET}") for n in range(8)]
+    answers: dict[str, list[tuple[object, object]]] = {}
+    for name, time_slice in (("default", 0.001), ("pipeline", None)):
+        session = tv.Session.llama_cpp(gemma3_url, reproducible=True, time_slice=time_slice)
+        async with session:
+            answers[name] = [
+                (item.record_id, item.judgment and item.judgment["refund"])
+                async for item in session.judge_many(records, QUESTIONS)
+            ]
+    assert [record_id for record_id, _ in answers["pipeline"]] == [r for r, _ in records]
+    assert all(isinstance(answer, tv.NoulAnswer) for _, answer in answers["pipeline"])
+    assert answers["pipeline"] == answers["default"]  # attrs records: every probability equal

@@ -773,6 +773,11 @@ def test_an_api_key_that_cannot_be_sent_is_refused_when_built(key: object, messa
         ("trace_configs", 5),
         ("trace_configs", ["not a TraceConfig"]),
         ("verify_tls", "yes"),
+        ("time_slice", 0),
+        ("time_slice", -0.001),
+        ("time_slice", float("inf")),
+        ("time_slice", "1ms"),
+        ("time_slice", True),
     ],
 )
 def test_every_http_setting_is_a_typed_error_naming_it(field: str, value: object) -> None:

@@ -60,6 +60,8 @@ def test_an_unknown_session_setting_is_refused() -> None:
         ({"request_timeout": 0}, "request_timeout must be a positive, finite number"),
         ({"max_retries": -1}, "max_retries must be an integer >= 0"),
         ({"max_retries": True}, "max_retries must be an integer >= 0"),
+        ({"time_slice": 0}, "time_slice must be a positive, finite number, got 0"),
+        ({"time_slice": "1ms"}, "time_slice must be a positive, finite number, got '1ms'"),
     ],
 )
 def test_bad_llama_cpp_options(options: dict[str, Any], message: str) -> None:
@@ -107,6 +109,7 @@ def test_a_set_top_k_and_the_single_read_policies_ignore_the_menu() -> None:
         ),
         ({"model": " "}, "needs model"),
         ({"model": "m", "request_timeout": -1.0}, "request_timeout"),
+        ({"model": "m", "time_slice": -1.0}, "time_slice"),
     ],
 )
 def test_bad_vllm_options(options: dict[str, Any], message: str) -> None:
@@ -149,3 +152,26 @@ def test_unset_is_its_own_sentinel() -> None:
     assert tv.UNSET is not None
     assert repr(tv.UNSET) == "UNSET"
     assert isinstance(tv.UNSET, tv.Unset)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda **options: tv.Session.llama_cpp(URL, **options),
+        lambda **options: tv.Session.vllm(URL, model="m", **options),
+        lambda **options: tv.Session.system_one(URL, **options),
+    ],
+    ids=["llama_cpp", "vllm", "system_one"],
+)
+@pytest.mark.parametrize("time_slice", [None, 0.004])
+def test_the_time_slice_reaches_the_backends_http_client(factory: Any, time_slice: Any) -> None:
+    from typevet_async._slicing import SLICE
+
+    assert factory()._backend.http.settings.time_slice == SLICE  # the default: 1 ms
+    assert factory(time_slice=time_slice)._backend.http.settings.time_slice == time_slice
+
+
+def test_the_time_slice_reaches_every_replicas_http_client() -> None:
+    session = tv.Session.llama_cpp([URL, "http://127.0.0.1:2"], time_slice=None)
+    clients = [endpoint.backend.http for endpoint in session._backend._endpoints]
+    assert [client.settings.time_slice for client in clients] == [None, None]

@@ -21,11 +21,11 @@ def spin(seconds: float) -> None:
 
 
 async def test_within_the_slice_it_does_not_yield() -> None:
-    await yield_if_busy()  # the loop's first call starts its slice
+    await yield_if_busy(SLICE)  # the loop's first call starts its slice
     switched = []
     asyncio.get_running_loop().call_soon(switched.append, True)
     for _ in range(100):
-        await yield_if_busy()
+        await yield_if_busy(SLICE)
     assert switched == []  # the callback never got a turn: no task switch happened
 
 
@@ -33,7 +33,7 @@ async def test_a_used_up_slice_lets_timers_and_callbacks_run_before_the_rest_of_
     order: list[str] = []
 
     async def worker(n: int) -> None:
-        await yield_if_busy()
+        await yield_if_busy(SLICE)
         spin(SLICE / 2)
         order.append(f"w{n}")
 
@@ -54,7 +54,7 @@ async def test_parked_tasks_resume_in_arrival_order() -> None:
     finished: list[int] = []
 
     async def worker(n: int) -> None:
-        await yield_if_busy()
+        await yield_if_busy(SLICE)
         spin(SLICE / 4)
         finished.append(n)
 
@@ -63,12 +63,12 @@ async def test_parked_tasks_resume_in_arrival_order() -> None:
 
 
 async def test_a_cancelled_parked_task_leaves_the_queue_and_the_rest_go_on() -> None:
-    await yield_if_busy()
+    await yield_if_busy(SLICE)
     spin(2 * SLICE)  # use up the slice: the next callers park
     finished: list[int] = []
 
     async def worker(n: int) -> None:
-        await yield_if_busy()
+        await yield_if_busy(SLICE)
         finished.append(n)
 
     tasks = [asyncio.create_task(worker(n)) for n in range(5)]
@@ -82,7 +82,7 @@ async def test_a_cancelled_parked_task_leaves_the_queue_and_the_rest_go_on() -> 
 @pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # a sync test under the module mark
 def test_each_loop_has_its_own_slice_and_a_closed_loop_leaves_nothing_behind() -> None:
     async def use() -> None:
-        await yield_if_busy()
+        await yield_if_busy(SLICE)
 
     before = len(_slicing._slices)
     for _ in range(3):
@@ -92,14 +92,14 @@ def test_each_loop_has_its_own_slice_and_a_closed_loop_leaves_nothing_behind() -
 
 @pytest.mark.parametrize("room", [1, 4])
 async def test_a_fresh_slice_wakes_at_most_its_room(room: int) -> None:
-    await yield_if_busy()
+    await yield_if_busy(SLICE)
     current = _slicing._slices[asyncio.get_running_loop()]
     current.room = room
     spin(2 * SLICE)
     resumed: list[int] = []
 
     async def worker(n: int) -> None:
-        await yield_if_busy()
+        await yield_if_busy(SLICE)
         resumed.append(n)
 
     tasks = [asyncio.create_task(worker(n)) for n in range(10)]
@@ -109,3 +109,26 @@ async def test_a_fresh_slice_wakes_at_most_its_room(room: int) -> None:
     assert len(resumed) < 10
     await asyncio.gather(*tasks)
     assert resumed == list(range(10))
+
+
+async def test_no_slice_never_yields_even_once_the_loops_slice_is_used_up() -> None:
+    await yield_if_busy(SLICE)
+    spin(2 * SLICE)  # a task with the default slice would park here
+    switched = []
+    asyncio.get_running_loop().call_soon(switched.append, True)
+    for _ in range(100):
+        await yield_if_busy(None)
+    assert switched == []
+    await yield_if_busy(SLICE)  # the default-length caller does park, and lets the loop run
+    assert switched == [True]
+
+
+async def test_a_longer_slice_goes_on_where_the_default_parks() -> None:
+    await yield_if_busy(SLICE)
+    spin(2 * SLICE)  # past the default length, well within ten seconds
+    switched = []
+    asyncio.get_running_loop().call_soon(switched.append, True)
+    await yield_if_busy(10.0)
+    assert switched == []
+    await yield_if_busy(SLICE)
+    assert switched == [True]

@@ -69,11 +69,12 @@ from typevet_async._options import (
     instance_of,
     non_negative_int,
     non_negative_number,
+    optional,
     positive_int,
     positive_number,
     resolve,
 )
-from typevet_async._slicing import yield_if_busy
+from typevet_async._slicing import SLICE, yield_if_busy
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -181,6 +182,10 @@ class HttpSettings:
         default=(), converter=_trace_configs
     )
     verify_tls: bool = attrs.field(default=True, validator=boolean)
+    #: Seconds of the SDK's own CPU work one event-loop iteration may run before its reads
+    #: yield to the loop's other tasks and timers (`typevet_async._slicing`); None: never
+    #: yield, for a loop that runs nothing else (a batch pipeline saves the slices' CPU).
+    time_slice: float | None = attrs.field(default=SLICE, validator=optional(positive_number))
 
     def __attrs_post_init__(self) -> None:
         if self.api_key is not None:
@@ -343,6 +348,7 @@ class HttpClient:
         # connector then never makes it wait for a connection.
         self._connections = asyncio.Semaphore(self.settings.max_connections)
         self._timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout)
+        self._slice = self.settings.time_slice
         #: Stateless between calls (tenacity passes the retry state in): built once.
         self._wait = WaitRetryAfter(self.settings.retry)
         self._session: aiohttp.ClientSession | None = None
@@ -408,7 +414,7 @@ class HttpClient:
     ) -> bytes:
         """GET ``path``; the reply's body (a 2xx), retrying transient failures."""
         raw = await self._retrying("GET", path, None, max_retries, attempts, True)
-        await yield_if_busy()  # before the caller decodes it (`typevet_async._slicing`)
+        await yield_if_busy(self._slice)  # before the caller decodes it (`_slicing`)
         return raw
 
     async def post(
@@ -436,7 +442,7 @@ class HttpClient:
         raw = await self._retrying(
             "POST", path, orjson.dumps(body), max_retries, attempts, retry_timeouts
         )
-        await yield_if_busy()  # before the caller decodes it (`typevet_async._slicing`)
+        await yield_if_busy(self._slice)  # before the caller decodes it (`_slicing`)
         return raw
 
     async def _retrying(
@@ -485,7 +491,7 @@ class HttpClient:
             raise SessionStateError(f"the HTTP client is {state}")
         url = f"{self.base_url}{path}"
         headers = None if data is None else _JSON_HEADERS
-        await yield_if_busy()  # sending costs CPU too: not in a slice that has run out
+        await yield_if_busy(self._slice)  # sending costs CPU too: not in a used-up slice
         async with self._connections:
             # At most two sends: every request the SDK sends is idempotent, and a pooled
             # connection the server closed while idle fails on first use, so the first send
