@@ -317,6 +317,32 @@ def _count(args: argparse.Namespace, read: str, concurrency: int) -> int:
     return int(args.questions if concurrency > 1 else args.questions_c1)
 
 
+def _overhead(
+    label: str,
+    concurrency: int,
+    call: str,
+    runs: list[dict[str, Any]],
+    floor: list[dict[str, Any]],
+) -> tuple[float, dict[str, Any], list[str]]:
+    """A pass's overhead over the floor (difference of medians), its cell and its table row."""
+    cpu = [r["cpu_us_per_question"] for r in runs]
+    floor_cpu = [r["cpu_us_per_question"] for r in floor]
+    paired = [a - b for a, b in zip(cpu, floor_cpu, strict=True)]
+    overhead = statistics.median(cpu) - statistics.median(floor_cpu)
+    cell = {"difference_of_medians_us": overhead, "paired_by_round_us": spread(paired)}
+    row = [
+        label,
+        str(concurrency),
+        call,
+        fmt(spread(cpu)),
+        fmt(spread(floor_cpu)),
+        f"**{overhead:,.0f}** ({min(paired):,.0f}-{max(paired):,.0f})",
+        fmt(spread([r["questions_per_s"] for r in runs])),
+        fmt(spread([r["questions_per_s"] for r in floor])),
+    ]
+    return overhead, cell, row
+
+
 def report(
     args: argparse.Namespace,
     passes: list[tuple[str, str, int]],
@@ -343,30 +369,15 @@ def report(
         floor_bytes = results["floor", read, CONCURRENCIES[-1]][0]["body_bytes"]
         label = f"{read} (K={captured[read]['n_probs']}, {floor_bytes / 1000:,.1f} KB)"
         for concurrency in CONCURRENCIES:
-            sdk = results["sdk", read, concurrency]
             floor = results["floor", read, concurrency]
-            sdk_cpu = [r["cpu_us_per_question"] for r in sdk]
-            floor_cpu = [r["cpu_us_per_question"] for r in floor]
-            paired = [a - b for a, b in zip(sdk_cpu, floor_cpu, strict=True)]
-            overhead = statistics.median(sdk_cpu) - statistics.median(floor_cpu)
-            cells[f"overhead/{read}/c{concurrency}"] = {
-                "difference_of_medians_us": overhead,
-                "paired_by_round_us": spread(paired),
-            }
-            rows.append(
-                [
-                    label,
-                    str(concurrency),
-                    "`judge_many`",
-                    fmt(spread(sdk_cpu)),
-                    fmt(spread(floor_cpu)),
-                    f"**{overhead:,.0f}** ({min(paired):,.0f}-{max(paired):,.0f})",
-                    fmt(spread([r["questions_per_s"] for r in sdk])),
-                    fmt(spread([r["questions_per_s"] for r in floor])),
-                ]
+            overhead, cells[f"overhead/{read}/c{concurrency}"], row = _overhead(
+                label, concurrency, "`judge_many`", results["sdk", read, concurrency], floor
             )
+            rows.append(row)
             if read == "default":
-                cpu = statistics.median(sdk_cpu)
+                cpu = statistics.median(
+                    r["cpu_us_per_question"] for r in results["sdk", read, concurrency]
+                )
                 target = TARGET_OVERHEAD_US[concurrency]
                 verdicts.append(
                     f"- c={concurrency}: client CPU {cpu:,.0f} µs/question (target <= "
@@ -375,58 +386,23 @@ def report(
                     f"{'met' if overhead <= target else 'MISSED'}"
                 )
             if ("pipeline", read, concurrency) in results:
-                pipeline_cpu = [
-                    r["cpu_us_per_question"] for r in results["pipeline", read, concurrency]
-                ]
-                paired_pipeline = [a - b for a, b in zip(pipeline_cpu, floor_cpu, strict=True)]
-                overhead_pipeline = statistics.median(pipeline_cpu) - statistics.median(floor_cpu)
-                cells[f"overhead-pipeline/{read}/c{concurrency}"] = {
-                    "difference_of_medians_us": overhead_pipeline,
-                    "paired_by_round_us": spread(paired_pipeline),
-                }
-                rows.append(
-                    [
-                        label,
-                        str(concurrency),
-                        "`judge_many`, `time_slice=None`",
-                        fmt(spread(pipeline_cpu)),
-                        fmt(spread(floor_cpu)),
-                        f"**{overhead_pipeline:,.0f}** "
-                        f"({min(paired_pipeline):,.0f}-{max(paired_pipeline):,.0f})",
-                        fmt(
-                            spread(
-                                [
-                                    r["questions_per_s"]
-                                    for r in results["pipeline", read, concurrency]
-                                ]
-                            )
-                        ),
-                        fmt(spread([r["questions_per_s"] for r in floor])),
-                    ]
+                pipeline = results["pipeline", read, concurrency]
+                overhead, cells[f"overhead-pipeline/{read}/c{concurrency}"], row = _overhead(
+                    label, concurrency, "`judge_many`, `time_slice=None`", pipeline, floor
                 )
+                rows.append(row)
+                target = TARGET_OVERHEAD_US[concurrency]
                 verdicts.append(
                     f"  - with `time_slice=None` (no slices: the lag target does not hold): "
-                    f"overhead {overhead_pipeline:,.0f} µs (target <= "
-                    f"{TARGET_OVERHEAD_US[concurrency]:,.0f}): "
-                    f"{'met' if overhead_pipeline <= TARGET_OVERHEAD_US[concurrency] else 'MISSED'}"
+                    f"overhead {overhead:,.0f} µs (target <= {target:,.0f}): "
+                    f"{'met' if overhead <= target else 'MISSED'}"
                 )
             if concurrency == 1 and ("judge", read, 1) in results:
                 judge = results["judge", read, 1]
-                judge_cpu = [r["cpu_us_per_question"] for r in judge]
-                overhead_judge = statistics.median(judge_cpu) - statistics.median(floor_cpu)
-                cells[f"overhead-judge/{read}/c1"] = {"difference_of_medians_us": overhead_judge}
-                rows.append(
-                    [
-                        label,
-                        "1",
-                        "`judge` loop",
-                        fmt(spread(judge_cpu)),
-                        fmt(spread(floor_cpu)),
-                        f"**{overhead_judge:,.0f}**",
-                        fmt(spread([r["questions_per_s"] for r in judge])),
-                        fmt(spread([r["questions_per_s"] for r in floor])),
-                    ]
+                _, cells[f"overhead-judge/{read}/c1"], row = _overhead(
+                    label, 1, "`judge` loop", judge, floor
                 )
+                rows.append(row)
     header = [
         "read", "c", "SDK call", "SDK CPU µs/q", "floor CPU µs/q", "overhead µs/q",
         "SDK q/s", "floor q/s",
