@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import anyio
 import pytest
@@ -85,9 +86,9 @@ async def test_a_pipeline_session_without_time_slices_answers_as_the_default_one
     # the two sessions must give the very same answers, in order.
     records = [(f"t{n}", f"Ticket {n}: {TICKET}") for n in range(8)]
     answers: dict[str, list[tuple[object, object]]] = {}
-    for name, time_slice in (("default", 0.001), ("pipeline", None)):
-        session = tv.Session.llama_cpp(gemma3_url, reproducible=True, time_slice=time_slice)
-        async with session:
+    sessions: dict[str, dict[str, Any]] = {"default": {}, "pipeline": {"time_slice": None}}
+    for name, extra in sessions.items():
+        async with tv.Session.llama_cpp(gemma3_url, reproducible=True, **extra) as session:
             answers[name] = [
                 (item.record_id, item.judgment and item.judgment["refund"])
                 async for item in session.judge_many(records, QUESTIONS)
