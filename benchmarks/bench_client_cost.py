@@ -317,6 +317,10 @@ def _count(args: argparse.Namespace, read: str, concurrency: int) -> int:
     return int(args.questions if concurrency > 1 else args.questions_c1)
 
 
+def _met(value: float, target: float) -> str:
+    return "met" if value <= target else "MISSED"
+
+
 def _overhead(
     label: str,
     concurrency: int,
@@ -381,9 +385,9 @@ def report(
                 target = TARGET_OVERHEAD_US[concurrency]
                 verdicts.append(
                     f"- c={concurrency}: client CPU {cpu:,.0f} µs/question (target <= "
-                    f"{TARGET_CPU_US:,.0f}): {'met' if cpu <= TARGET_CPU_US else 'MISSED'}; "
+                    f"{TARGET_CPU_US:,.0f}): {_met(cpu, TARGET_CPU_US)}; "
                     f"overhead {overhead:,.0f} µs over the floor (target <= {target:,.0f}): "
-                    f"{'met' if overhead <= target else 'MISSED'}"
+                    f"{_met(overhead, target)}"
                 )
             if ("pipeline", read, concurrency) in results:
                 pipeline = results["pipeline", read, concurrency]
@@ -395,7 +399,7 @@ def report(
                 verdicts.append(
                     f"  - with `time_slice=None` (no slices: the lag target does not hold): "
                     f"overhead {overhead:,.0f} µs (target <= {target:,.0f}): "
-                    f"{'met' if overhead <= target else 'MISSED'}"
+                    f"{_met(overhead, target)}"
                 )
             if concurrency == 1 and ("judge", read, 1) in results:
                 judge = results["judge", read, 1]
