@@ -11,10 +11,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from aiohttp.client_proto import ResponseHandler
 
 import typevet_async as tv
 from typevet_async._backends import llama_cpp_wire as backend_wire
-from typevet_async._backends.http import Attempts, HttpClient, is_transient, retrying
+from typevet_async._backends.http import (
+    SOCKET_READ_SIZE,
+    Attempts,
+    HttpClient,
+    is_transient,
+    retrying,
+)
 from typevet_async._backends.llama_cpp import OnMissing
 
 from .stubs import (
@@ -128,6 +135,33 @@ async def test_oversized_body_is_refused(stub: FaultInjectingStubServer) -> None
             await client.post("/x", {})
     finally:
         await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_sockets_are_read_at_most_64_kib_a_call_and_large_bodies_arrive_whole(
+    stub: FaultInjectingStubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncio's transport asks for 256 KiB a read, which glibc maps and unmaps every time.
+    large = b"[" + b"1234567," * 40_000 + b"0]"  # 320 KB
+    stub.handler = lambda c, n: reply(200, large)
+    chunks: list[int] = []
+    received = ResponseHandler.data_received
+
+    def recording(self: ResponseHandler, data: bytes) -> None:
+        chunks.append(len(data))
+        received(self, data)
+
+    monkeypatch.setattr(ResponseHandler, "data_received", recording)
+    client = await client_for(stub)
+    try:
+        for _ in range(2):  # a fresh connection's first reply, then the pooled one's
+            chunks.clear()
+            assert await client.post("/x", {}) == large
+            assert max(chunks) <= SOCKET_READ_SIZE == 64 * 1024
+            assert len(chunks) >= len(large) // SOCKET_READ_SIZE
+    finally:
+        await client.aclose()
+    assert stub.connections == 1
 
 
 def chunked(body: bytes, size: int = 100) -> bytes:
