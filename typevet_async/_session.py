@@ -282,7 +282,7 @@ class Session:
         :param time_slice: seconds of the SDK's own CPU work one event-loop iteration may run
             before its reads yield to the loop's other tasks and timers (default 1 ms: an async
             web app's handlers keep running while it judges); None never yields, for a loop
-            that runs nothing else (a batch pipeline saves the slices' CPU).
+            that runs nothing else (a batch pipeline saves the slices' little CPU).
         :param settings: `SessionSettings` by name (``max_concurrency``, ``layout``, the
             off-menu guard, image caps, ``prefix_reuse``, ``max_tokens``).
         :raises ConfigurationError: an option of the wrong type or value, or an unknown one,

@@ -207,7 +207,8 @@ class HttpSettings:
     verify_tls: bool = attrs.field(default=True, validator=boolean)
     #: Seconds of the SDK's own CPU work one event-loop iteration may run before its reads
     #: yield to the loop's other tasks and timers (`typevet_async._slicing`); None: never
-    #: yield, for a loop that runs nothing else (a batch pipeline saves the slices' CPU).
+    #: yield, for a loop that runs nothing else (a batch pipeline saves the slices' little
+    #: CPU).
     time_slice: float | None = attrs.field(default=SLICE, validator=optional(positive_number))
 
     def __attrs_post_init__(self) -> None:
