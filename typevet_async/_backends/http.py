@@ -9,6 +9,8 @@ sent as a bearer header, and a response body larger than ``max_response_bytes`` 
 that declares its length is refused before it is read (and then read in one call), one that
 does not (chunked, or compressed) while it streams in.
 
+Socket reads: a connection reads at most `SOCKET_READ_SIZE` bytes a call (why: there).
+
 Secrets: `HttpSettings` registers its API key, and `HttpClient` its URL's user and password,
 with `typevet_async._core.redaction` (with the forms a server may echo them in), and every
 error redacts itself against them. The client's reprs and messages show the URL without its
@@ -113,16 +115,15 @@ _MESSAGE_EXCERPT = 300
 #: mmap threshold, so a small reply can cost an mmap, an mremap and a munmap per read, plus
 #: page faults (cpython#85451). 64 KiB (trio's default) comes from the heap: a 5 KB
 #: send-and-read pair took 3.9 µs against 22.6, and a question at concurrency 64 on the replay
-#: server 75 µs less CPU (`benchmarks.bench_client_cost`).
+#: server 46 µs less CPU (8 paired rounds; `benchmarks.bench_client_cost`).
 SOCKET_READ_SIZE = 64 * 1024
 
 
-class _HeapSizedReads(aiohttp.ClientResponse):
-    """A reply whose connection reads at most `SOCKET_READ_SIZE` bytes a call, from its headers on
-    (the setting stays with the pooled connection).
+class _HeapSizedReadsResponse(aiohttp.ClientResponse):
+    """A reply whose connection reads at most `SOCKET_READ_SIZE` bytes a call, from its
+    headers on (the setting stays with the pooled connection).
 
-    Only asyncio's plain socket transport has ``max_size``; another (uvloop's, TLS) is left as
-    it is."""
+    A transport without a ``max_size`` (asyncio's TLS transport, for one) is left as it is."""
 
     async def start(self, connection: Connection) -> aiohttp.ClientResponse:
         transport: Any = connection.transport
@@ -423,7 +424,7 @@ class HttpClient:
             timeout=aiohttp.ClientTimeout(total=None),
             trace_configs=list(settings.trace_configs) or None,
             json_serialize=lambda value: orjson.dumps(value).decode(),
-            response_class=_HeapSizedReads,
+            response_class=_HeapSizedReadsResponse,
         )
 
     async def aclose(self) -> None:
