@@ -49,9 +49,16 @@ ISSUES = (
 
 def ticket(n: int) -> str:
     """Ticket number ``n``: an opening and an issue, both chosen by ``n``, naming ``n``."""
-    opening = OPENINGS[n % len(OPENINGS)]
-    issue = ISSUES[(n // len(OPENINGS)) % len(ISSUES)]
-    return f"{opening} {issue.format(n=n)}"
+    return matched_ticket(n, n)
+
+
+def matched_ticket(position: int, number: int) -> str:
+    """A ticket whose wording is chosen by ``position`` and that names ``number``: two passes
+    given the same positions and numbers of the same width send prompts of the same token
+    count (Gemma's tokenizer reads each digit as one token), only the digits differ."""
+    opening = OPENINGS[position % len(OPENINGS)]
+    issue = ISSUES[(position // len(OPENINGS)) % len(ISSUES)]
+    return f"{opening} {issue.format(n=number)}"
 
 
 def tickets(count: int, start: int = 0) -> list[str]:

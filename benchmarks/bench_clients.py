@@ -14,14 +14,22 @@ Side by side in one run, at concurrency 1, 4 and 16, one Noul question per ticke
 
 Every pass gets tickets no other pass has sent (fresh numbers), so no client benefits from
 another's prompt cache, and builds and warms its client first (the SDK's probe and one
-judgment; one request for the others) on a fresh ticket too. Before the rounds an untimed batch
+judgment; one request for the others) on a fresh ticket too. The passes compared (one round,
+one concurrency) send the same ticket wordings in the same order, with other nine-digit
+numbers: prompts of the same token counts (`Tickets`). Before the rounds an untimed batch
 (``--warm-up``, at c=16) fills every server slot, so the first pass meets the same server
-state as the later ones. Rounds rotate the clients'
-order; a cell is the median over rounds (min-max). ``cached`` is the share of prompt tokens the
-server reported from its cache.
+state as the later ones. Rounds rotate the clients' order; a cell is the median over rounds
+(min-max). ``cached`` is the share of prompt tokens the server reported from its cache.
 
 ``--sdk-top-k K`` adds, on llama.cpp, a fourth client: ``judge_many`` with ``top_k=K`` (to
 tell the SDK's own cost from the cost of the larger default read on the server).
+``--control`` adds the aiohttp loop once more per round: its ratio to the first aiohttp pass
+is what the benchmark shows for two equal clients (its resolution).
+
+Every client's scoring requests are timed by the same hooks (aiohttp's trace, httpx's event
+hooks), and a second table gives each pass's `Pass.server_share`: the throughput with the
+server's speed during the pass divided out, what the client costs between a reply and its
+next request (the throughputs of one client move by ±15% and more from pass to pass here).
 
 llama.cpp: the embedded server (Gemma 3 270M, 16 slots) unless ``--url``. vLLM: started as
 the live tests start it (``tests/live/servers.py``, ``VllmServerProcess``) unless
@@ -29,6 +37,7 @@ the live tests start it (``tests/live/servers.py``, ``VllmServerProcess``) unles
 
     python -m benchmarks.bench_clients [--backends llama_cpp vllm] [--questions 96]
         [--vllm-questions 64] [--rounds 3] [--url URL] [--vllm-url URL] [--sdk-top-k 64]
+        [--control]
 """
 
 from __future__ import annotations
@@ -39,12 +48,14 @@ import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import attrs
+import httpx
 import orjson
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 import typevet_async as tv
 from benchmarks._shared import (
@@ -52,8 +63,8 @@ from benchmarks._shared import (
     fmt,
     machine,
     markdown_table,
+    matched_ticket,
     spread,
-    tickets,
     write_results,
 )
 from typevet_async._core.scoring import plan_question
@@ -66,6 +77,9 @@ QUESTIONS: dict[str, tv.Question] = {QUESTION_ID: tv.Noul(instructions="Is a ref
 FLOOR_TOP_K = 64
 OPENAI_TOP = 20
 TARGETS = {"AsyncOpenAI": 1.0, "aiohttp": 0.95}
+#: ``--control``: the aiohttp loop once more in each round, as a client of its own. Its ratio to
+#: the first aiohttp pass is the benchmark's own noise: what a cell shows for two equal clients.
+CONTROL = "aiohttp again"
 TIMES = "\u00d7"
 
 
@@ -83,15 +97,46 @@ class Prompt:
 @attrs.define
 class Pass:
     seconds: float
-    requests: int
+    questions: int
+    concurrency: int
     prompt_tokens: int = 0
     cached_tokens: int = 0
     missed: int = 0
     errors: list[str] = attrs.Factory(list)
+    #: Each scoring request's (sent, answered) `time.perf_counter` readings, from sending it
+    #: to its reply's headers: the same hooks for every client (aiohttp's trace, httpx's
+    #: event hooks).
+    request_times: list[tuple[float, float]] = attrs.Factory(list)
 
     @property
     def rate(self) -> float:
-        return self.requests / self.seconds
+        return self.questions / self.seconds
+
+    @property
+    def reads_per_question(self) -> float:
+        return len(self.request_times) / self.questions
+
+    @property
+    def request_ms(self) -> float:
+        """The mean request's time."""
+        return statistics.mean(end - sent for sent, end in self.request_times) * 1e3
+
+    @property
+    def server_share(self) -> float:
+        """The share of the ``c`` lanes' time that requests held at the server, from the first
+        request sent to the last (the drain after the last send, when lanes fall idle one by
+        one as the server finishes, is not the client's), over the reads per question.
+
+        1.0: the client took no time of its own between a reply and its next request, and
+        read each question once. It divides out how fast the server happened to be during the
+        pass, which moves a pass's throughput by ±15% or more on this machine. What it cannot
+        show: a client that slowed the server itself (its CPU taken from the server's cores,
+        or its requests batched worse); the throughputs show that.
+        """
+        first = min(sent for sent, _ in self.request_times)
+        last = max(sent for sent, _ in self.request_times)
+        held = sum(max(0.0, min(end, last) - max(sent, first)) for sent, end in self.request_times)
+        return held / (self.concurrency * (last - first)) / self.reads_per_question
 
 
 @attrs.define
@@ -99,7 +144,10 @@ class Backend:
     name: str
     url: str
     model: str
-    session: Callable[[int, int | None], tv.Session]  # (concurrency, top_k or None)
+    #: (concurrency, top_k or None, trace hooks) -> a session
+    session: Callable[[int, int | None, Sequence[aiohttp.TraceConfig]], tv.Session]
+    #: The scoring endpoint: the requests every client's timer counts.
+    scoring_path: str
     probe: tv.Probe | None = None
 
     def prompt(self, state: str) -> Prompt:
@@ -121,15 +169,62 @@ class Backend:
 
 
 class Tickets:
-    """Fresh ticket numbers: no two passes (nor warm-ups) ever send the same ticket."""
+    """Fresh ticket numbers: no two passes (nor warm-ups) ever send the same ticket.
 
-    def __init__(self, start: int) -> None:
-        self.next = start
+    Every number has nine digits, and a ticket's wording is chosen by its position in the pass
+    (`matched_ticket`), not by its number: the passes that are compared (one round, one
+    concurrency) send the same wordings in the same order with other digits, so their prompts
+    have the same token counts and their server work is like for like. (Before, each pass's
+    wordings followed from its numbers: passes differed in prompt length as well as in
+    client.)
+    """
 
-    def take(self, count: int) -> list[str]:
-        taken = tickets(count, self.next)
+    def __init__(self, salt: int) -> None:
+        self.first = 100_000_000 + (salt % 90) * 10_000_000
+        self.next = self.first
+
+    def take(self, count: int, first_position: int = 0) -> list[str]:
+        if self.next + count > 999_999_999:
+            raise SystemExit("out of nine-digit ticket numbers: run fewer questions")
+        taken = [
+            matched_ticket(first_position + offset, self.next + offset) for offset in range(count)
+        ]
         self.next += count
         return taken
+
+
+# -- timing each request, the same way for every client --------------------------------------
+
+
+def request_timer(times: list[tuple[float, float]], path: str) -> aiohttp.TraceConfig:
+    """aiohttp trace hooks appending each ``path`` request's ``(sent, answered)`` times, from
+    sending it to its reply's headers (with which a scoring reply's few KB arrive)."""
+    trace = aiohttp.TraceConfig()
+
+    async def started(_: Any, context: SimpleNamespace, __: Any) -> None:
+        context.started = time.perf_counter()
+
+    async def ended(_: Any, context: SimpleNamespace, params: Any) -> None:
+        if params.url.path == path:
+            times.append((context.started, time.perf_counter()))
+
+    trace.on_request_start.append(started)
+    trace.on_request_end.append(ended)
+    return trace
+
+
+def httpx_request_timer(times: list[tuple[float, float]], path: str) -> dict[str, list[Any]]:
+    """httpx event hooks doing what `request_timer` does (the response hook runs once the
+    reply's headers are in, before its body is read)."""
+
+    async def sent(request: httpx.Request) -> None:
+        request.extensions["bench_started"] = time.perf_counter()
+
+    async def answered(response: httpx.Response) -> None:
+        if response.request.url.path == path:
+            times.append((response.request.extensions["bench_started"], time.perf_counter()))
+
+    return {"request": [sent], "response": [answered]}
 
 
 # -- the three clients ---------------------------------------------------------------------
@@ -138,10 +233,12 @@ class Tickets:
 async def sdk_pass(
     backend: Backend, states: Sequence[str], warm: str, c: int, top_k: int | None = None
 ) -> Pass:
-    async with backend.session(c, top_k) as session:
+    result = Pass(0.0, len(states), c)
+    trace = request_timer(result.request_times, backend.scoring_path)
+    async with backend.session(c, top_k, [trace]) as session:
         await session.probe()
         await session.judge(warm, QUESTIONS)
-        result = Pass(0.0, len(states))
+        result.request_times.clear()
         started = time.perf_counter()
         async for item in session.judge_many(states, QUESTIONS, max_in_flight=c):
             if item.judgment is None:
@@ -189,7 +286,9 @@ async def raw_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt, c:
     headers = {"Content-Type": "application/json"}
     # A short keep-alive, below llama.cpp's own idle close, so no pooled connection goes stale.
     connector = aiohttp.TCPConnector(limit=c + 4, keepalive_timeout=2.0)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    result = Pass(0.0, len(prompts), c)
+    trace = request_timer(result.request_times, backend.scoring_path)
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as http:
 
         async def llama_cpp(prompt: Prompt) -> tuple[int, int, bool]:
             body = orjson.dumps(_llama_cpp_body(prompt))
@@ -233,7 +332,7 @@ async def raw_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt, c:
 
         one = llama_cpp if backend.name == "llama_cpp" else vllm
         await one(warm)
-        result = Pass(0.0, len(prompts))
+        result.request_times.clear()
         started = time.perf_counter()
         await bounded(len(prompts), c, lambda i: one(prompts[i]), result)
         result.seconds = time.perf_counter() - started
@@ -241,7 +340,14 @@ async def raw_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt, c:
 
 
 async def openai_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt, c: int) -> Pass:
-    client = AsyncOpenAI(base_url=f"{backend.url}/v1", api_key="none", max_retries=0)
+    result = Pass(0.0, len(prompts), c)
+    hooks = httpx_request_timer(result.request_times, "/v1/chat/completions")
+    client = AsyncOpenAI(
+        base_url=f"{backend.url}/v1",
+        api_key="none",
+        max_retries=0,
+        http_client=DefaultAsyncHttpxClient(event_hooks=hooks),
+    )
     try:
 
         async def one(prompt: Prompt) -> tuple[int, int, bool]:
@@ -265,7 +371,7 @@ async def openai_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt,
             return prompt_tokens, cached, any(value is None for value in found)
 
         await one(warm)
-        result = Pass(0.0, len(prompts))
+        result.request_times.clear()
         started = time.perf_counter()
         await bounded(len(prompts), c, lambda i: one(prompts[i]), result)
         result.seconds = time.perf_counter() - started
@@ -280,7 +386,7 @@ async def openai_pass(backend: Backend, prompts: Sequence[Prompt], warm: Prompt,
 async def check_prompts(backend: Backend, fresh: Tickets) -> None:
     """The hand-written clients send what the SDK sends: checked on one untimed ticket."""
     state = fresh.take(1)[0]
-    async with backend.session(1, None) as session:
+    async with backend.session(1, None, ()) as session:
         backend.probe = await session.probe()
         judgment = await session.judge(state, QUESTIONS)
     prompt = backend.prompt(state)
@@ -299,17 +405,17 @@ async def run_backend(
     questions: int,
     rounds: int,
     warm_up: int,
-    start: int,
+    salt: int,
     clients: tuple[str, ...] = CLIENTS,
 ) -> dict[str, Any]:
-    fresh = Tickets(start)
+    fresh = Tickets(salt)
     await check_prompts(backend, fresh)
     if warm_up:
         # Untimed: a cold server's first reads are slow (vLLM: about 15 s), and llama.cpp's
         # empty slots hold no prompt prefix yet (the first pass would find less in the cache
         # than every later one): fill every slot first.
         c = CONCURRENCIES[-1]
-        async with backend.session(c, None) as session:
+        async with backend.session(c, None, ()) as session:
             async for _ in session.judge_many(fresh.take(warm_up), QUESTIONS, max_in_flight=c):
                 pass
     passes: dict[tuple[int, str], list[Pass]] = {(c, n): [] for c in CONCURRENCIES for n in clients}
@@ -317,9 +423,11 @@ async def run_backend(
     for round_index in range(rounds):
         shift = round_index % len(clients)
         order = clients[shift:] + clients[:shift]
-        for c in CONCURRENCIES:
+        for c_index, c in enumerate(CONCURRENCIES):
+            # The wordings of this round and concurrency: the same for every client.
+            first_position = (round_index * len(CONCURRENCIES) + c_index) * questions
             for client in order:
-                states = fresh.take(questions)
+                states = fresh.take(questions, first_position)
                 warm = fresh.take(1)[0]
                 if client == "judge_many":
                     result = await sdk_pass(backend, states, warm, c)
@@ -328,12 +436,14 @@ async def run_backend(
                     result = await sdk_pass(backend, states, warm, c, top_k)
                 else:
                     prompts = [backend.prompt(s) for s in states]
-                    runner = raw_pass if client == "aiohttp" else openai_pass
+                    runner = raw_pass if client.startswith("aiohttp") else openai_pass
                     result = await runner(backend, prompts, backend.prompt(warm), c)
                 passes[c, client].append(result)
                 print(
                     f"{backend.name} round {round_index + 1} c={c:<2} {client:20} "
-                    f"{result.rate:6.1f} q/s  errors {len(result.errors)}",
+                    f"{result.rate:6.2f} q/s  request "
+                    f"{result.request_ms:6.1f} ms  server share "
+                    f"{result.server_share:.4f}  errors {len(result.errors)}",
                     flush=True,
                 )
     elapsed = time.perf_counter() - started
@@ -351,6 +461,7 @@ def summarise(
     extra = clients[len(CLIENTS) :]
     cells: dict[str, Any] = {}
     rows = []
+    share_rows: list[list[str]] = []
     verdicts = []
     failures: list[str] = []
     for c in CONCURRENCIES:
@@ -361,7 +472,7 @@ def summarise(
             cell = passes[c, n]
             prompt_tokens = sum(p.prompt_tokens for p in cell)
             cached = sum(p.cached_tokens for p in cell) / prompt_tokens if prompt_tokens else 0.0
-            missed = sum(p.missed for p in cell) / sum(p.requests for p in cell)
+            missed = sum(p.missed for p in cell) / sum(p.questions for p in cell)
             cells[f"c{c}/{n}"] = {
                 "questions_per_s": spread(rates[n]),
                 "cached_share": cached,
@@ -384,9 +495,11 @@ def summarise(
             )
         for name in extra:
             ratio = medians[name] / medians["aiohttp"]
-            cells[f"c{c}/{name}_over_aiohttp"] = {"ratio_of_medians": ratio}
-            row.append(f"**{ratio:.2f}{TIMES}**")
+            paired = [a / b for a, b in zip(rates[name], rates["aiohttp"], strict=True)]
+            cells[f"c{c}/{name}_over_aiohttp"] = {"ratio_of_medians": ratio, **spread(paired)}
+            row.append(f"**{ratio:.2f}{TIMES}** ({min(paired):.2f}-{max(paired):.2f})")
         rows.append(row)
+        share_rows.append(share_row(c, passes, clients, cells))
     floor = "top-64 `/completion`" if backend.name == "llama_cpp" else "`logprob_token_ids` chat"
     header = [
         "c", "`judge_many` q/s", f"aiohttp, {floor}, q/s",
@@ -396,6 +509,9 @@ def summarise(
     header[4:4] = [f"`{name}` q/s" for name in extra]
     header += [f"{name} / aiohttp" for name in extra]
     table = markdown_table(header, rows)
+    share_header = ["c", *(f"{name} share, request ms" for name in clients)]
+    share_header += [f"judge_many / {other}" for other in ("AsyncOpenAI", "aiohttp")]
+    share_header += [f"{name} / aiohttp" for name in extra]
     return {
         "backend": backend.name,
         "questions_per_pass": questions,
@@ -403,10 +519,46 @@ def summarise(
         "elapsed_s": elapsed,
         "cells": cells,
         "table": table,
+        "share_table": markdown_table(share_header, share_rows),
         "verdicts": verdicts,
         "failures": failures[:20],
         "failure_count": len(failures),
     }
+
+
+def share_row(
+    c: int,
+    passes: dict[tuple[int, str], list[Pass]],
+    clients: tuple[str, ...],
+    cells: dict[str, Any],
+) -> list[str]:
+    """One row of the server-share table (`Pass.server_share`): each client's share and mean
+    request time, then the paired ratios of the shares (the SDK's over the others', and each
+    extra client's over the aiohttp loop's). Records them in ``cells``."""
+    shares = {n: [p.server_share for p in passes[c, n]] for n in clients}
+    row = [str(c)]
+    for n in clients:
+        request_ms = [p.request_ms for p in passes[c, n]]
+        questions = sum(p.questions for p in passes[c, n])
+        second_reads = sum(len(p.request_times) for p in passes[c, n]) - questions
+        cells[f"c{c}/{n}"] |= {
+            "server_share": spread(shares[n]),
+            "request_ms": spread(request_ms),
+            "second_reads": second_reads,
+        }
+        row.append(
+            f"{fmt(spread(shares[n]), 3)}, {statistics.median(request_ms):.0f} ms"
+            + (f", {second_reads} of {questions} read twice" if second_reads else "")
+        )
+    pairs = [("judge_many", other) for other in ("AsyncOpenAI", "aiohttp")]
+    pairs += [(name, "aiohttp") for name in clients[len(CLIENTS) :]]
+    for name, other in pairs:
+        paired = [a / b for a, b in zip(shares[name], shares[other], strict=True)]
+        cells[f"c{c}/{name}_over_{other}"]["server_share_ratio"] = spread(paired)
+        row.append(
+            f"**{statistics.median(paired):.3f}{TIMES}** ({min(paired):.3f}-{max(paired):.3f})"
+        )
+    return row
 
 
 def llama_cpp_backend(url: str, model: str) -> Backend:
@@ -414,13 +566,22 @@ def llama_cpp_backend(url: str, model: str) -> Backend:
         "llama_cpp",
         url,
         model,
-        lambda c, top_k: tv.Session.llama_cpp(url, max_concurrency=c, top_k=top_k),
+        lambda c, top_k, traces: tv.Session.llama_cpp(
+            url, max_concurrency=c, top_k=top_k, trace_configs=traces
+        ),
+        "/completion",
     )
 
 
 def vllm_backend(url: str, model: str) -> Backend:
     return Backend(
-        "vllm", url, model, lambda c, _: tv.Session.vllm(url, model=model, max_concurrency=c)
+        "vllm",
+        url,
+        model,
+        lambda c, _, traces: tv.Session.vllm(
+            url, model=model, max_concurrency=c, trace_configs=traces
+        ),
+        "/v1/chat/completions",
     )
 
 
@@ -432,17 +593,18 @@ async def served_model(url: str) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
-    start = (int(time.time()) % 100_000) * 10_000  # fresh numbers on every run, too
+    salt = int(time.time()) // 60  # fresh numbers on every run, too
     summaries: dict[str, Any] = {}
+    control = (CONTROL,) if args.control else ()
     if "llama_cpp" in args.backends:
 
         def llama(url: str) -> dict[str, Any]:
             model = asyncio.run(served_model(url))
             backend = llama_cpp_backend(url, model)
-            extra = tuple(f"judge_many top_k={k}" for k in args.sdk_top_k)
+            extra = tuple(f"judge_many top_k={k}" for k in args.sdk_top_k) + control
             return asyncio.run(
                 run_backend(
-                    backend, args.questions, args.rounds, args.warm_up, start, CLIENTS + extra
+                    backend, args.questions, args.rounds, args.warm_up, salt, CLIENTS + extra
                 )
             )
 
@@ -461,7 +623,14 @@ def run(args: argparse.Namespace) -> None:
         def vllm(url: str) -> dict[str, Any]:
             backend = vllm_backend(url, VLLM_MODEL_ID)
             return asyncio.run(
-                run_backend(backend, args.vllm_questions, args.rounds, args.vllm_warm_up, start)
+                run_backend(
+                    backend,
+                    args.vllm_questions,
+                    args.rounds,
+                    args.vllm_warm_up,
+                    salt,
+                    CLIENTS + control,
+                )
             )
 
         if args.vllm_url:
@@ -492,6 +661,10 @@ def run(args: argparse.Namespace) -> None:
         print(summary["table"])
         print()
         print("\n".join(summary["verdicts"]))
+        print()
+        print("server share (Pass.server_share), paired ratios per round:")
+        print()
+        print(summary["share_table"])
         if summary["failure_count"]:
             print(
                 f"{summary['failure_count']} failed requests; the first: {summary['failures'][0]}"
@@ -515,6 +688,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", help="a running llama.cpp server (default: the embedded one)")
     parser.add_argument("--vllm-url", help="a running vLLM server started as the live tests do")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help=f"also run the aiohttp loop a second time per round ({CONTROL!r}): the ratio of "
+        "two equal clients, the benchmark's own noise",
+    )
     parser.add_argument(
         "--sdk-top-k",
         type=int,
