@@ -70,6 +70,7 @@ from benchmarks._shared import (
 )
 from benchmarks.replay_server import (
     QUESTIONS,
+    RECORDED_SETTINGS,
     ReplayServerProcess,
     capture_sdk_body,
     floor_loop,
@@ -90,7 +91,9 @@ TARGET_OVERHEAD_US = {64: 150.0, 1: 250.0}
 def _session(url: str, read: str, concurrency: int, mode: str = "sdk") -> tv.Session:
     # A pipeline's loop runs nothing but the batch: its reads need not yield (`time_slice`).
     extra: dict[str, Any] = {"time_slice": None} if mode == "pipeline" else {}
-    return tv.Session.llama_cpp(url, max_concurrency=concurrency, top_k=READS[read], **extra)
+    return tv.Session.llama_cpp(
+        url, max_concurrency=concurrency, top_k=READS[read], **RECORDED_SETTINGS, **extra
+    )
 
 
 def profile_by_package(profiler: cProfile.Profile, count: int) -> dict[str, float]:

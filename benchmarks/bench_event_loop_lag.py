@@ -50,6 +50,7 @@ from benchmarks._shared import (
 )
 from benchmarks.replay_server import (
     QUESTIONS,
+    RECORDED_SETTINGS,
     ReplayServerProcess,
     capture_sdk_body,
     floor_loop,
@@ -98,7 +99,9 @@ async def with_ticker(work: Callable[[], Awaitable[int]]) -> dict[str, Any]:
 async def sdk_pass(url: str, read: str, count: int) -> dict[str, Any]:
     # "pipeline": the default read on a session whose reads never yield (``time_slice=None``).
     extra: dict[str, Any] = {"time_slice": None} if read == "pipeline" else {}
-    session = tv.Session.llama_cpp(url, max_concurrency=IN_FLIGHT, top_k=READS[read], **extra)
+    session = tv.Session.llama_cpp(
+        url, max_concurrency=IN_FLIGHT, top_k=READS[read], **RECORDED_SETTINGS, **extra
+    )
     async with session:
         await session.probe()
         async for item in session.judge_many(
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     results: dict[str, list[dict[str, Any]]] = {p: [] for p in PASSES}
     started = time.perf_counter()
     with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
-        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url)))
+        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url, **RECORDED_SETTINGS)))
         body_file = Path(scratch) / "body.json"
         body_file.write_bytes(server.last_completion())
         default_k = orjson.loads(body_file.read_bytes())["n_probs"]

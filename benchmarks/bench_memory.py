@@ -30,7 +30,7 @@ from benchmarks._shared import (
     ticket_stream,
     write_results,
 )
-from benchmarks.replay_server import QUESTIONS, ReplayServerProcess
+from benchmarks.replay_server import QUESTIONS, RECORDED_SETTINGS, ReplayServerProcess
 
 NAME = "bench_memory"
 IN_FLIGHT = 64
@@ -40,7 +40,7 @@ FLAT_MIB = 8.0
 
 async def measure(url: str, count: int) -> dict[str, Any]:
     """Client process: stream ``count`` questions and report memory."""
-    async with tv.Session.llama_cpp(url, max_concurrency=IN_FLIGHT) as session:
+    async with tv.Session.llama_cpp(url, max_concurrency=IN_FLIGHT, **RECORDED_SETTINGS) as session:
         await session.probe()
         async for item in session.judge_many(
             ticket_stream(WARM_UP, start=10**9), QUESTIONS, max_in_flight=IN_FLIGHT

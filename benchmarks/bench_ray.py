@@ -62,6 +62,7 @@ from benchmarks._shared import fmt, markdown_table, spread, ticket, write_result
 from benchmarks.replay_server import (
     PRIME_TICKET,
     QUESTIONS,
+    RECORDED_SETTINGS,
     ReplayServerProcess,
     capture_sdk_body,
 )
@@ -99,7 +100,7 @@ def server_figures(server: ReplayServerProcess, records: int) -> dict[str, Any]:
 
 async def _judge_many(url: str, cap: int, records: list[dict[str, Any]]) -> int:
     answered = 0
-    async with tv.Session.llama_cpp(url, max_concurrency=cap) as session:
+    async with tv.Session.llama_cpp(url, max_concurrency=cap, **RECORDED_SETTINGS) as session:
         pairs = ((row["id"], row["state"]) for row in records)
         async for item in session.judge_many(pairs, QUESTIONS, ordered=False):
             if item.judgment is None:
@@ -132,7 +133,9 @@ def judged(
     return dataset.map_batches(
         tv.RayJudge,
         fn_constructor_kwargs={
-            "session_factory": functools.partial(tv.Session.llama_cpp, url, max_concurrency=cap),
+            "session_factory": functools.partial(
+                tv.Session.llama_cpp, url, max_concurrency=cap, **RECORDED_SETTINGS
+            ),
             "questions": QUESTIONS,
             "id_column": "id",
         },
@@ -295,7 +298,7 @@ def gather_pass(
 def http_processor(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, list[dict[str, Any]]] = {}
     with ReplayServerProcess(service_time=0.3, slots=8) as server:
-        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url)))
+        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url, **RECORDED_SETTINGS)))
         template = orjson.loads(server.last_completion())
         passes = [(kind, count) for count in (8, 32) for kind in ("http", "ray_judge", "gather")]
         for round_number in range(args.http_rounds):

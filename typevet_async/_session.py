@@ -28,7 +28,7 @@ import anyio
 import attrs
 
 from typevet_async._backends.base import Backend
-from typevet_async._backends.embedded import ServerOptions
+from typevet_async._backends.embedded import ServerOptions, local_model_name
 from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import (
     DEFAULT_MAX_RETRIES,
@@ -398,13 +398,25 @@ class Session:
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
-    def local(cls, *, server: ServerOptions | None = None, **options: Any) -> Session:
-        """A session on the embedded llama.cpp server with the bundled Gemma 3 270M model.
+    def local(
+        cls, model: str | None = None, *, server: ServerOptions | None = None, **options: Any
+    ) -> Session:
+        """A session on the embedded llama.cpp server with a local model.
+
+        :param model: a local model's name (``tv.LOCAL_MODELS``): ``"gemma3-270m"`` (small and
+            fast, a base model: answers near chance) or ``"qwen2.5-coder-1.5b"`` (a real
+            instruction model, the ``qwen`` extra); default: ``TYPEVET_LOCAL_MODEL``, else
+            ``"gemma3-270m"``. Assembled into the cache folder on first use.
+        :param server: how to start the server (its ``model`` is the one served; not both).
 
         The server starts when the session opens and stops when it closes. ``options`` are
         those of `Session.llama_cpp`.
         """
-        return cls.llama_cpp(None, server=ServerOptions() if server is None else server, **options)
+        if server is None:
+            server = ServerOptions(model=model or local_model_name(os.environ))
+        elif model is not None:
+            raise ConfigurationError("give the local model as model= or in server=, not both")
+        return cls.llama_cpp(None, server=server, **options)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
@@ -412,7 +424,8 @@ class Session:
 
         ``TYPEVET_BACKEND`` (``llama_cpp``, the default, ``vllm`` or ``system_one``),
         ``TYPEVET_BASE_URL`` (unset with llama_cpp: the embedded server; required otherwise),
-        ``TYPEVET_MODEL`` (required for vllm),
+        ``TYPEVET_MODEL`` (required for vllm), ``TYPEVET_LOCAL_MODEL`` (the embedded server's
+        model, by name),
         ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
         """
         env = os.environ if environ is None else environ
@@ -443,7 +456,7 @@ class Session:
             raise ConfigurationError(
                 f"TYPEVET_BACKEND must be 'llama_cpp', 'vllm' or 'system_one', got {backend!r}"
             )
-        server = ServerOptions() if base_url is None else None
+        server = ServerOptions(model=local_model_name(env)) if base_url is None else None
         return cls.llama_cpp(
             base_url, server=server, max_concurrency=concurrency, model=model, api_key=api_key
         )

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, Self
 import attrs
 
 from typevet_async._core.calibration import CalibrationMap
+from typevet_async._core.controls import DEFAULT_CONTROLS, Controls
 from typevet_async._core.layouts import Layout
 from typevet_async._errors import ConfigurationError
 from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
@@ -88,6 +89,8 @@ class SessionSettings:
         across every call of the session.
     :param layout: ``"typevet"`` (the default framing), or the Jev gateway's ``"fused"`` or
         ``"split"``.
+    :param controls: the default layout's controls: ``"letters"`` (A, B, C, ...; the default,
+        measured best on a real instruction model) or ``"digits"`` (0, 1, 2, ...).
     :param off_menu_threshold: flag answers whose off-menu mass exceeds it (and with
         ``raise_off_menu`` raise `OffMenuError`); a judgment may override both.
     :param max_images: most images one judgment or generation may take; ``max_image_bytes``
@@ -109,6 +112,7 @@ class SessionSettings:
 
     max_concurrency: int = attrs.field(default=DEFAULT_MAX_CONCURRENCY, validator=positive_int)
     layout: Layout = attrs.field(default=Layout.TYPEVET, converter=_layout)
+    controls: Controls = attrs.field(default=DEFAULT_CONTROLS, validator=one_of(Controls))
     off_menu_threshold: float | None = attrs.field(default=None, validator=probability_or_none)
     raise_off_menu: bool = attrs.field(default=False, validator=boolean)
     max_images: int = attrs.field(default=DEFAULT_MAX_IMAGES, validator=positive_int)

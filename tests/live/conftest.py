@@ -55,6 +55,14 @@ def chatml_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def real_model_url() -> Iterator[str]:
+    """The real instruction model, Qwen2.5 Coder 1.5B Instruct (Q4_K_M, the ``qwen`` extra),
+    under its own ChatML template: what these tests assert of answers is what it answers."""
+    options = tv.ServerOptions(model="qwen2.5-coder-1.5b", n_ctx=4096, n_parallel=2)
+    yield from _start(options, "qwen2.5-coder")
+
+
+@pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
     """vLLM (CPU) serving the same model, dequantised, with --logprobs-mode raw_logprobs.
 

@@ -34,15 +34,14 @@ COLOUR = tv.Choice(
 A_IDS = (236776, 562)  # "A" and " A" on Gemma's tokenizer
 
 
-async def test_twenty_options_use_digits_then_letters(backend: tuple[str, str]) -> None:
+async def test_twenty_options_use_twenty_letters(backend: tuple[str, str]) -> None:
     labels = {f"team {n}": None for n in range(20)}
     exact = {"reproducible": True} if backend[0] == "llama_cpp" else {"max_concurrency": 1}
     async with make_session(backend, **exact) as session:
         judgment = await session.judge(TICKET, {"team": tv.Choice(labels, instructions="Who?")})
     diagnostics = judgment.diagnostics["team"]
-    assert diagnostics.controls == tuple("0123456789ABCDEFGHIJ")
-    assert "Reply with the one digit or letter of the option" in diagnostics.prompt
-    assert "\nJ = team 19\n" in diagnostics.prompt
+    assert diagnostics.controls == tuple("ABCDEFGHIJKLMNOPQRST")
+    assert "\nT. team 19\nAnswer with one letter." in diagnostics.prompt
     assert len(judgment["team"].probabilities) == 20
     assert_exact_softmax(judgment)
     if backend[0] == "llama_cpp":

@@ -30,8 +30,10 @@ from .helpers import (
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
-#: Qwen's ids, from its tokenizer: the digits are 15..24, "A" 32 and " A" 362; <|im_start|> 151644.
+#: Qwen's ids, from its tokenizer: the digits are 15..24, "A".."Z" 32..57, " A" 362;
+#: <|im_start|> 151644.
 DIGIT_IDS = tuple(range(15, 25))
+LETTER_IDS = tuple(range(32, 58))
 IM_START = 151644
 ANSWER_POSITION = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 QUESTIONS: dict[str, tv.Question] = {
@@ -84,7 +86,7 @@ async def test_the_qwen_template_is_native_and_the_prefix_is_its_own_rendering(
         },
     )["prompt"]
     assert diagnostics.prompt == rendered
-    assert diagnostics.token_ids == DIGIT_IDS[:2]
+    assert diagnostics.token_ids == LETTER_IDS[:2]
     # Exact: the read equals a whole-vocabulary read of the same prompt, and the answer is the
     # softmax of what was read.
     independent = whole_vocabulary_logprobs(qwen_llama_url, diagnostics.prompt, cache_prompt=False)
@@ -106,8 +108,8 @@ async def test_judgments_in_every_layout_read_the_qwen_tokenizers_controls(
             assert tokenize(qwen_backend, control) == [token]
     route = judgment.diagnostics["route"]
     if layout == "typevet":
-        assert route.controls == ("0", "1", "2")
-        assert route.token_ids == DIGIT_IDS[:3]
+        assert route.controls == ("A", "B", "C")
+        assert route.token_ids == LETTER_IDS[:3]
     else:  # Jev's letters, each read with its space variant (" A" is one Qwen token too)
         assert route.controls == ("A", "B", "C")
         for control, token in zip(route.controls, route.token_ids, strict=True):

@@ -72,8 +72,9 @@ def noul(n: int = 0) -> tv.Noul:
 
 
 def state_of(request: tv.ScoringRequest) -> str:
-    """The judged state of a default-layout request: its user content before the field block."""
-    return request.user_text.split("\n\nQuestion: ", 1)[0]
+    """The judged state of a default-layout request: its user content before the field block
+    (which holds no blank line: its caller text is folded to single lines)."""
+    return request.user_text.rsplit("\n\n", 1)[0]
 
 
 class Stopwatch:

@@ -275,9 +275,9 @@ async def test_permutations_read_every_rotation_and_average_a_positional_bias_aw
     assert rotated.diagnostics["route"].reads == 3
     # The rotated prompts show the options in rotated order, the controls in place.
     first_lines = [
-        r.prompt.split("Question: Team?\n")[1].split("\n")[0] for r in backend.read_requests[1:]
+        r.prompt.split("\n\nTeam?\n")[1].split("\n")[0] for r in backend.read_requests[1:]
     ]  # type: ignore[union-attr]
-    assert first_lines == ["0 = billing", "0 = shipping", "0 = technical"]
+    assert first_lines == ["0. billing", "0. shipping", "0. technical"]
 
 
 @pytest.mark.asyncio

@@ -728,7 +728,8 @@ def test_serve_local_help_gives_the_request_limit(capsys: pytest.CaptureFixture[
     shown = " ".join(capsys.readouterr().out.split())
     for part in (
         "--host",
-        "--model GGUF",
+        "--model NAME|GGUF",
+        "qwen2.5-coder-1.5b",
         "--ctx-size TOKENS",
         "2,048 by default",
         "exceeds the available context size",
@@ -773,3 +774,21 @@ def test_the_example_schema_is_closed_and_small() -> None:
     assert set(schema["required"]) == set(schema["properties"])
     for field in schema["properties"].values():
         assert "enum" in field or field.get("maxLength", 1000) <= 60
+
+
+def test_the_local_model_is_a_flag_and_a_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    def served(argv: list[str], environ: dict[str, str]) -> str:
+        session = _cli.session_from_args(_cli.build_parser().parse_args(argv), environ)
+        assert isinstance(session.backend, tv.AsyncLlamaCpp)
+        assert session.backend.config.server is not None
+        return session.backend.config.server.model
+
+    judge = ["judge", "x", *QUESTION]
+    assert served(judge, {}) == "gemma3-270m"
+    assert served([*judge, "--local-model", "qwen2.5-coder-1.5b"], {}) == "qwen2.5-coder-1.5b"
+    environ = {"TYPEVET_LOCAL_MODEL": "qwen2.5-coder-1.5b"}
+    assert served(judge, environ) == "qwen2.5-coder-1.5b"
+    assert served([*judge, "--local-model", "gemma3-270m"], environ) == "gemma3-270m"
+    code, _, err = run(capsys, *judge, "--local-model", "llama")
+    assert code == 2
+    assert "invalid choice: 'llama'" in err

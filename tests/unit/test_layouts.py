@@ -75,7 +75,7 @@ def test_a_planned_request_carries_its_plans_groups_as_a_bare_request_derives_th
     fused = plan(Layout.FUSED)
     assert fused.option_groups == ((IDS["A"], IDS[" A"]), (IDS["B"], IDS[" B"]))
     assert fused.read_ids == (IDS["A"], IDS["B"], IDS[" A"], IDS[" B"])
-    assert plan(Layout.TYPEVET).option_groups == ((IDS["0"],), (IDS["1"],))
+    assert plan(Layout.TYPEVET).option_groups == ((IDS["A"],), (IDS["B"],))
 
 
 def test_noul_defaults_to_no_yes_descriptions() -> None:

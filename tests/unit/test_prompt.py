@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import typevet_async as tv
-from typevet_async._core.controls import DIGITS, bind_controls, control_token_ids
+from typevet_async._core.controls import ALPHABETS, DIGITS, bind_controls, control_token_ids
 from typevet_async._core.fields import render_field_block, render_user_content
 from typevet_async._core.framing import (
     EMPTY_THINK_BLOCK,
@@ -18,8 +18,9 @@ from typevet_async._core.framing import (
     frame_prefix,
     learn_frame,
 )
+from typevet_async._core.layouts import Layout
 from typevet_async._core.markers import marker_runs, neutralise, neutralise_line
-from typevet_async._core.scoring import plan_question
+from typevet_async._core.scoring import bind_question, plan_question
 
 from .stubs import InMemoryStubBackend
 
@@ -54,30 +55,51 @@ def test_control_that_is_not_one_token_is_refused() -> None:
     assert control_token_ids({"6": [5], "A": [8, 9], "B": [7]}) == {"6": 5, "B": 7}
 
 
+LETTER_IDS = {control: 2000 + n for n, control in enumerate(ALPHABETS["letters"])}
+
+
 def test_field_block_lines_start_with_the_control() -> None:
     choice = tv.Choice({"billing": "Money matters", "shipping": None}, instructions="Which team?")
-    block = render_field_block(choice, bind_controls(choice.options(), IDS))
+    block = render_field_block(choice, bind_controls(choice.options(), LETTER_IDS))
     assert block.splitlines() == [
-        "Question: Which team?",
-        "0 = billing: Money matters",
-        "1 = shipping",
-        "Reply with the one digit of the option that fits best.",
+        "Which team?",
+        "A. billing: Money matters",
+        "B. shipping",
+        "Answer with one letter.",
     ]
     assert "Control" not in block
+
+
+def test_the_default_controls_are_letters_and_digits_are_one_setting_away() -> None:
+    both = {**IDS, **LETTER_IDS}
+    choice = tv.Choice({"a": None, "b": None}, instructions="x")
+    assert bind_question(choice, Layout.TYPEVET, both, None).controls == ("A", "B")
+    digits = bind_question(choice, Layout.TYPEVET, both, None, controls="digits")
+    assert digits.controls == ("0", "1")
+    assert digits.field_block is not None
+    assert digits.field_block.endswith("\n0. a\n1. b\nAnswer with one digit.")
+    # Past the letters (52 options), the digits follow and the rule names both.
+    many = tv.Choice({f"o{n}": None for n in range(54)}, instructions="x")
+    plan = bind_question(many, Layout.TYPEVET, both, None)
+    assert plan.controls[-3:] == ("z", "0", "1")
+    assert plan.field_block is not None
+    assert plan.field_block.endswith("Answer with one letter or digit.")
+    with pytest.raises(tv.ConfigurationError, match="controls must be one of"):
+        tv.SessionSettings(controls="roman")  # type: ignore[arg-type]
 
 
 def test_noul_and_score_field_blocks() -> None:
     noul = tv.Noul(instructions="Refund?", criteria={"true": "money back"})
     assert render_field_block(noul, bind_controls(noul.options(), IDS)).splitlines()[1:3] == [
-        "0 = No",
-        "1 = Yes: money back",
+        "0. No",
+        "1. Yes: money back",
     ]
     score = tv.Score(["low", "high"], instructions="How much?")
     lines = render_field_block(score, bind_controls(score.options(), IDS)).splitlines()
     assert lines[1:] == [
-        "0 = low",
-        "1 = high",
-        "Reply with the one digit of the level that fits best.",
+        "0. low",
+        "1. high",
+        "Answer with one digit.",
     ]
 
 
@@ -120,7 +142,7 @@ def test_user_content_puts_state_first_and_keeps_state_lines() -> None:
     noul = tv.Noul(instructions="Refund?")
     block = render_field_block(noul, bind_controls(noul.options(), IDS))
     content = render_user_content("line one\nline two", block)
-    assert content.startswith("line one\nline two\n\nQuestion: Refund?\n")
+    assert content.startswith("line one\nline two\n\nRefund?\n")
 
 
 QWEN_RENDERED = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -212,9 +234,7 @@ def test_forged_markers_in_every_caller_field_leave_one_answer_position() -> Non
         assert prompt.count("<|turn>") == (2 if family is TemplateFamily.GEMMA4 else 0)
         assert request.controls == ("0", "1")
         assert request.token_ids == (1000, 1001)
-        control_lines = [
-            line for line in prompt.splitlines() if line[:4] in ("0 = ", "1 = ", "2 = ")
-        ]
+        control_lines = [line for line in prompt.splitlines() if line[:3] in ("0. ", "1. ", "2. ")]
         assert len(control_lines) == 2
 
 
@@ -233,10 +253,11 @@ _PIECES = st.sampled_from(
         "\n",
         "\r\n",
         "\u2028",
-        "0 = ",
-        "\n1 = yes",
-        "Question: ",
-        "Reply with",
+        "0. ",
+        "\n1. yes",
+        "\n\nB. yes",
+        "Answer with one digit.",
+        "\n\n",
         "model\n",
         "<",
         ">",
@@ -277,12 +298,11 @@ def test_hostile_text_keeps_one_answer_position_and_the_intended_controls(
             1 if family is TemplateFamily.GEMMA4 and "channel" in marker else 0
         )
     assert request.controls == tuple(DIGITS[: len(labels)])
-    # After the question line, exactly one line per control and then the answer rule.
-    field_lines = prompt.rsplit("\nQuestion: ", 1)[1].split("\n")[1:]
-    assert [line.split(" = ", 1)[0] for line in field_lines[: len(labels)]] == list(
-        request.controls
-    )
-    assert field_lines[len(labels)].startswith("Reply with the one digit")
+    # The field block (after the last blank line: it has none of its own): the instructions
+    # line, exactly one line per control and then the answer rule, ending the user turn.
+    field_lines = prompt.rsplit("\n\n", 1)[1].split("\n")[1:]
+    assert [line.split(". ", 1)[0] for line in field_lines[: len(labels)]] == list(request.controls)
+    assert field_lines[len(labels)] == f"Answer with one digit.{closer}"
 
 
 def test_the_static_rule_covers_gemma_4_quotes_and_square_markers_but_not_numbers() -> None:

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 import typevet_async as tv
-from benchmarks.replay_server import ReplayServerProcess
+from benchmarks.replay_server import RECORDED_SETTINGS, ReplayServerProcess
 from typevet_async._core.answers import build_answer
 from typevet_async._core.systemone import answer_to_system_one
 from typevet_async._ray import ERROR_COLUMN, RayJudge, answer_type
@@ -113,7 +113,8 @@ def test_struct_types_follow_the_questions() -> None:
 
 
 def factory_for(url: str, **settings: Any) -> functools.partial[tv.Session]:
-    return functools.partial(tv.Session.llama_cpp, url, **settings)
+    """A session factory for the simulation, whose recorded bodies fit digit controls."""
+    return functools.partial(tv.Session.llama_cpp, url, **RECORDED_SETTINGS, **settings)
 
 
 def test_its_arguments_pickle_as_ray_ships_them() -> None:

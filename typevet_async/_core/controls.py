@@ -7,6 +7,7 @@ controls rendered into the prompt and the token ids scored can never drift apart
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import attrs
 
@@ -14,11 +15,14 @@ from typevet_async._core.questions import Option
 from typevet_async._errors import ControlTokenError, TooManyOptionsError
 
 __all__ = [
+    "ALPHABETS",
     "DEFAULT_ALPHABET",
+    "DEFAULT_CONTROLS",
     "DIGITS",
     "JEV_LETTERS",
     "PROBED_CONTROLS",
     "BoundOption",
+    "Controls",
     "bind_controls",
     "control_token_ids",
     "space_variant",
@@ -27,9 +31,17 @@ __all__ = [
 DIGITS: tuple[str, ...] = tuple("0123456789")
 UPPERCASE: tuple[str, ...] = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 LOWERCASE: tuple[str, ...] = tuple("abcdefghijklmnopqrstuvwxyz")
-#: The default layout's controls, in the order they are handed out: digits, then letters.
-#: How many of them a question may use is what the served tokenizer keeps as single tokens.
-DEFAULT_ALPHABET: tuple[str, ...] = DIGITS + UPPERCASE + LOWERCASE
+#: Which controls the default layout hands out first: ``"letters"`` (A, B, C, ... then a..z,
+#: then digits) or ``"digits"`` (0..9, then A..Z, a..z). How many of them a question may use is
+#: what the served tokenizer keeps as single tokens.
+Controls = Literal["letters", "digits"]
+ALPHABETS: Mapping[str, tuple[str, ...]] = {
+    "letters": UPPERCASE + LOWERCASE + DIGITS,
+    "digits": DIGITS + UPPERCASE + LOWERCASE,
+}
+#: Measured on a real instruction model (README, "Real answers"): letters.
+DEFAULT_CONTROLS: Controls = "letters"
+DEFAULT_ALPHABET: tuple[str, ...] = ALPHABETS[DEFAULT_CONTROLS]
 #: The Jev gateway's controls: letters A..P, 2 to 16 options.
 JEV_LETTERS: tuple[str, ...] = UPPERCASE[:16]
 

@@ -1,7 +1,20 @@
-"""The field block: the question, one line per control, and the answer rule.
+"""The field block: the instructions, one line per control, and the answer rule.
 
-Lines start with the control itself: the earlier system measured 0.91 of the next-token mass on
-the word "Control" when option lines started with it, and 2e-7 once they did not.
+It reads as the prompt a user writes by hand for a multiple-choice question::
+
+    <state>
+
+    Which team should handle the ticket?
+    A. billing: charges, invoices
+    B. shipping: parcels
+    Answer with one letter.
+
+Measured on a real instruction model (Qwen2.5 Coder 1.5B Instruct, README "Real answers"): the
+earlier block (``Question: ...``, ``0 = billing: ...``, "Reply with the one digit of the option
+that fits best.") was right on 0.617 of the shipped set's routes where this one is right on
+0.783; letters alone moved it to 0.650, ``A.`` for ``A =`` nothing. Lines start with the control
+itself: the earlier system measured 0.91 of the next-token mass on the word "Control" when
+option lines started with it, and 2e-7 once they did not.
 """
 
 from __future__ import annotations
@@ -10,7 +23,7 @@ from collections.abc import Sequence
 
 from typevet_async._core.controls import BoundOption
 from typevet_async._core.markers import ALL_RUNS, IsSpecial, neutralise, neutralise_line
-from typevet_async._core.questions import Choice, Noul, Question, Score
+from typevet_async._core.questions import Noul, Question, Score
 
 __all__ = ["render_field_block", "render_user_content"]
 
@@ -29,26 +42,25 @@ def _option_line(question: Question, bound: BoundOption, is_special: IsSpecial) 
         text = neutralise_line(option.label, is_special)
         if option.description:
             text += f": {neutralise_line(option.description, is_special)}"
-    return f"{bound.control} = {text}"
+    return f"{bound.control}. {text}"
 
 
-def _answer_rule(question: Question, bound: Sequence[BoundOption]) -> str:
-    kind = "digit" if all(b.control.isdigit() for b in bound) else "digit or letter"
-    if isinstance(question, Choice):
-        return f"Reply with the one {kind} of the option that fits best."
-    if isinstance(question, Score):
-        return f"Reply with the one {kind} of the level that fits best."
-    return f"Reply with the one {kind} of your answer."
+def _answer_rule(bound: Sequence[BoundOption]) -> str:
+    if all(b.control.isdigit() for b in bound):
+        return "Answer with one digit."
+    if all(b.control.isalpha() for b in bound):
+        return "Answer with one letter."
+    return "Answer with one letter or digit."
 
 
 def render_field_block(
     question: Question, bound: Sequence[BoundOption], is_special: IsSpecial = ALL_RUNS
 ) -> str:
-    """The question line, a line per control, and a last line asking for exactly one control
+    """The instructions, a line per control, and a last line asking for exactly one control
     (caller text neutralised by ``is_special``: `typevet_async._core.markers`)."""
-    lines = [f"Question: {neutralise_line(question.instructions, is_special)}"]
+    lines = [neutralise_line(question.instructions, is_special)]
     lines.extend(_option_line(question, option, is_special) for option in bound)
-    lines.append(_answer_rule(question, bound))
+    lines.append(_answer_rule(bound))
     return "\n".join(lines)
 
 

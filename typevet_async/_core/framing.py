@@ -6,9 +6,9 @@ the generation prompt); `classify_template` names the family from the markers it
 A template is *native* to the model when its turn markers are the model's own special tokens:
 the served tokenizer reads each as one token. A marker it reads as several ordinary tokens
 means a template written for another family, which the model was never trained on: *degraded*,
-and refused. The two Gemma families are recognised by their markers alone, as before (their
-frames are written here); every other family must pass the tokenizer's check, and its frame
-is learned from the served template itself (`learn_frame`).
+and refused. The two Gemma families are recognised by their markers alone, as
+before (their frames are written here); every other family must pass the tokenizer's check,
+and its frame is learned from the served template itself (`learn_frame`).
 """
 
 from __future__ import annotations

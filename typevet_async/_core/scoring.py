@@ -12,9 +12,11 @@ import attrs
 
 from typevet_async._core.answers import Answer, Diagnostics, build_answer
 from typevet_async._core.controls import (
-    DEFAULT_ALPHABET,
+    ALPHABETS,
+    DEFAULT_CONTROLS,
     JEV_LETTERS,
     BoundOption,
+    Controls,
     bind_controls,
     space_variant,
 )
@@ -147,10 +149,12 @@ def bind_question(
     max_candidates: int | None,
     is_special: IsSpecial = ALL_RUNS,
     rotation: int = 0,
+    controls: Controls = DEFAULT_CONTROLS,
 ) -> QuestionPlan:
     """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
     the state. ``max_candidates`` is the backend's limit of candidate tokens per read. With a
     ``rotation``, the options are shown rotated by it (the controls keep their positions).
+    ``controls`` picks the default layout's alphabet (the Jev layouts always use A..P).
 
     :raises TooManyOptionsError: more options than controls, or than one read can take.
     """
@@ -158,7 +162,7 @@ def bind_question(
     order = rotation_order(len(options), rotation) if rotation else ()
     if order:
         options = tuple(options[index] for index in order)
-    alphabet = JEV_LETTERS if layout.is_jev else DEFAULT_ALPHABET
+    alphabet = JEV_LETTERS if layout.is_jev else ALPHABETS[controls]
     bound = tuple(bind_controls(options, control_ids, alphabet))
     variants = tuple(
         (control_ids[space_variant(b.control)],)

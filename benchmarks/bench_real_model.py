@@ -1,0 +1,489 @@
+"""Accuracy and calibration on the real instruction model: the SDK's framings against a plain
+hand-written letter prompt, on the same server, the same tickets, in one run.
+
+The model is Qwen2.5 Coder 1.5B Instruct (Q4_K_M, ``pip install 'typevet_async[qwen]'``), served
+by the embedded llama.cpp server under its own ChatML template (4 slots). The tickets are the
+shipped labelled set (``examples/eval``: 300 tickets, a Noul ``refund``, a 4-label Choice
+``route``, a 3-level Score ``urgency``); ``--every K`` takes every K-th ticket (the CI machine
+reads about one question a second, so all 300 under every arm take over an hour).
+
+Arms (every one reads each question exactly: every option's logprob, from one read or a wider
+one where an option was outside the first):
+
+- ``sdk`` and any ``sdk:<JSON settings>``: ``session.judge_many`` on
+  ``tv.Session.llama_cpp(url, **settings)``, e.g. ``sdk:{"controls": "digits"}``,
+  ``sdk:{"layout": "fused"}``, ``sdk:{"permutations": {"route": 4}, "label_prior": true}``;
+- ``plain``: the prompt a user writes by hand: the ticket, the instructions, the options as
+  ``A. billing: charges, ...`` (a Noul: ``A. No`` / ``B. Yes``, a Score its levels), "Answer
+  with one letter.", in the model's ChatML turn with its default system message, the letters'
+  logprobs read from one ``POST /completion`` (top 4,096, wider if a letter is missing).
+
+Each arm also reads every Choice with its options reversed (``--no-reversed`` skips it): the
+order sensitivity is the share of tickets whose answer changes and the mean total variation
+between the two probability vectors.
+
+Per question and arm: accuracy, NLL, Brier, ECE (10 equal-width bins, top probability), each
+with a 95% bootstrap interval (1,000 resamples), the mean off-menu mass, and the paired
+difference in accuracy against ``plain`` with its own bootstrap interval.
+
+    python -m benchmarks.bench_real_model [--every 3] [--arm plain --arm sdk \
+        --arm 'sdk:{"layout": "fused"}' ...] [--speed 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import attrs
+import numpy as np
+
+import typevet_async as tv
+from benchmarks._shared import markdown_table, write_results
+from typevet_async._core import fitting
+from typevet_async._core.metrics import evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "bench_real_model"
+EVAL = ROOT / "examples" / "eval"
+MODEL = "qwen2.5-coder-1.5b"
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+PLAIN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def load_set(every: int) -> tuple[list[dict[str, Any]], dict[str, tv.Question]]:
+    tickets = [json.loads(line) for line in (EVAL / "tickets.jsonl").read_text().splitlines()]
+    questions = tv.questions_from_json(json.loads((EVAL / "questions.json").read_text()))
+    return tickets[::every], dict(questions)
+
+
+def gold_index(question: tv.Question, label: Any) -> int:
+    labels = [option.label for option in question.options()]
+    if isinstance(question, tv.Noul):
+        return labels.index("true" if label else "false")
+    if isinstance(question, tv.Score):
+        return int(label)
+    return labels.index(label)
+
+
+def reversed_choice(question: tv.Choice) -> tv.Choice:
+    options = list(reversed(question.options()))
+    return tv.Choice({o.label: o.description for o in options}, instructions=question.instructions)
+
+
+# -- the plain hand-written prompt -------------------------------------------------------------
+
+
+def plain_prompt(state: str, question: tv.Question, order: Sequence[int]) -> str:
+    options = question.options()
+    lines = [state, "", question.instructions]
+    for letter, index in zip(LETTERS, order, strict=False):
+        option = options[index]
+        if isinstance(question, tv.Noul):
+            text = "Yes" if option.label == "true" else "No"
+        elif isinstance(question, tv.Score):
+            text = option.description or option.label
+        else:
+            text = f"{option.label}: {option.description}" if option.description else option.label
+        lines.append(f"{letter}. {text}")
+    lines.append("Answer with one letter.")
+    user = "\n".join(lines)
+    return (
+        f"<|im_start|>system\n{PLAIN_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+class PlainReader:
+    """The hand-written loop: one ``/completion`` per question, the answer tokens' logprobs
+    read from its top 4,096 (the whole vocabulary if one is missing)."""
+
+    def __init__(self, url: str, http: aiohttp.ClientSession, vocab: int) -> None:
+        self.url, self.http, self.vocab = url, http, vocab
+        self._ids: dict[str, int] = {}
+
+    async def token_id(self, text: str) -> int:
+        """The one token ``text`` is (an error if it is several)."""
+        if text not in self._ids:
+            body = {"content": text, "add_special": False}
+            async with self.http.post(f"{self.url}/tokenize", json=body) as response:
+                (self._ids[text],) = (await response.json())["tokens"]
+        return self._ids[text]
+
+    async def read(self, prompt: str, answers: Sequence[str]) -> tuple[list[float], float]:
+        """The logprobs of ``answers`` (one token each) after ``prompt``, and the mass off them."""
+        ids, top_k = [await self.token_id(answer) for answer in answers], 4096
+        while True:
+            body = {"prompt": prompt, "n_predict": 0, "n_probs": top_k, "cache_prompt": True}
+            async with self.http.post(f"{self.url}/completion", json=body) as response:
+                reply = await response.json()
+            entries = reply["completion_probabilities"][0]["top_logprobs"]
+            top = {entry["id"]: entry["logprob"] for entry in entries}
+            if all(token in top for token in ids) or top_k >= self.vocab:
+                logprobs = [top[token] for token in ids]
+                return logprobs, 1 - sum(math.exp(lp) for lp in logprobs)
+            top_k = self.vocab
+
+
+async def served_vocabulary(url: str, http: aiohttp.ClientSession) -> int:
+    async with http.get(f"{url}/v1/models") as response:
+        return int((await response.json())["data"][0]["meta"]["n_vocab"])
+
+
+def softmax(logprobs: Sequence[float]) -> list[float]:
+    peak = max(logprobs)
+    weights = [math.exp(lp - peak) for lp in logprobs]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+async def run_plain(
+    url: str, tickets: Sequence[Mapping[str, Any]], questions: Mapping[str, tv.Question],
+    reverse: bool, concurrency: int,
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    slots = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession() as http:
+        reader = PlainReader(url, http, await served_vocabulary(url, http))
+
+        async def one(ticket: Mapping[str, Any], qid: str, flipped: bool) -> dict[str, Any]:
+            question = questions[qid]
+            n = len(question.options())
+            order = list(range(n))[::-1] if flipped else list(range(n))
+            async with slots:
+                prompt = plain_prompt(ticket["state"], question, order)
+                logprobs, off = await reader.read(prompt, LETTERS[:n])
+            shown = softmax(logprobs)
+            probabilities = [0.0] * n
+            for position, index in enumerate(order):
+                probabilities[index] = shown[position]
+            return {"id": ticket["id"], "p": probabilities, "off": off}
+
+        results: dict[str, list[dict[str, Any]]] = {}
+        for qid in questions:
+            results[qid] = list(await asyncio.gather(*(one(t, qid, False) for t in tickets)))
+            if reverse and isinstance(questions[qid], tv.Choice):
+                results[f"{qid}:reversed"] = list(
+                    await asyncio.gather(*(one(t, qid, True) for t in tickets))
+                )
+    return results
+
+
+# -- the SDK -------------------------------------------------------------------------------------
+
+
+def parse_arm(arm: str) -> dict[str, Any]:
+    """``sdk`` -> ``{}``; ``sdk:{"layout": "fused"}`` -> the session settings in the JSON."""
+    _, _, spec = arm.partition(":")
+    settings = json.loads(spec) if spec else {}
+    if not isinstance(settings, dict):
+        raise SystemExit(f"arm {arm!r}: the settings after 'sdk:' must be a JSON object")
+    return settings
+
+
+async def run_sdk(
+    url: str, tickets: Sequence[Mapping[str, Any]], questions: Mapping[str, tv.Question],
+    reverse: bool, concurrency: int, settings: Mapping[str, Any],
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    asked: dict[str, tv.Question] = dict(questions)
+    if reverse:
+        for qid, question in questions.items():
+            if isinstance(question, tv.Choice):
+                asked[f"{qid}:reversed"] = reversed_choice(question)
+    results: dict[str, list[dict[str, Any]]] = {qid: [] for qid in asked}
+    async with tv.Session.llama_cpp(url, max_concurrency=concurrency, **settings) as session:
+        states = [ticket["state"] for ticket in tickets]
+        async for item in session.judge_many(states, asked):
+            judgment = item.judgment
+            if judgment is None:
+                raise RuntimeError(f"ticket {tickets[item.index]['id']}: {item.error!r}")
+            for qid in asked:
+                answer = judgment[qid]
+                base = questions[qid.split(":")[0]]
+                if isinstance(answer, tv.ChoiceAnswer):  # by label: a reversed one too
+                    probabilities = [answer.probabilities[o.label] for o in base.options()]
+                else:
+                    probabilities = list(answer.probabilities.values())
+                off = judgment.diagnostics[qid].off_menu_mass
+                results[qid].append(
+                    {"id": tickets[item.index]["id"], "p": probabilities, "off": off}
+                )
+    for rows in results.values():
+        rows.sort(key=lambda row: str(row["id"]))
+    return results
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def summarise(
+    arm_results: Mapping[str, Mapping[str, list[dict[str, Any]]]],
+    tickets: Sequence[Mapping[str, Any]],
+    questions: Mapping[str, tv.Question],
+) -> dict[str, Any]:
+    gold = {
+        qid: np.array(
+            [gold_index(q, t["labels"][qid]) for t in sorted(tickets, key=lambda t: t["id"])]
+        )
+        for qid, q in questions.items()
+    }
+    summary: dict[str, Any] = {}
+    for arm, results in arm_results.items():
+        summary[arm] = {}
+        for qid in questions:
+            p = np.array([row["p"] for row in results[qid]])
+            metrics = evaluate(p, gold[qid], resamples=1000)
+            entry: dict[str, Any] = {
+                "accuracy": attrs.asdict(metrics.accuracy),
+                "nll": attrs.asdict(metrics.nll),
+                "brier": attrs.asdict(metrics.brier),
+                "ece": attrs.asdict(metrics.ece_width),
+                "off_menu": float(np.mean([row["off"] for row in results[qid]])),
+                "correct": (p.argmax(axis=1) == gold[qid]).astype(int).tolist(),
+            }
+            flipped = results.get(f"{qid}:reversed")
+            if flipped is not None:
+                q = np.array([row["p"] for row in flipped])
+                entry["order"] = {
+                    "answer_changes": float(np.mean(p.argmax(axis=1) != q.argmax(axis=1))),
+                    "mean_total_variation": float(np.mean(np.abs(p - q).sum(axis=1) / 2)),
+                    "reversed_accuracy": float(np.mean(q.argmax(axis=1) == gold[qid])),
+                }
+            summary[arm][qid] = entry
+    if "plain" in summary:
+        rng = np.random.default_rng(0)
+        for arm in summary:
+            for qid in questions:
+                a = np.array(summary[arm][qid]["correct"])
+                b = np.array(summary["plain"][qid]["correct"])
+                draws = rng.integers(0, len(a), size=(1000, len(a)))
+                diffs = (a[draws] - b[draws]).mean(axis=1)
+                summary[arm][qid]["vs_plain"] = {
+                    "difference": float((a - b).mean()),
+                    "low": float(np.quantile(diffs, 0.025)),
+                    "high": float(np.quantile(diffs, 0.975)),
+                }
+    return summary
+
+
+def calibration_study(
+    results: Mapping[str, list[dict[str, Any]]],
+    tickets: Sequence[Mapping[str, Any]],
+    questions: Mapping[str, tv.Question],
+) -> dict[str, Any]:
+    """Fit on one half of the tickets, score on the other: within the fitting half the SDK's
+    own rule picks a map (fitted on its first part, kept only if it lowers the NLL of its
+    second part); the other half, never seen, scores the raw and the mapped probabilities."""
+    ordered = sorted(tickets, key=lambda ticket: str(ticket["id"]))
+    study: dict[str, Any] = {}
+    for qid, question in questions.items():
+        p = np.array([row["p"] for row in results[qid]])
+        gold = np.array([gold_index(question, t["labels"][qid]) for t in ordered])
+        half = np.arange(len(gold)) % 2 == 0  # alternate tickets: the halves are alike
+        fit_half = fitting.Labelled(p[half], gold[half])
+        inner = np.arange(len(fit_half)) % 2 == 0
+        best, report = fitting.choose_transform(fit_half.subset(inner), fit_half.subset(~inner))
+        scored = p[~half]
+        mapped = fitting.transformed(best.transform, scored) if best is not None else scored
+        raw_metrics = evaluate(scored, gold[~half], resamples=1000)
+        mapped_metrics = evaluate(mapped, gold[~half], resamples=1000)
+        study[qid] = {
+            "kept": best.name if best is not None else None,
+            "selection": report,
+            "scored_items": int((~half).sum()),
+            "raw": {k: attrs.asdict(getattr(raw_metrics, k)) for k in ("nll", "ece_width")},
+            "mapped": {k: attrs.asdict(getattr(mapped_metrics, k)) for k in ("nll", "ece_width")},
+        }
+    return study
+
+
+async def speed_study(
+    url: str, tickets: Sequence[Mapping[str, Any]], question: tv.Choice
+) -> dict[str, Any]:
+    """One decision at a time, prompt cache warm (each ticket judged once untimed first): the
+    logprob read (``judge``) against schema-bound generation of ``{"label": <enum>}``."""
+    labels = [option.label for option in question.options()]
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": labels}},
+        "required": ["label"],
+        "additionalProperties": False,
+    }
+    rows: list[dict[str, Any]] = []
+    async with tv.Session.llama_cpp(url, max_concurrency=1) as session:
+        for ticket in tickets:
+            state = ticket["state"]
+            await session.judge(state, {"route": question})  # warm the prompt cache
+            began = time.perf_counter()
+            judgment = await session.judge(state, {"route": question})
+            judged = time.perf_counter() - began
+            answer = judgment["route"]
+            assert isinstance(answer, tv.ChoiceAnswer)
+            options = "\n".join(
+                f"- {o.label}: {o.description}" if o.description else f"- {o.label}"
+                for o in question.options()
+            )
+            prompt = (
+                f"{state}\n\n{question.instructions}\n{options}\n"
+                'Answer in JSON as {"label": "<one of the labels>"}.'
+            )
+            await session.generate(prompt, schema=schema, max_tokens=32)  # warm it too
+            began = time.perf_counter()
+            generation = await session.generate(prompt, schema=schema, max_tokens=32)
+            generated = time.perf_counter() - began
+            rows.append({
+                "id": ticket["id"], "gold": ticket["labels"]["route"],
+                "judge_seconds": judged, "judge_label": answer.choice,
+                "generate_seconds": generated, "generate_label": generation.value["label"],
+                "generate_tokens": generation.completion_tokens,
+            })  # fmt: skip
+    judge_times = sorted(row["judge_seconds"] for row in rows)
+    generate_times = sorted(row["generate_seconds"] for row in rows)
+    return {
+        "decisions": len(rows),
+        "judge_median_s": judge_times[len(rows) // 2],
+        "generate_median_s": generate_times[len(rows) // 2],
+        "judge_mean_s": sum(judge_times) / len(rows),
+        "generate_mean_s": sum(generate_times) / len(rows),
+        "speedup_median": generate_times[len(rows) // 2] / judge_times[len(rows) // 2],
+        "speedup_mean": sum(generate_times) / sum(judge_times),
+        "judge_accuracy": sum(r["judge_label"] == r["gold"] for r in rows) / len(rows),
+        "generate_accuracy": sum(r["generate_label"] == r["gold"] for r in rows) / len(rows),
+        "rows": rows,
+    }
+
+
+def arm_label(arm: str) -> str:
+    """``sdk:{"layout": "fused"}`` -> ``sdk layout=fused``, for the tables."""
+    settings = parse_arm(arm) if arm.startswith("sdk") else {}
+    shown = " ".join(
+        f"{key}={value if isinstance(value, str) else json.dumps(value, separators=(',', ':'))}"
+        for key, value in settings.items()
+    )
+    return f"{arm.partition(':')[0]} {shown}".strip()
+
+
+def print_tables(summary: Mapping[str, Any], questions: Mapping[str, tv.Question]) -> None:
+    def cell(stat: Mapping[str, float]) -> str:
+        return f"{stat['value']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
+
+    for qid in questions:
+        rows = []
+        for arm, per_question in summary.items():
+            entry = per_question[qid]
+            order = entry.get("order")
+            versus = entry.get("vs_plain")
+            rows.append([
+                arm_label(arm), cell(entry["accuracy"]), cell(entry["nll"]), cell(entry["brier"]),
+                cell(entry["ece"]), f"{entry['off_menu']:.3f}",
+                f"{versus['difference']:+.3f} [{versus['low']:+.3f}, {versus['high']:+.3f}]"
+                if versus else "",
+                f"{order['answer_changes']:.3f} / {order['mean_total_variation']:.3f}"
+                if order else "",
+            ])  # fmt: skip
+        print(f"\n### {qid} ({type(questions[qid]).__name__})\n")
+        header = ["arm", "accuracy", "NLL", "Brier", "ECE", "off-menu", "vs plain"]
+        print(markdown_table([*header, "reversed: changed / TV"], rows))
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    tickets, questions = load_set(args.every)
+    arms = args.arm or ["plain", "sdk"]
+    options = tv.ServerOptions(model=MODEL, n_ctx=8192, n_parallel=args.slots)
+    started = time.monotonic()
+    with tv.EmbeddedServer(options) as server:
+        print(
+            f"{MODEL} served at {server.url} in {time.monotonic() - started:.1f} s", file=sys.stderr
+        )
+        arm_results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        seconds: dict[str, float] = {}
+        for arm in arms:
+            began = time.monotonic()
+            if arm == "plain":
+                arm_results[arm] = await run_plain(
+                    server.url, tickets, questions, args.reversed, args.slots
+                )
+            else:
+                arm_results[arm] = await run_sdk(
+                    server.url, tickets, questions, args.reversed, args.slots, parse_arm(arm)
+                )
+            seconds[arm] = time.monotonic() - began
+            print(f"{arm}: {seconds[arm]:.0f} s", file=sys.stderr, flush=True)
+        speed = None
+        if args.speed:
+            route = questions["route"]
+            assert isinstance(route, tv.Choice)
+            speed = await speed_study(server.url, tickets[: args.speed], route)
+    summary = summarise(arm_results, tickets, questions)
+    print_tables(summary, questions)
+    calibration = {
+        arm: calibration_study(arm_results[arm], tickets, questions)
+        for arm in arms
+        if arm != "plain"
+    }
+    for arm, study in calibration.items():
+        print(f"\n### calibration, {arm_label(arm)}: fitted on one half, scored on the other\n")
+        rows = [
+            [
+                qid,
+                str(entry["kept"]),
+                f"{entry['raw']['nll']['value']:.3f} -> {entry['mapped']['nll']['value']:.3f}",
+                f"{entry['raw']['ece_width']['value']:.3f} -> "
+                f"{entry['mapped']['ece_width']['value']:.3f}",
+            ]
+            for qid, entry in study.items()
+        ]
+        print(markdown_table(["question", "map kept", "NLL raw -> mapped", "ECE"], rows))
+    if speed is not None:
+        print(
+            f"\n### one decision at a time, cache warm, {speed['decisions']} tickets\n\n"
+            f"judge {speed['judge_median_s'] * 1000:.0f} ms median, right "
+            f"{speed['judge_accuracy']:.3f}; generation {speed['generate_median_s'] * 1000:.0f} "
+            f"ms, right {speed['generate_accuracy']:.3f}; {speed['speedup_median']:.1f}x "
+            f"(mean {speed['speedup_mean']:.1f}x)"
+        )
+    write_results(
+        NAME,
+        {
+            "model": MODEL,
+            "tickets": len(tickets),
+            "every": args.every,
+            "slots": args.slots,
+            "arms": arms,
+            "seconds": seconds,
+            "summary": summary,
+            "calibration": calibration,
+            "speed": speed,
+        },
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--every", type=int, default=3, help="every K-th ticket (default: 3)")
+    parser.add_argument(
+        "--arm",
+        action="append",
+        help="an arm, repeated: plain, sdk, sdk:layout=fused,... (default: plain and sdk)",
+    )
+    parser.add_argument("--slots", type=int, default=4, help="server slots (default: 4)")
+    parser.add_argument("--no-reversed", dest="reversed", action="store_false")
+    parser.add_argument(
+        "--speed",
+        type=int,
+        default=30,
+        metavar="N",
+        help="time N route decisions by judge and by generation (0: skip; default: 30)",
+    )
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
