@@ -28,7 +28,11 @@ TICKETS = [
 QUESTIONS: dict[str, tv.Question] = {
     "refund": tv.Noul(instructions="Is a refund requested?"),
     "route": tv.Choice(
-        {"billing": "Money matters", "shipping": "Parcels and delivery", "technical": "Bugs"},
+        {
+            "billing": "charges, invoices, payments, refunds",
+            "shipping": "deliveries, parcels, tracking",
+            "technical": "the app or the website not working",
+        },
         instructions="Which team should handle this?",
     ),
     "urgency": tv.Score(
