@@ -106,7 +106,7 @@ again); --out must not be the input.
 {QUESTIONS_SHAPE}
 
 {EXIT_CODES}""",
-    "eval": f"""example (the shipped labelled set, on the bundled model):
+    "eval": f"""example (the shipped labelled set, on the embedded server's local model):
   typevet-async eval examples/eval/tickets.jsonl --questions examples/eval/questions.json \\
       --out eval-report
   typevet-async calibrate eval-report --out calibration.json
@@ -159,8 +159,8 @@ exit codes: 0 stopped by SIGTERM or Ctrl-C; 2 it could not start (a port in use,
 claude_desktop_config.json; other clients that start stdio servers take the same command):
   {"mcpServers": {"typevet": {"command": "typevet-async",
       "args": ["mcp", "--base-url", "http://127.0.0.1:8080"]}}}
-Without --base-url (or TYPEVET_BASE_URL) the embedded llama.cpp server starts with the
-bundled model (about 10 s) and stops with this server.
+Without --base-url (or TYPEVET_BASE_URL) the embedded llama.cpp server starts with a local
+model (--local-model or TYPEVET_LOCAL_MODEL; about 10 s) and stops with this server.
 Tools: ask_noul(state, instructions), ask_choice(state, instructions, options),
 ask_score(state, instructions, levels), ask(state, questions) with System One questions.
 A bad question or a failing model server is a tool error result; the server goes on.

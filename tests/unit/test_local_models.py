@@ -239,5 +239,12 @@ def test_serve_local_takes_a_models_name_or_a_file(tmp_path: Path) -> None:
     gguf = tmp_path / "own.gguf"
     gguf.write_bytes(b"GGUF")
     assert resolved("--model", str(gguf)) == (str(gguf), None, True)
-    with pytest.raises(tv.ConfigurationError, match=r"give a local model's name \(gemma3-270m"):
+    with pytest.raises(tv.ConfigurationError, match=r"does not exist; give a local model's name"):
         resolved("--model", str(tmp_path / "missing.gguf"))
+    with pytest.raises(tv.ConfigurationError, match=r"'' is empty"):
+        resolved("--model", "")
+    with pytest.raises(
+        tv.ConfigurationError, match=r"cannot be read \(File name too long\)"
+    ) as long:
+        resolved("--model", "x" * 5000)
+    assert len(str(long.value)) < 400

@@ -440,10 +440,16 @@ def _resolve_model(args: argparse.Namespace) -> None:
             args.template = chosen[1] if not args.model_template else None
         return
     path = Path(given)
-    if not path.is_file():
-        reason = "is a directory" if path.is_dir() else "does not exist"
+    try:
+        reason = (
+            "is empty" if not given else None if path.is_file() else
+            "is a directory" if path.is_dir() else "does not exist"
+        )  # fmt: skip
+    except OSError as error:  # a name too long for the file system, say
+        reason = f"cannot be read ({error.strerror or error})"
+    if reason is not None:
         raise ConfigurationError(
-            f"--model {given}: {reason}; give a local model's name "
+            f"--model {given[:200]!r} {reason}; give a local model's name "
             f"({', '.join(sorted(LOCAL_MODELS))}) or the path of a GGUF file"
         )
     if args.template is None and args.jinja_template is None:
