@@ -27,7 +27,13 @@ with a 95% bootstrap interval (1,000 resamples), the mean off-menu mass, and the
 difference in accuracy against ``plain`` with its own bootstrap interval.
 
     python -m benchmarks.bench_real_model [--every 3] [--arm plain --arm sdk \
-        --arm 'sdk:{"layout": "fused"}' ...] [--speed 30]
+        --arm 'sdk:{"layout": "fused"}' ...] [--speed 30] [--identity-every 10] [--diagrams]
+
+``--identity-every K`` checks that the SDK's default prompt is byte for byte the plain letter
+prompt on every ticket and question (rendered, not read), and reads every K-th ticket both ways
+one at a time without the prompt cache: equal prompts give equal reads there, so the accuracy of
+one is the accuracy of the other, whatever the server's batching does to the last bits when
+both run with the cache and 4 slots.
 """
 
 from __future__ import annotations
@@ -106,8 +112,10 @@ class PlainReader:
     """The hand-written loop: one ``/completion`` per question, the answer tokens' logprobs
     read from its top 4,096 (the whole vocabulary if one is missing)."""
 
-    def __init__(self, url: str, http: aiohttp.ClientSession, vocab: int) -> None:
-        self.url, self.http, self.vocab = url, http, vocab
+    def __init__(
+        self, url: str, http: aiohttp.ClientSession, vocab: int, *, cache_prompt: bool = True
+    ) -> None:
+        self.url, self.http, self.vocab, self.cache_prompt = url, http, vocab, cache_prompt
         self._ids: dict[str, int] = {}
 
     async def token_id(self, text: str) -> int:
@@ -122,7 +130,8 @@ class PlainReader:
         """The logprobs of ``answers`` (one token each) after ``prompt``, and the mass off them."""
         ids, top_k = [await self.token_id(answer) for answer in answers], 4096
         while True:
-            body = {"prompt": prompt, "n_predict": 0, "n_probs": top_k, "cache_prompt": True}
+            body = {"prompt": prompt, "n_predict": 0, "n_probs": top_k,
+                    "cache_prompt": self.cache_prompt}  # fmt: skip
             async with self.http.post(f"{self.url}/completion", json=body) as response:
                 reply = await response.json()
             entries = reply["completion_probabilities"][0]["top_logprobs"]
@@ -307,8 +316,10 @@ def calibration_study(
 async def speed_study(
     url: str, tickets: Sequence[Mapping[str, Any]], question: tv.Choice
 ) -> dict[str, Any]:
-    """One decision at a time, prompt cache warm (each ticket judged once untimed first): the
-    logprob read (``judge``) against schema-bound generation of ``{"label": <enum>}``."""
+    """One decision at a time, prompt cache warm (each ticket decided once untimed first): the
+    logprob read (``judge``) against schema-bound generation of ``{"label": <enum>}`` and
+    against a tool call through ``/v1/chat/completions`` (llama.cpp's own tool-call parsing of
+    the model's ChatML ``<tool_call>``, ``tool_choice: "required"``, the label an enum)."""
     labels = [option.label for option in question.options()]
     schema = {
         "type": "object",
@@ -338,15 +349,28 @@ async def speed_study(
             began = time.perf_counter()
             generation = await session.generate(prompt, schema=schema, max_tokens=32)
             generated = time.perf_counter() - began
+            tool_body = tool_call_body(f"{state}\n\n{question.instructions}\n{options}", labels)
+            await tool_call(url, tool_body)  # warm it too
+            began = time.perf_counter()
+            tool_label, tool_tokens, tool_where = await tool_call(url, tool_body)
+            called = time.perf_counter() - began
             rows.append({
                 "id": ticket["id"], "gold": ticket["labels"]["route"],
                 "judge_seconds": judged, "judge_label": answer.choice,
                 "generate_seconds": generated, "generate_label": generation.value["label"],
                 "generate_tokens": generation.completion_tokens,
+                "tool_seconds": called, "tool_label": tool_label, "tool_tokens": tool_tokens,
+                "tool_call_in": tool_where,
             })  # fmt: skip
     judge_times = sorted(row["judge_seconds"] for row in rows)
     generate_times = sorted(row["generate_seconds"] for row in rows)
+    tool_times = sorted(row["tool_seconds"] for row in rows)
     return {
+        "tool_median_s": tool_times[len(rows) // 2],
+        "tool_speedup_median": tool_times[len(rows) // 2] / judge_times[len(rows) // 2],
+        "tool_accuracy": sum(r["tool_label"] == r["gold"] for r in rows) / len(rows),
+        "tool_calls_missing": sum(r["tool_label"] is None for r in rows),
+        "tool_calls_parsed_by_server": sum(r["tool_call_in"] == "tool_calls" for r in rows),
         "decisions": len(rows),
         "judge_median_s": judge_times[len(rows) // 2],
         "generate_median_s": generate_times[len(rows) // 2],
@@ -358,6 +382,126 @@ async def speed_study(
         "generate_accuracy": sum(r["generate_label"] == r["gold"] for r in rows) / len(rows),
         "rows": rows,
     }
+
+
+async def identity_check(
+    url: str, tickets: Sequence[Mapping[str, Any]], questions: Mapping[str, tv.Question],
+    every: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Whether the SDK's default prompt *is* the plain letter prompt: every ticket's and
+    question's prefix compared byte for byte (rendered by the SDK's planner, nothing read),
+    then every ``every``-th ticket read both ways one at a time without the prompt cache (the
+    SDK's ``reproducible=True``; the plain loop with ``cache_prompt: false``), so any
+    difference left would be the framing's, not the server's batching."""
+    same = different = 0
+    example: dict[str, str] | None = None
+    async with tv.Session.llama_cpp(url, reproducible=True) as session:
+        _, planner = await session._ready_planner()  # the SDK's own rendering, no read
+        for ticket in tickets:
+            for qid, question in questions.items():
+                (request,) = planner.plan(ticket["state"], [(qid, question)], ())
+                plain = plain_prompt(ticket["state"], question, range(len(question.options())))
+                if request.prompt == plain:
+                    same += 1
+                else:
+                    different += 1
+                    example = example or {"sdk": str(request.prompt), "plain": plain}
+        sample = list(tickets[::every])
+        judged = [
+            await session.judge(ticket["state"], dict(questions)) for ticket in sample
+        ]  # one at a time: reproducible
+    largest = 0.0
+    answers_equal = 0
+    async with aiohttp.ClientSession() as http:
+        reader = PlainReader(url, http, await served_vocabulary(url, http), cache_prompt=False)
+        for ticket, judgment in zip(sample, judged, strict=True):
+            for qid, question in questions.items():
+                n = len(question.options())
+                logprobs, _ = await reader.read(
+                    plain_prompt(ticket["state"], question, range(n)), LETTERS[:n]
+                )
+                plain_p = softmax(logprobs)
+                sdk_p = list(judgment[qid].probabilities.values())
+                largest = max(largest, *(abs(a - b) for a, b in zip(plain_p, sdk_p, strict=True)))
+                answers_equal += int(np.argmax(plain_p) == np.argmax(sdk_p))
+    return {
+        "prompts_identical": same,
+        "prompts_different": different,
+        "first_difference": example,
+        "read_tickets": len(sample),
+        "read_questions": len(sample) * len(questions),
+        "answers_equal": answers_equal,
+        "max_abs_probability_difference": largest,
+    }
+
+
+def reliability_diagrams(
+    results: Mapping[str, list[dict[str, Any]]],
+    tickets: Sequence[Mapping[str, Any]],
+    questions: Mapping[str, tv.Question],
+    folder: Path,
+) -> list[str]:
+    """The arm's reliability diagram per question (the eval report's own figure)."""
+    from typevet_async import _report
+
+    ordered = sorted(tickets, key=lambda ticket: str(ticket["id"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for qid, question in questions.items():
+        p = np.array([row["p"] for row in results[qid]])
+        gold = np.array([gold_index(question, t["labels"][qid]) for t in ordered])
+        metrics = evaluate(p, gold, resamples=0)
+        path = folder / f"real-{qid}-reliability.png"
+        title = f"{qid}: Qwen2.5 Coder 1.5B Instruct, SDK defaults, {len(gold)} tickets"
+        _report.reliability_png(metrics.bins_width, path, title=title)
+        written.append(str(path.relative_to(ROOT)))
+    return written
+
+
+def tool_call_body(prompt: str, labels: Sequence[str]) -> dict[str, Any]:
+    function = {
+        "name": "route_ticket",
+        "description": "Route the ticket to the team that should handle it.",
+        "parameters": {
+            "type": "object",
+            "properties": {"label": {"type": "string", "enum": list(labels)}},
+            "required": ["label"],
+        },
+    }
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": [{"type": "function", "function": function}],
+        # "required" made llama.cpp hold the model to a grammar it filled to max_tokens with
+        # blank lines after the call (measured here); "auto" lets it stop.
+        "tool_choice": "auto",
+        "temperature": 0.0,
+        "max_tokens": 64,
+    }
+
+
+async def tool_call(url: str, body: Mapping[str, Any]) -> tuple[str | None, int, str]:
+    """The label the model called the tool with, the tokens generated, and where the call
+    was found: ``"tool_calls"`` (parsed by llama.cpp), ``"content"`` (a JSON call written as
+    text, which this model does: a fenced ``{"name", "arguments"}`` block) or ``"none"``."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/v1/chat/completions", json=body) as response,
+    ):
+        reply = await response.json()
+    tokens = int(reply.get("usage", {}).get("completion_tokens", 0))
+    message = (reply.get("choices") or [{}])[0].get("message", {})
+    calls = message.get("tool_calls") or []
+    try:
+        if calls:
+            arguments, where = json.loads(calls[0]["function"]["arguments"]), "tool_calls"
+        else:
+            text = str(message.get("content") or "")
+            start, end = text.find("{"), text.rfind("}")
+            arguments, where = json.loads(text[start : end + 1]).get("arguments"), "content"
+        label = arguments.get("label")
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None, tokens, "none"
+    return (label, tokens, where) if isinstance(label, str) else (None, tokens, "none")
 
 
 def arm_label(arm: str) -> str:
@@ -416,6 +560,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 )
             seconds[arm] = time.monotonic() - began
             print(f"{arm}: {seconds[arm]:.0f} s", file=sys.stderr, flush=True)
+        identity = None
+        if args.identity_every:
+            began = time.monotonic()
+            identity = await identity_check(server.url, tickets, questions, args.identity_every)
+            seconds["identity"] = time.monotonic() - began
+            print(f"identity: {identity}", file=sys.stderr, flush=True)
         speed = None
         if args.speed:
             route = questions["route"]
@@ -447,10 +597,27 @@ async def main_async(args: argparse.Namespace) -> None:
             f"judge {speed['judge_median_s'] * 1000:.0f} ms median, right "
             f"{speed['judge_accuracy']:.3f}; generation {speed['generate_median_s'] * 1000:.0f} "
             f"ms, right {speed['generate_accuracy']:.3f}; {speed['speedup_median']:.1f}x "
-            f"(mean {speed['speedup_mean']:.1f}x)"
+            f"(mean {speed['speedup_mean']:.1f}x); tool call {speed['tool_median_s'] * 1000:.0f} "
+            f"ms, right {speed['tool_accuracy']:.3f} ({speed['tool_calls_missing']} without a "
+            f"call, {speed['tool_calls_parsed_by_server']} parsed by the server), "
+            f"{speed['tool_speedup_median']:.1f}x"
+        )
+    diagrams = (
+        reliability_diagrams(arm_results["sdk"], tickets, questions, ROOT / "docs" / "images")
+        if args.diagrams and "sdk" in arm_results
+        else []
+    )
+    if identity is not None:
+        print(
+            f"\n### the SDK's default prompt against the plain letter prompt\n\n"
+            f"prompts identical byte for byte: {identity['prompts_identical']} of "
+            f"{identity['prompts_identical'] + identity['prompts_different']}; read one at a "
+            f"time without the cache on {identity['read_tickets']} tickets: answers equal on "
+            f"{identity['answers_equal']} of {identity['read_questions']}, largest probability "
+            f"difference {identity['max_abs_probability_difference']:.2e}"
         )
     write_results(
-        NAME,
+        args.results,
         {
             "model": MODEL,
             "tickets": len(tickets),
@@ -460,6 +627,8 @@ async def main_async(args: argparse.Namespace) -> None:
             "seconds": seconds,
             "summary": summary,
             "calibration": calibration,
+            "identity": identity,
+            "diagrams": diagrams,
             "speed": speed,
         },
     )
@@ -481,6 +650,24 @@ def main() -> None:
         default=30,
         metavar="N",
         help="time N route decisions by judge and by generation (0: skip; default: 30)",
+    )
+    parser.add_argument(
+        "--results",
+        default=NAME,
+        help=f"the results file's name under benchmarks/results/ (default: {NAME})",
+    )
+    parser.add_argument(
+        "--identity-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="compare the SDK's default prompts with the plain ones for every ticket, and read "
+        "every K-th ticket both ways without the cache (0: skip; default: 0)",
+    )
+    parser.add_argument(
+        "--diagrams",
+        action="store_true",
+        help="write the sdk arm's reliability diagrams (docs/images/real-QUESTION-reliability.png)",
     )
     asyncio.run(main_async(parser.parse_args()))
 

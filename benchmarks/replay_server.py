@@ -14,8 +14,8 @@ Every body it sends was recorded from the real server (xllamacpp, llama.cpp buil
   an array is dropped): ``--check`` compares that emulation with real filtered replies. A K
   with no recording is answered 501 and counted, so a benchmark fails loudly instead of
   measuring something else;
-- ``POST /tokenize``, ``GET /v1/models``, ``GET /props``, ``POST /apply-template`` (the probe),
-  ``GET /health``.
+- ``POST /tokenize``, ``GET /v1/models``, ``GET /props``, ``POST /apply-template`` (the probe:
+  its controls tokenized in context and its renderings, ``probe.json``), ``GET /health``.
 
 Bodies come from ``tests/fixtures/replies/llama_cpp/`` (``scripts/record_replies.py``) where
 that folder has them, else from ``benchmarks/recorded/llama_cpp/``
@@ -93,6 +93,10 @@ def _find(name: str) -> tuple[bytes, Path] | None:
             if path.exists():
                 return _read(path), path
     return None
+
+
+def _messages_key(messages: Any) -> str:
+    return json.dumps(messages, sort_keys=True, ensure_ascii=False)
 
 
 def filter_fields(payload: dict[str, Any], paths: list[str]) -> dict[str, Any]:
@@ -174,6 +178,19 @@ class RecordedBodies:
             content: reply.encode() for content, reply in json.loads(tokenized.read_text()).items()
         }
         self.sources["tokenize"] = str(tokenized.relative_to(ROOT))
+        # The probe's in-context tokenizations and its other renderings (``--only probe``).
+        probe = RECORDED / "probe.json"
+        if not probe.exists():
+            raise SystemExit("no recorded probe.json: run scripts/record_replies.py --only probe")
+        recorded_probe = json.loads(probe.read_text())
+        self.tokens.update(
+            (content, reply.encode()) for content, reply in recorded_probe["tokenize"].items()
+        )
+        self.renderings: dict[str, bytes] = {
+            _messages_key(entry["body"]["messages"]): entry["reply"].encode()
+            for entry in recorded_probe["apply_template"]
+        }
+        self.sources["probe"] = str(probe.relative_to(ROOT))
         # The fixtures' own /tokenize reply must agree with ours.
         fixture_requests = FIXTURES / "requests.json"
         if fixture_requests.exists():
@@ -319,9 +336,12 @@ class ReplayLlamaCppServer:
         self.requests[request.path] += 1
         body = orjson.loads(await request.read())
         messages = body.get("messages") or [{}]
-        if len(messages) != 1 or messages[0].get("content") != "typevet-probe":
+        if len(messages) == 1 and messages[0].get("content") == "typevet-probe":
+            return self._json(self.bodies.fixed["apply_template"])
+        recorded = self.bodies.renderings.get(_messages_key(messages))
+        if recorded is None:
             return self._refuse(f"no recorded /apply-template rendering of {messages!r:.200}")
-        return self._json(self.bodies.fixed["apply_template"])
+        return self._json(recorded)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         self.requests[request.path] += 1

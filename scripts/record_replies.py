@@ -54,6 +54,12 @@ from tests.live.servers import VLLM_MODEL_ID, VllmServerProcess  # noqa: E402
 from typevet_async._backends import llama_cpp_wire, system_one_wire, vllm_wire  # noqa: E402
 from typevet_async._backends.embedded import wait_healthy  # noqa: E402
 from typevet_async._core.controls import PROBED_CONTROLS  # noqa: E402
+from typevet_async._core.framing import (  # noqa: E402
+    GEMMA_FRAMES,
+    PROBE_MESSAGE,
+    TRIM_PROBE_MESSAGE,
+    TemplateFamily,
+)
 from typevet_async._core.layouts import Message  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "replies"
@@ -250,11 +256,42 @@ def record_bodies(ks: list[int]) -> None:
         server.stop()
 
 
+def record_probe() -> None:
+    """``probe.json``: the probe's requests beyond ``tokenize.json`` and ``apply_template``:
+    each control tokenized in context (after the Gemma 3 frame's answer position), and the
+    template's renderings of the whitespace probe and of the split layout's roles."""
+    server = llama_cpp_server("record-probe")
+    server.start()
+    try:
+        url = server.url
+        context = GEMMA_FRAMES[TemplateFamily.GEMMA3].prefix(PROBE_MESSAGE)
+        tokenized = {
+            context + control: send(
+                url, "POST", "/tokenize", llama_cpp_wire.tokenize_body(context + control)
+            ).decode()
+            for control in ("", *PROBED_CONTROLS)
+        }
+        renderings = []
+        for body in (
+            llama_cpp_wire.probe_template_body(TRIM_PROBE_MESSAGE),
+            llama_cpp_wire.split_probe_body(),
+        ):
+            renderings.append(
+                {"body": body, "reply": send(url, "POST", "/apply-template", body).decode()}
+            )
+        text = json.dumps({"tokenize": tokenized, "apply_template": renderings}, indent=1,
+                          ensure_ascii=False)  # fmt: skip
+        (BODIES / "probe.json").write_text(text + "\n")
+        print(f"probe.json: {len(tokenized)} tokenizations, {len(renderings)} renderings")
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only",
-        choices=["llama_cpp", "vllm", "system_one", "bodies"],
+        choices=["llama_cpp", "vllm", "system_one", "bodies", "probe"],
         help="one recording (default: the fixtures of both servers; bodies only when asked)",
     )
     parser.add_argument(
@@ -263,6 +300,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.only == "bodies":
         record_bodies(args.ks)
+        return
+    if args.only == "probe":
+        record_probe()
         return
     if args.only in (None, "llama_cpp"):
         record_llama_cpp()

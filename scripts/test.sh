@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the suite needs and runs it: lint, types, layering, unit and live tests.
 # Live tests start their own real servers: llama.cpp through xllamacpp, and vLLM (CPU) in its
-# own virtual environment, both serving Gemma 3 270M (and a random-weight Qwen3 test model over
-# the real Qwen tokenizer, scripts/setup_qwen_model.sh). On a fresh machine the vLLM environment
+# own virtual environment, both serving Gemma 3 270M (and random-weight test models over the real
+# Qwen and Mistral v3 tokenizers, scripts/setup_random_models.sh). On a fresh machine the vLLM environment
 # and converted weights take about 8 minutes to build; they are cached for later runs (about
 # 4.7 GB under ~/.cache/typevet_async, or $TYPEVET_CACHE_DIR, with the bundled model).
 # Arguments go to pytest, e.g. scripts/test.sh -k batch.
@@ -20,8 +20,8 @@ step "assembling the local models (first run: ~250 MB and ~1.1 GB, each checked 
 .venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model('qwen2.5-coder-1.5b'))"
 step "building the vLLM environment and converted weights (first run: ~8 min, ~4.5 GB)"
 ./scripts/setup_vllm.sh
-step "building the random-weight Qwen3 test model over the real Qwen tokenizer (first run: ~30 s, ~80 MB)"
-./scripts/setup_qwen_model.sh
+step "building the random-weight test models over the real Qwen and Mistral tokenizers (first run: ~45 s, ~110 MB)"
+./scripts/setup_random_models.sh
 step "ruff check, ruff format --check"
 .venv/bin/ruff check typevet_async tests benchmarks examples
 .venv/bin/ruff format --check typevet_async tests benchmarks examples

@@ -25,6 +25,7 @@ from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
 from typevet_async._core.framing import TemplateFamily, turn_markers
+from typevet_async._core.layouts import Layout
 from typevet_async._core.markers import ALL_RUNS, marker_runs
 from typevet_async._core.probe import Probe, model_identity
 from typevet_async._core.questions import Question
@@ -95,6 +96,8 @@ class Planner:
         self._frames = capabilities.framing == "sdk"
         self._frame = probe.prompt_frame if self._frames else None
         control_ids, layout, controls = probe.control_ids, settings.layout, settings.controls
+        self._layout = layout
+        leads = probe.control_leads
         limit = capabilities.max_candidates
         #: Marker run -> whether the served tokenizer reads it as a special token (recently
         #: used last); None once the backend has said it cannot tell.
@@ -104,7 +107,7 @@ class Planner:
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def bind(question: Question, rotation: int) -> QuestionPlan:
             return bind_question(
-                question, layout, control_ids, limit, is_special, rotation, controls
+                question, layout, control_ids, limit, is_special, rotation, controls, leads
             )
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -168,6 +171,15 @@ class Planner:
         frame, probe = self._frame, self.probe
         if self._frames and frame is None:
             raise template_refusal(probe)
+        if self._layout is Layout.SPLIT and not probe.consecutive_user_turns:
+            raise UnsupportedTemplateError(
+                "the split layout sends two user messages in a row (the state, then the "
+                "question), and the served chat template requires alternating roles (it "
+                "refused them at the probe); use layout='fused' or the default layout, which "
+                "send one user message",
+                family=probe.family.value,
+                rendered=probe.rendered_template,
+            )
         if images and not probe.vision:
             raise InvalidInputError(
                 "the server does not declare vision (/props modalities); images were refused "

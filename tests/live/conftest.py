@@ -103,13 +103,13 @@ QWEN_MODEL_ID = "qwen3-tiny"
 
 def _qwen_ready() -> None:
     if not (QWEN_DIR / ".typevet-ready").exists():
-        raise RuntimeError(f"{QWEN_DIR} is missing: run scripts/setup_qwen_model.sh first")
+        raise RuntimeError(f"{QWEN_DIR} is missing: run scripts/setup_random_models.sh first")
 
 
 @pytest.fixture(scope="session")
 def qwen_llama_url() -> Iterator[str]:
     """llama.cpp serving the random-weight Qwen3 model (the real Qwen tokenizer, built by
-    scripts/setup_qwen_model.sh) under a Qwen3-style template, thinking switchable."""
+    scripts/setup_random_models.sh) under a Qwen3-style template, thinking switchable."""
     _qwen_ready()
     options = tv.ServerOptions(
         model_path=QWEN_DIR / "qwen3-tiny.gguf",
@@ -127,7 +127,11 @@ def qwen_vllm_url() -> Iterator[str]:
     _qwen_ready()
     yield from _serve_vllm(
         VllmServerProcess(
-            "qwen3-vllm", model=QWEN_DIR / "hf", served_name=QWEN_MODEL_ID, template=QWEN_TEMPLATE
+            "qwen3-vllm",
+            model=QWEN_DIR / "hf",
+            served_name=QWEN_MODEL_ID,
+            template=QWEN_TEMPLATE,
+            kv_cache_gib=1,
         )
     )
 
@@ -138,12 +142,55 @@ def qwen_backend(request: pytest.FixtureRequest) -> tuple[str, str]:
     return _per_backend(request, "qwen_llama_url", "qwen_vllm_url")
 
 
+MISTRAL_DIR = tv.cache_dir() / "models" / "mistral-tiny"
+MISTRAL_TEMPLATE = FIXTURES / "mistral-v3.jinja"
+MISTRAL_MODEL_ID = "mistral-tiny"
+
+
+@pytest.fixture(scope="session")
+def mistral_llama_url() -> Iterator[str]:
+    """llama.cpp serving the random-weight model over Mistral 7B Instruct v0.3's SentencePiece
+    vocabulary, ``add_space_prefix`` on as real Mistral GGUFs carry it, under its own template
+    (Mistral v0.3's, roles alternating; built by scripts/setup_random_models.sh)."""
+    if not (MISTRAL_DIR / ".typevet-ready").exists():
+        raise RuntimeError(f"{MISTRAL_DIR} is missing: run scripts/setup_random_models.sh first")
+    options = tv.ServerOptions(
+        model_path=MISTRAL_DIR / "mistral-tiny.gguf", jinja=True, n_ctx=2048, n_parallel=2
+    )
+    yield from _start(options, "mistral-llama")
+
+
+@pytest.fixture(scope="module")
+def mistral_vllm_url() -> Iterator[str]:
+    """vLLM serving the same model (its Hugging Face folder) under the same template; for one
+    module only, so that no more than two vLLM servers ever share the machine's memory."""
+    yield from _serve_vllm(
+        VllmServerProcess(
+            "mistral-vllm",
+            model=MISTRAL_DIR / "hf",
+            served_name=MISTRAL_MODEL_ID,
+            template=MISTRAL_TEMPLATE,
+            kv_cache_gib=1,
+        )
+    )
+
+
+@pytest.fixture(params=["llama_cpp", "vllm"])
+def mistral_backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Runs a test once per backend serving the Mistral-vocabulary model: (name, URL)."""
+    return _per_backend(request, "mistral_llama_url", "mistral_vllm_url")
+
+
+VLLM_FIXTURES = {"vllm_url", "qwen_vllm_url", "mistral_vllm_url"}
+BACKEND_PARAMS = ("backend", "qwen_backend", "mistral_backend")
+
+
 def _needs_vllm(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     fixtures = set(getattr(item, "fixturenames", ()))
-    uses_fixture = bool(fixtures & {"vllm_url", "qwen_vllm_url"})
+    uses_fixture = bool(fixtures & VLLM_FIXTURES)
     params = callspec.params if callspec is not None else {}
-    return uses_fixture or "vllm" in (params.get("backend"), params.get("qwen_backend"))
+    return uses_fixture or "vllm" in {params.get(name) for name in BACKEND_PARAMS}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

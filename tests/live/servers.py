@@ -42,12 +42,15 @@ class VllmServerProcess:
         model: Path | None = None,
         served_name: str = VLLM_MODEL_ID,
         template: Path = GEMMA3_TEMPLATE,
+        kv_cache_gib: int = 2,
     ) -> None:
         self.cache = tv.cache_dir()
         self.python = self.cache / "vllm-venv" / "bin" / "python"
         self.model = model or self.cache / "models" / "gemma-3-270m-hf"
         self.served_name = served_name
         self.template = template
+        #: vLLM's CPU KV cache (GiB): the random-weight test models need far less than Gemma.
+        self.kv_cache_gib = kv_cache_gib
         self.log = self.cache / "test-logs" / f"{log_name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -60,13 +63,13 @@ class VllmServerProcess:
             if not needed.exists():
                 raise RuntimeError(
                     f"{needed} is missing: run scripts/setup_vllm.sh (and, for the Qwen "
-                    "model, scripts/setup_qwen_model.sh) first"
+                    "model, scripts/setup_random_models.sh) first"
                 )
         port = _free_port()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
         }

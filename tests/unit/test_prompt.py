@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,10 +16,13 @@ from typevet_async._core.framing import (
     EMPTY_THINK_BLOCK,
     PROBE_MESSAGE,
     SECOND_PROBE_MESSAGE,
+    TRIM_PROBE_MESSAGE,
     TemplateFamily,
     classify_template,
     frame_prefix,
     learn_frame,
+    learn_trim,
+    structural_markers,
 )
 from typevet_async._core.layouts import Layout
 from typevet_async._core.markers import marker_runs, neutralise, neutralise_line
@@ -355,3 +361,83 @@ async def test_a_backend_that_cannot_tell_gets_every_marker_run_neutralised() ->
     assert "‹div›x‹/div›" in prompts[0]
     assert "‹p›y‹/p›" in prompts[1]
     assert len(backend.special_queries) == 1  # asked once; never again once it said no
+
+
+#: Meta Llama 3 8B Instruct's chat template, as its tokenizer_config.json ships it.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim"
+    " + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+FIXTURE_TEMPLATES = Path(__file__).parent.parent / "fixtures"
+REAL_TEMPLATES = {
+    "llama3": (LLAMA3_TEMPLATE, "<|begin_of_text|>", True),
+    "gemma3": (
+        (Path(tv.__file__).parent / "templates" / "gemma3.jinja").read_text(),
+        "<bos>",
+        True,
+    ),
+    "qwen3": ((FIXTURE_TEMPLATES / "qwen3.jinja").read_text(), "", False),
+    "mistral-v3": ((FIXTURE_TEMPLATES / "mistral-v3.jinja").read_text(), "<s>", False),
+}
+STATES = ["  leading and trailing  \n", "", "line one\n\nline three\n", "\n\n", "\tx"]
+
+
+def _render(template: str, bos: str, content: str) -> str:
+    import jinja2
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    environment = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    return environment.from_string(template).render(
+        messages=[{"role": "user", "content": content}],
+        add_generation_prompt=True,
+        bos_token=bos,
+        eos_token="</s>",
+        enable_thinking=False,
+        raise_exception=raise_exception,
+    )
+
+
+@pytest.mark.parametrize("family", sorted(REAL_TEMPLATES))
+def test_the_frame_renders_what_the_template_renders(family: str) -> None:
+    template, bos, trims = REAL_TEMPLATES[family]
+    first = _render(template, bos, PROBE_MESSAGE)
+    trim = learn_trim(first, _render(template, bos, TRIM_PROBE_MESSAGE))
+    assert trim is trims
+    frame = learn_frame(first, _render(template, bos, SECOND_PROBE_MESSAGE), template=template,
+                        bos=bos or None)  # fmt: skip
+    assert frame is not None
+    frame = attrs.evolve(frame, trim=trim)
+    for state in STATES:  # whitespace, empty and multi-line states, each in a full user turn
+        content = render_user_content(state, "Which team?\nA. billing\nB. shipping")
+        rendered = _render(template, bos, content).removeprefix(bos)
+        assert frame.prefix(content) == rendered
+
+
+def test_a_template_that_changes_whitespace_otherwise_cannot_be_framed() -> None:
+    first = f"<|im_start|>user\n{PROBE_MESSAGE}<|im_end|>\n"
+    squeezed = f"<|im_start|>user\n{' '.join(TRIM_PROBE_MESSAGE.split())}x<|im_end|>\n"
+    assert learn_trim(first, squeezed) is None
+    assert learn_trim("no sentinel", squeezed) is None
+
+
+def test_the_markers_of_a_turn_must_be_special_tokens() -> None:
+    # llama.cpp's built-in monarch template on Gemma: <s> is one ordinary token there.
+    monarch = f"user\n{PROBE_MESSAGE}</s>\n<s>assistant\n"
+    assert structural_markers(monarch) == ["</s>", "<s>"]
+    special = {"</s>"}.__contains__
+    assert classify_template(monarch, lambda m: True, special) is TemplateFamily.DEGRADED
+    assert classify_template(monarch, lambda m: True, lambda m: True) is TemplateFamily.OTHER
+    # Qwen3's <think> is an ordinary (user-defined) token: a thinking block's markers need only
+    # be one token.
+    qwen = (
+        f"<|im_start|>user\n{PROBE_MESSAGE}<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\n\n</think>\n\n"
+    )
+    assert structural_markers(qwen) == ["<|im_end|>", "<|im_start|>"]
+    special = {"<|im_start|>", "<|im_end|>"}.__contains__
+    assert classify_template(qwen, lambda m: True, special) is TemplateFamily.CHATML

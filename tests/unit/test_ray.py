@@ -214,7 +214,7 @@ def test_batches_at_once_share_one_session_and_its_cap(
 
     outputs = actor_loop.run(three_batches())
     stats = simulated.stats()
-    assert stats["requests"]["/apply-template"] == 1  # one session, probed once
+    assert stats["requests"]["/props"] == 1  # one session, probed once
     assert stats["simulation"]["served"] == 3 * 12 * 3
     assert stats["simulation"]["peak_slots_held"] == 3  # the session's cap, shared
     for n, output in enumerate(outputs):

@@ -31,15 +31,21 @@ from typevet_async._backends.llama_cpp_wire import (
     decode_tokens,
     generation_body,
     probe_template_body,
+    split_probe_body,
     template_body,
     tokenize_body,
 )
 from typevet_async._backends.openai_chat import decode_chat_output
-from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
+from typevet_async._core.controls import PROBED_CONTROLS, controls_in_context
 from typevet_async._core.framing import (
+    GEMMA_FRAMES,
+    PROBE_MESSAGE,
     SECOND_PROBE_MESSAGE,
+    TRIM_PROBE_MESSAGE,
     classify_template,
     learn_frame,
+    learn_trim,
+    structural_markers,
     turn_markers,
 )
 from typevet_async._core.generation import ChatOutput, GenerationRequest
@@ -57,6 +63,8 @@ from typevet_async._errors import (
     CandidateMissingError,
     ConfigurationError,
     InvalidLogprobsError,
+    QuestionError,
+    ServerError,
 )
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
@@ -210,32 +218,68 @@ class AsyncLlamaCpp:
         vocab_size, model_ids = decode_models(await self.http.get("/v1/models"))
         check_served_model(self.config.model, model_ids)
         rendered = decode_rendered(await self.http.post("/apply-template", probe_template_body()))
-        tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
         props = decode_props(await self.http.get("/props"))
         family = classify_template(rendered)
         frame = None
         if not family.is_gemma and family.is_native:
-            # A native template's markers are the model's special tokens: one token each.
+            # A native template's markers are the model's own tokens: one token each, and those
+            # of its turns special (caller text can never forge them).
             markers = turn_markers(rendered)
             tokenized = await gather_in_order(markers, self.tokenize)
             lengths = {m: len(t) for m, t in zip(markers, tokenized, strict=True)}
-            family = classify_template(rendered, lambda marker: lengths[marker] == 1)
-        if not family.is_gemma and family.is_native:
-            second = decode_rendered(
-                await self.http.post("/apply-template", probe_template_body(SECOND_PROBE_MESSAGE))
+            special = await self.special_runs(structural_markers(rendered))
+            family = classify_template(
+                rendered, lambda marker: lengths[marker] == 1, special.__contains__
             )
-            frame = learn_frame(rendered, second, template=props.chat_template, bos=props.bos_token)
+        if family.is_native:
+            trimmed = decode_rendered(
+                await self.http.post("/apply-template", probe_template_body(TRIM_PROBE_MESSAGE))
+            )
+            trim = learn_trim(rendered, trimmed)
+            if family.is_gemma:
+                frame = attrs.evolve(GEMMA_FRAMES[family], trim=True) if trim else None
+            elif trim is not None:
+                second = await self.http.post(
+                    "/apply-template", probe_template_body(SECOND_PROBE_MESSAGE)
+                )
+                frame = learn_frame(
+                    rendered,
+                    decode_rendered(second),
+                    template=props.chat_template,
+                    bos=props.bos_token,
+                )
+                frame = attrs.evolve(frame, trim=trim) if frame is not None else None
+        # Each control's ids where the model writes it: after the prefix a judgment ends in.
+        answer_frame = frame if frame is not None else GEMMA_FRAMES.get(family)
+        context = answer_frame.prefix(PROBE_MESSAGE) if answer_frame is not None else rendered
+        base, *extended = await gather_in_order(
+            ("", *PROBED_CONTROLS), lambda control: self.tokenize(context + control)
+        )
+        controls = controls_in_context(base, dict(zip(PROBED_CONTROLS, extended, strict=True)))
         return Probe(
             family,
             rendered,
-            control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True))),
+            controls.ids,
             vocab_size,
             model_ids,
             vision=props.vision,
             media_marker=props.media_marker,
             slots=props.slots,
             frame=frame,
+            control_leads=controls.leads,
+            consecutive_user_turns=await self._renders_consecutive_user_turns(),
         )
+
+    async def _renders_consecutive_user_turns(self) -> bool:
+        """Whether the template renders the ``split`` layout's messages (system, user, user):
+        a template that requires alternating roles (Mistral's) refuses them with a 400."""
+        try:
+            await self.http.post("/apply-template", split_probe_body(), max_retries=0)
+        except ServerError as error:
+            if error.status == 400:
+                return False
+            raise
+        return True
 
     async def tokenize(self, text: str, *, parse_special: bool = True) -> list[int]:
         body = tokenize_body(text, parse_special=parse_special)
@@ -294,6 +338,15 @@ class AsyncLlamaCpp:
             else await self._render(request, max_retries, attempts)
         )
         images = [image for message in request.messages for image in message.images]
+        if images and request.lead:
+            # llama.cpp's multimodal prompt is text only: it cannot end in the lead's token.
+            error = QuestionError(
+                f"its controls ({''.join(request.controls)}) need a lead token at the answer "
+                "position on this tokenizer, and llama.cpp cannot end an image prompt in a "
+                "token; controls='letters' need none here"
+            )
+            error.question_id = request.question_id
+            raise error
         groups = request.option_groups
         policy = self.config.on_missing
         vocab_size = probe.vocab_size
@@ -301,7 +354,11 @@ class AsyncLlamaCpp:
         reads = prompt_tokens = cached_tokens = 0
         while True:
             body = completion_body(
-                prompt, top_k, cache_prompt=not self.config.reproducible, images=images
+                prompt,
+                top_k,
+                cache_prompt=not self.config.reproducible,
+                images=images,
+                lead=request.lead,
             )
             raw = await self.http.post(
                 "/completion", body, max_retries=max_retries, attempts=attempts

@@ -48,7 +48,7 @@ from typevet_async._backends.wire import (
     decoder_for,
     protocol_error,
 )
-from typevet_async._core.framing import PROBE_MESSAGE
+from typevet_async._core.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
 from typevet_async._core.generation import GenerationRequest
 from typevet_async._core.layouts import ImagePart, Message
 from typevet_async._core.readings import TopLogprobs
@@ -64,6 +64,7 @@ __all__ = [
     "decode_tokens",
     "generation_body",
     "probe_template_body",
+    "split_probe_body",
     "template_body",
     "tokenize_body",
 ]
@@ -73,14 +74,20 @@ __all__ = [
 
 
 def completion_body(
-    prompt: str, top_k: int, *, cache_prompt: bool, images: Sequence[ImagePart] = ()
+    prompt: str,
+    top_k: int,
+    *,
+    cache_prompt: bool,
+    images: Sequence[ImagePart] = (),
+    lead: Sequence[int] = (),
 ) -> dict[str, Any]:
     """A one-position read: no tokens generated, the top-K full-vocabulary logprobs returned.
 
     With images the prompt becomes ``{"prompt_string", "multimodal_data"}``; the prefix holds
-    one media marker per image, in order.
+    one media marker per image, in order. A ``lead`` (token ids) ends the prompt after its
+    text: llama.cpp takes a prompt of text and token ids mixed.
     """
-    body_prompt: Any = prompt
+    body_prompt: Any = [prompt, *lead] if lead else prompt
     if images:
         body_prompt = {
             "prompt_string": prompt,
@@ -101,6 +108,19 @@ def template_body(messages: Sequence[Message]) -> dict[str, Any]:
     """Render messages through the served template, thinking off, ending at the answer."""
     return {
         "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def split_probe_body() -> dict[str, Any]:
+    """The ``split`` layout's message roles (system, user, user), rendered at the probe."""
+    return {
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": PROBE_MESSAGE},
+            {"role": "user", "content": SECOND_PROBE_MESSAGE},
+        ],
         "add_generation_prompt": True,
         "chat_template_kwargs": NO_THINKING,
     }

@@ -20,6 +20,10 @@ from typevet_async._backends.base import Capabilities
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
 from typevet_async._backends.openai_chat import decode_chat_output
 from typevet_async._backends.vllm_wire import (
+    Scoring,
+    chat_tokens_body,
+    completion_scoring_body,
+    decode_completion_scoring,
     decode_model_ids,
     decode_rendered,
     decode_scoring,
@@ -27,16 +31,29 @@ from typevet_async._backends.vllm_wire import (
     generation_body,
     render_body,
     scoring_body,
+    split_render_body,
     tokenize_body,
 )
-from typevet_async._core.controls import PROBED_CONTROLS, control_token_ids
+from typevet_async._core.controls import (
+    PROBED_CONTROLS,
+    REQUIRED_CONTROLS,
+    ControlsInContext,
+    control_token_ids,
+    controls_in_context,
+    with_bare_tokens,
+)
 from typevet_async._core.framing import classify_template
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model
 from typevet_async._core.readings import CandidateRead, missing_options, validated_logprobs
 from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
-from typevet_async._errors import ConfigurationError, InvalidLogprobsError
+from typevet_async._errors import (
+    ConfigurationError,
+    InvalidLogprobsError,
+    QuestionError,
+    ServerError,
+)
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, one_of
 
@@ -118,19 +135,50 @@ class AsyncVllm:
         await self.http.aclose()
 
     async def probe(self) -> Probe:
-        """Served models, the template's family (rendered via /tokenize), and control ids."""
+        """Served models, the template's family (rendered via /tokenize), and the controls'
+        ids in context: the probe message's answer position rendered by the template with and
+        without each control as the assistant's answer."""
         model_ids = decode_model_ids(await self.http.get("/v1/models"))
         check_served_model(self.model, model_ids)  # before anything else names the model
-        tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
-        rendered = decode_rendered(await self.http.post("/tokenize", render_body(self.model)))
+        raw = await self.http.post("/tokenize", render_body(self.model))
+        rendered, base = decode_rendered(raw), decode_tokens(raw)
+        extended = await gather_in_order(PROBED_CONTROLS, self._answer_tokens)
+        controls = controls_in_context(
+            base, dict(zip(PROBED_CONTROLS, extended, strict=True)), required=()
+        )
+        if not set(REQUIRED_CONTROLS) <= set(controls.ids):
+            # A template that cannot continue an answer: each control tokenized alone.
+            tokens = await gather_in_order(PROBED_CONTROLS, self.tokenize)
+            bare = control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True)))
+            controls = ControlsInContext(bare)
+        missing = [control for control in PROBED_CONTROLS if control not in controls.ids]
+        if missing:  # e.g. " A" under a template that trims the answer to "A"
+            tokens = await gather_in_order(missing, self.tokenize)
+            controls = with_bare_tokens(controls, dict(zip(missing, tokens, strict=True)))
         return Probe(
             classify_template(rendered),
             rendered,
-            control_token_ids(dict(zip(PROBED_CONTROLS, tokens, strict=True))),
+            controls.ids,
             vocab_size=0,  # not needed: a logprob_token_ids read names its candidates
             model_ids=model_ids,
             vision=True,  # vLLM does not declare it; a text-only model refuses images itself
+            control_leads=controls.leads,
+            consecutive_user_turns=await self._renders_consecutive_user_turns(),
         )
+
+    async def _renders_consecutive_user_turns(self) -> bool:
+        """Whether the template renders the ``split`` layout's messages (system, user, user):
+        one that requires alternating roles (Mistral's) refuses them with a 400."""
+        try:
+            await self.http.post("/tokenize", split_render_body(self.model), max_retries=0)
+        except ServerError as error:
+            if error.status == 400:
+                return False
+            raise
+        return True
+
+    async def _answer_tokens(self, answer: str) -> list[int]:
+        return decode_tokens(await self.http.post("/tokenize", render_body(self.model, answer)))
 
     async def tokenize(self, text: str) -> list[int]:
         return decode_tokens(await self.http.post("/tokenize", tokenize_body(self.model, text)))
@@ -140,12 +188,15 @@ class AsyncVllm:
     ) -> CandidateRead:
         """The candidates' logprobs from one read that names every one of them."""
         ids = request.read_ids
-        body = scoring_body(self.model, request.messages, ids)
         attempts = Attempts()
-        raw = await self.http.post(
-            "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
-        )
-        reply = decode_scoring(raw, ids)
+        if request.lead:
+            reply = await self._read_after_lead(request, max_retries, attempts)
+        else:
+            body = scoring_body(self.model, request.messages, ids)
+            raw = await self.http.post(
+                "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
+            )
+            reply = decode_scoring(raw, ids)
         logprobs = validated_logprobs(reply.top, allow_positive=not self.off_menu_known)
         # A read that names its ids returns every one of them, variants included.
         missing = missing_options(logprobs, [(token,) for token in ids])
@@ -164,6 +215,34 @@ class AsyncVllm:
             prompt=request.user_text,
             attempts=attempts.count,
         )
+
+    async def _read_after_lead(
+        self, request: ScoringRequest, max_retries: int | Unset, attempts: Attempts
+    ) -> Scoring:
+        """A read whose controls need a lead (SentencePiece's ``▁``): the chat API cannot end
+        a prompt in a token, so the template's rendering is tokenized (``/tokenize``), the
+        lead appended, and the candidates read from ``/v1/completions`` on those tokens."""
+        if any(message.images for message in request.messages):
+            error = QuestionError(
+                f"its controls ({''.join(request.controls)}) need a lead token at the answer "
+                "position on this tokenizer, and a token prompt cannot carry images"
+            )
+            error.question_id = request.question_id
+            raise error
+        rendered = await self.http.post(
+            "/tokenize",
+            chat_tokens_body(self.model, request.messages),
+            max_retries=max_retries,
+            attempts=attempts,
+        )
+        prompt = [*decode_tokens(rendered), *request.lead]
+        raw = await self.http.post(
+            "/v1/completions",
+            completion_scoring_body(self.model, prompt, request.read_ids),
+            max_retries=max_retries,
+            attempts=attempts,
+        )
+        return decode_completion_scoring(raw, request.read_ids)
 
     async def special_runs(self, runs: Sequence[str]) -> None:
         """None: vLLM's ``/tokenize`` has no switch to read special-token text as plain text,

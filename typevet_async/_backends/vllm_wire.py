@@ -21,8 +21,11 @@ completions`` (scoring)     ``.top_logprobs[].token`` / ``.logprob``,       ``"t
 ``POST /v1/chat/            ``choices[0].message.content``,                 shared with
 completions`` (generation)  ``finish_reason``, ``usage``                    llama.cpp:
                                                                             `openai_chat`
-``POST /tokenize``          ``tokens`` (``prompt`` form), ``token_strs``    ids non-negative
-                            (``messages`` form)                             integers, strings
+``POST /tokenize``          ``tokens``, ``token_strs`` (``messages``        ids non-negative
+                            form)                                           integers, strings
+``POST /v1/completions``    ``choices[0].logprobs.tokens[0]`` and           as the chat read
+(token-prompt scoring)      ``.top_logprobs[0]`` (token -> logprob),
+                            ``usage``
 ``GET /v1/models``          ``data[].id``                                   strings
 ==========================  ==============================================  ====================
 
@@ -39,7 +42,7 @@ import attrs
 
 from typevet_async._backends import wire
 from typevet_async._backends.openai_chat import NO_THINKING, user_message
-from typevet_async._core.framing import PROBE_MESSAGE
+from typevet_async._core.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
 from typevet_async._core.generation import GenerationRequest
 from typevet_async._core.layouts import Message
 from typevet_async._core.readings import TopLogprobs
@@ -48,6 +51,9 @@ from typevet_async._errors import InvalidLogprobsError
 __all__ = [
     "Scoring",
     "chat_messages",
+    "chat_tokens_body",
+    "completion_scoring_body",
+    "decode_completion_scoring",
     "decode_model_ids",
     "decode_rendered",
     "decode_scoring",
@@ -55,6 +61,7 @@ __all__ = [
     "generation_body",
     "render_body",
     "scoring_body",
+    "split_render_body",
     "tokenize_body",
 ]
 
@@ -72,6 +79,13 @@ def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         entry["role"] = message.role
         out.append(entry)
     return out
+
+
+def _continued(answer: str | None) -> dict[str, Any]:
+    """With an answer: the template renders it as the start of the assistant's answer."""
+    if answer is None:
+        return {"add_generation_prompt": True}
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 def scoring_body(
@@ -107,13 +121,62 @@ def tokenize_body(model: str, text: str) -> dict[str, Any]:
     return {"model": model, "prompt": text, "add_special_tokens": False}
 
 
-def render_body(model: str) -> dict[str, Any]:
-    """The probe message through the served template, as token strings."""
+def render_body(model: str, answer: str | None = None) -> dict[str, Any]:
+    """The probe message through the served template as a read renders it (thinking off), as
+    tokens and token strings; with an ``answer``, continued by the assistant's answer."""
+    messages = [user_message(PROBE_MESSAGE)]
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
     return {
         "model": model,
-        "messages": [user_message(PROBE_MESSAGE)],
-        "add_generation_prompt": True,
+        "messages": messages,
+        **_continued(answer),
+        "chat_template_kwargs": NO_THINKING,
         "return_token_strs": True,
+    }
+
+
+def chat_tokens_body(model: str, messages: Sequence[Message]) -> dict[str, Any]:
+    """The scoring messages through the served template, as a read renders them (thinking
+    off, the generation prompt): the prompt a token-prompt read extends by the controls'
+    lead. Images are refused before: a token prompt cannot carry them."""
+    return {
+        "model": model,
+        "messages": chat_messages(messages),
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def completion_scoring_body(
+    model: str, prompt_tokens: Sequence[int], token_ids: Sequence[int]
+) -> dict[str, Any]:
+    """A ``/v1/completions`` read of exactly the candidates' logprobs after a token prompt
+    (the rendered chat and the controls' lead), no sampling processors."""
+    return {
+        "model": model,
+        "prompt": list(prompt_tokens),
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "logprobs": 0,
+        "logprob_token_ids": list(token_ids),
+        "return_tokens_as_token_ids": True,
+    }
+
+
+def split_render_body(model: str) -> dict[str, Any]:
+    """The ``split`` layout's message roles (system, user, user), rendered at the probe."""
+    return {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "s"},
+            user_message(PROBE_MESSAGE),
+            user_message(SECOND_PROBE_MESSAGE),
+        ],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
     }
 
 
@@ -194,11 +257,22 @@ def decode_scoring(raw: bytes, token_ids: Sequence[int]) -> Scoring:
     if not reply.choices or not reply.choices[0].logprobs.content:
         raise wire.protocol_error(what, "the reply has no choices[0].logprobs.content[0]", raw)
     position = reply.choices[0].logprobs.content[0]
-    sampled = token_id(position.token, what, raw)
+    return _kept_scoring(what, raw, position.token, position.top_logprobs, token_ids, reply.usage)
+
+
+def _kept_scoring(
+    what: str,
+    raw: bytes,
+    sampled_token: str,
+    entries: Sequence[_Top],
+    token_ids: Sequence[int],
+    usage: _Usage | None,
+) -> Scoring:
+    sampled = token_id(sampled_token, what, raw)
     wanted = set(token_ids)
     kept: list[tuple[int, float]] = []
     unexpected: list[int] = []
-    for entry in position.top_logprobs:
+    for entry in entries:
         tid = token_id(entry.token, what, raw)
         if tid in wanted:
             kept.append((tid, entry.logprob))
@@ -206,13 +280,47 @@ def decode_scoring(raw: bytes, token_ids: Sequence[int]) -> Scoring:
             unexpected.append(tid)
     if unexpected:
         raise InvalidLogprobsError(f"unexpected token ids {unexpected} in a logprob_token_ids read")
-    usage = reply.usage or _NO_USAGE
+    usage = usage or _NO_USAGE
     details = usage.prompt_tokens_details or _NO_DETAILS
     return Scoring(
         TopLogprobs.from_pairs(tuple(kept), len(token_ids)),
         usage.prompt_tokens,
         details.cached_tokens or 0,
     )
+
+
+# -- POST /v1/completions (token-prompt scoring) ----------------------------------------------
+
+
+class _CompletionLogprobs(wire.Reply):
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]]
+
+
+class _CompletionChoice(wire.Reply):
+    logprobs: _CompletionLogprobs
+
+
+class _CompletionReply(wire.Reply):
+    choices: list[_CompletionChoice]
+    usage: _Usage | None = None
+
+
+_COMPLETION = wire.decoder_for(_CompletionReply)
+
+
+def decode_completion_scoring(raw: bytes, token_ids: Sequence[int]) -> Scoring:
+    """`decode_scoring` for a ``/v1/completions`` read (its position is a token -> logprob
+    object)."""
+    what = "/v1/completions"
+    reply = wire.decode(_COMPLETION, raw, what)
+    if not reply.choices:
+        raise wire.protocol_error(what, "the reply has no choices[0]", raw)
+    logprobs = reply.choices[0].logprobs
+    if not logprobs.tokens or not logprobs.top_logprobs:
+        raise wire.protocol_error(what, "the reply has no logprobs at the first position", raw)
+    entries = [_Top(token=token, logprob=lp) for token, lp in logprobs.top_logprobs[0].items()]
+    return _kept_scoring(what, raw, logprobs.tokens[0], entries, token_ids, reply.usage)
 
 
 # -- POST /tokenize -------------------------------------------------------------------------

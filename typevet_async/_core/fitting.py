@@ -85,7 +85,8 @@ def is_heldout(record_key: str, fraction: float, seed: int = 0) -> bool:
 
 
 def _log(probabilities: Array) -> Array:
-    return np.log(np.maximum(probabilities, PROBABILITY_FLOOR))
+    logs: Array = np.log(np.maximum(probabilities, PROBABILITY_FLOOR))  # some stubs give Any
+    return logs
 
 
 def _nll_of_logits(logits: Array, gold: Indices) -> float:

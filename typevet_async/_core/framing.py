@@ -26,11 +26,15 @@ __all__ = [
     "GEMMA_FRAMES",
     "PROBE_MESSAGE",
     "SECOND_PROBE_MESSAGE",
+    "THINKING_MARKERS",
+    "TRIM_PROBE_MESSAGE",
     "PromptFrame",
     "TemplateFamily",
     "classify_template",
     "frame_prefix",
     "learn_frame",
+    "learn_trim",
+    "structural_markers",
     "turn_markers",
 ]
 
@@ -45,6 +49,9 @@ EMPTY_THINK_BLOCK = "<think>\n\n</think>\n\n"
 PROBE_MESSAGE = "typevet-probe"
 #: A second sentinel: a frame learned from one rendering is checked against another.
 SECOND_PROBE_MESSAGE = "typevet-probe-second"
+#: A third, in whitespace: whether the template trims a message's content (Gemma's and Llama
+#: 3's do, ``| trim``), so the SDK's frame renders a state as the template would.
+TRIM_PROBE_MESSAGE = "\n  typevet-probe-trim  \n"
 
 _ENDS_IN_EMPTY_THINK_BLOCK = re.compile(r"<think>\s*</think>\s*$")
 
@@ -98,9 +105,12 @@ class PromptFrame:
     #: empty thought channel, or an empty think block the template did not write); a prompt
     #: the server renders (Jev layouts) must end with it too.
     prefill: str = ""
+    #: Whether the template trims the content of a message (`learn_trim`).
+    trim: bool = False
 
     def prefix(self, user_content: str) -> str:
-        return f"{self.head}{user_content}{self.tail}"
+        content = user_content.strip() if self.trim else user_content
+        return f"{self.head}{content}{self.tail}"
 
 
 #: The Gemma families' frames, written here; the server adds BOS itself.
@@ -119,14 +129,33 @@ def turn_markers(rendered: str) -> list[str]:
     return sorted(marker_runs([rendered]))
 
 
+#: A thinking block's markers: part of the answer, not of a turn, and on some tokenizers
+#: ordinary tokens (Qwen3 flags ``<think>`` user-defined, not special).
+THINKING_MARKERS = frozenset({"<think>", "</think>"})
+
+
+def structural_markers(rendered: str) -> list[str]:
+    """The rendering's marker runs that open and close turns: every one but a thinking
+    block's (`THINKING_MARKERS`)."""
+    return [marker for marker in turn_markers(rendered) if marker not in THINKING_MARKERS]
+
+
 def classify_template(
-    rendered: str, is_one_token: Callable[[str], bool] | None = None
+    rendered: str,
+    is_one_token: Callable[[str], bool] | None = None,
+    is_special: Callable[[str], bool] | None = None,
 ) -> TemplateFamily:
     """Name the family of a template from its rendering of one user message.
 
     :param is_one_token: the served tokenizer's verdict on each of the rendering's
         `turn_markers` (one token, or several); without it (a server whose template renders
         every prompt itself) the family is named from the markers alone.
+    :param is_special: whether the tokenizer marks a marker as a special token. Every marker
+        that opens or closes a turn (`structural_markers`) must be: an ordinary token such as
+        ``<s>`` on Gemma (llama.cpp's built-in ``monarch`` template) is text a state can
+        forge, and caller text is neutralised only where a run is special. A thinking block's
+        markers (Qwen3's ``<think>``, an ordinary token by its tokenizer's flags) need only be
+        one token.
     """
     if "<|turn>user\n" in rendered and "<turn|>" in rendered:
         return TemplateFamily.GEMMA4
@@ -136,6 +165,8 @@ def classify_template(
     if not markers:
         return TemplateFamily.UNSUPPORTED
     if is_one_token is not None and not all(map(is_one_token, markers)):
+        return TemplateFamily.DEGRADED
+    if is_special is not None and not all(map(is_special, structural_markers(rendered))):
         return TemplateFamily.DEGRADED
     if "<|im_start|>" in markers:
         return TemplateFamily.CHATML
@@ -167,6 +198,20 @@ def learn_frame(
     if "<think>" in template and not _ENDS_IN_EMPTY_THINK_BLOCK.search(tail):
         prefill = EMPTY_THINK_BLOCK
     return PromptFrame(head, tail + prefill, prefill)
+
+
+def learn_trim(first: str, trimmed: str) -> bool | None:
+    """Whether the template trims a message's content, from its renderings of `PROBE_MESSAGE`
+    (``first``) and `TRIM_PROBE_MESSAGE` (``trimmed``): False when it keeps the whitespace,
+    True when it strips it, None when it does something else (no frame can render that)."""
+    if first.count(PROBE_MESSAGE) != 1:
+        return None
+    head, tail = first.split(PROBE_MESSAGE)
+    if trimmed == f"{head}{TRIM_PROBE_MESSAGE}{tail}":
+        return False
+    if trimmed == f"{head}{TRIM_PROBE_MESSAGE.strip()}{tail}":
+        return True
+    return None
 
 
 def frame_prefix(family: TemplateFamily, user_content: str) -> str:

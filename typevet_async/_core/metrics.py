@@ -408,12 +408,14 @@ def _confidence_and_correct(p: Floats, y: NDArray[np.intp]) -> tuple[Floats, Flo
 
 
 def _gold_probability(p: Floats, y: NDArray[np.intp]) -> Floats:
-    return p[np.arange(len(y)), y]
+    gold: Floats = p[np.arange(len(y)), y]  # typed here: some numpy stubs give Any
+    return gold
 
 
 def _item_nll(p: Floats, y: NDArray[np.intp]) -> Floats:
     """-ln(max(p[gold], NLL_FLOOR))."""
-    return -np.log(np.maximum(_gold_probability(p, y), NLL_FLOOR))
+    nll: Floats = -np.log(np.maximum(_gold_probability(p, y), NLL_FLOOR))
+    return nll
 
 
 def _item_brier(p: Floats, y: NDArray[np.intp]) -> Floats:

@@ -14,7 +14,8 @@ __all__ = ["Probe", "check_requested_model", "check_served_model", "model_identi
 
 @attrs.frozen
 class Probe:
-    """The served template's family, the controls' token ids, the vocabulary and vision."""
+    """The served template's family, the controls' token ids in context, the vocabulary and
+    vision."""
 
     family: TemplateFamily
     rendered_template: str
@@ -27,14 +28,22 @@ class Probe:
     #: Reads the server runs at once, if it says (llama.cpp ``/props`` ``total_slots``): the
     #: most a multi-endpoint session sends it at once.
     slots: int | None = None
-    #: The frame learned from the served template, for a native family other than Gemma's
-    #: where the SDK frames prompts (None: a Gemma family's own frame, or none).
+    #: The frame learned from the served template where the SDK frames prompts: a native
+    #: family other than Gemma's, or a Gemma family's own frame with the template's trim
+    #: (None: a Gemma family's own frame as written, or none).
     frame: PromptFrame | None = None
+    #: The lead of each control that needs one at the answer position (`controls_in_context`:
+    #: SentencePiece's ``▁`` before a digit); a control not named here needs none.
+    control_leads: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
+    #: Whether the template renders two user messages in a row (the ``split`` layout's); one
+    #: that requires alternating roles (Mistral's) does not.
+    consecutive_user_turns: bool = True
 
     @property
     def prompt_frame(self) -> PromptFrame | None:
-        """The frame the SDK frames prompts in: a Gemma family's own, else the learned one."""
-        return GEMMA_FRAMES.get(self.family, self.frame)
+        """The frame the SDK frames prompts in: the one learned from the served template (for
+        a Gemma family, its own frame with the template's trim), else a Gemma family's own."""
+        return self.frame if self.frame is not None else GEMMA_FRAMES.get(self.family)
 
 
 def check_served_model(pinned: str | None, served: tuple[str, ...]) -> None:

@@ -17,6 +17,7 @@ from typevet_async._core.controls import (
     JEV_LETTERS,
     BoundOption,
     Controls,
+    alphabet_lead,
     bind_controls,
     space_variant,
 )
@@ -90,6 +91,9 @@ class ScoringRequest:
     #: The option shown at each position, when the options are rotated
     #: (`typevet_async._core.rotations`); empty: the order as given.
     order: tuple[int, ...] = ()
+    #: Tokens that end the prefix before the answer (the controls' shared lead,
+    #: `typevet_async._core.controls`); empty: none.
+    lead: tuple[int, ...] = ()
 
     #: Each option's accepted tokens: its control's, then its variants (`option_groups`; a
     #: request planned from a `QuestionPlan` gets the plan's, built once per question).
@@ -124,6 +128,8 @@ class QuestionPlan:
     field_block: str | None
     #: The option shown at each position (`rotation_order`); empty: the order as given.
     order: tuple[int, ...] = ()
+    #: The tokens the prefix ends in before the controls (their shared lead); empty: none.
+    lead: tuple[int, ...] = ()
 
     @functools.cached_property
     def controls(self) -> tuple[str, ...]:
@@ -150,11 +156,13 @@ def bind_question(
     is_special: IsSpecial = ALL_RUNS,
     rotation: int = 0,
     controls: Controls = DEFAULT_CONTROLS,
+    leads: Mapping[str, tuple[int, ...]] | None = None,
 ) -> QuestionPlan:
     """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
     the state. ``max_candidates`` is the backend's limit of candidate tokens per read. With a
     ``rotation``, the options are shown rotated by it (the controls keep their positions).
-    ``controls`` picks the default layout's alphabet (the Jev layouts always use A..P).
+    ``controls`` picks the default layout's alphabet (the Jev layouts always use A..P);
+    ``leads`` are the controls' leads in context (`typevet_async._core.controls`).
 
     :raises TooManyOptionsError: more options than controls, or than one read can take.
     """
@@ -163,10 +171,14 @@ def bind_question(
     if order:
         options = tuple(options[index] for index in order)
     alphabet = JEV_LETTERS if layout.is_jev else ALPHABETS[controls]
-    bound = tuple(bind_controls(options, control_ids, alphabet))
+    leads = leads or {}
+    lead = alphabet_lead(alphabet, control_ids, leads)
+    bound = tuple(bind_controls(options, control_ids, alphabet, leads))
     variants = tuple(
         (control_ids[space_variant(b.control)],)
-        if layout.is_jev and space_variant(b.control) in control_ids
+        if layout.is_jev
+        and space_variant(b.control) in control_ids
+        and leads.get(space_variant(b.control), ()) == lead
         else ()
         for b in bound
     )
@@ -180,7 +192,7 @@ def bind_question(
         )
     field_block = None if layout.is_jev else render_field_block(question, bound, is_special)
     return QuestionPlan(
-        question, layout, bound, variants if any(variants) else (), field_block, order
+        question, layout, bound, variants if any(variants) else (), field_block, order, lead
     )
 
 
@@ -224,6 +236,7 @@ def request_for(
             prefill,
             judgment,
             plan.order,
+            plan.lead,
             plan.option_groups,
             plan.read_ids,
         )
@@ -241,6 +254,7 @@ def request_for(
         "",
         judgment,
         plan.order,
+        plan.lead,
         plan.option_groups,
         plan.read_ids,
     )
