@@ -452,7 +452,7 @@ def reliability_diagrams(
         gold = np.array([gold_index(question, t["labels"][qid]) for t in ordered])
         metrics = evaluate(p, gold, resamples=0)
         path = folder / f"real-{qid}-reliability.png"
-        title = f"{qid}: Qwen2.5 Coder 1.5B Instruct, SDK defaults, {len(gold)} tickets"
+        title = f"{qid}: Qwen2.5 Coder 1.5B, SDK defaults, {len(gold)} tickets"
         _report.reliability_png(metrics.bins_width, path, title=title)
         written.append(str(path.relative_to(ROOT)))
     return written

@@ -121,19 +121,11 @@ def build_tokenizer(hf: Path, chat_template: str) -> None:
 
 
 def build_model(hf: Path) -> Any:  # a LlamaForCausalLM
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from random_model_parts import random_model
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    settings = dict(MODEL)
-    rope_theta = settings.pop("rope_theta")
-    config = LlamaConfig(**settings, rope_parameters={"rope_type": "default",
-                                                      "rope_theta": rope_theta})  # fmt: skip
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    model.save_pretrained(hf, safe_serialization=True)
-    GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(hf)
-    return model
+    return random_model(hf, LlamaConfig, LlamaForCausalLM, MODEL, SEED, bos_token_id=1,
+                        eos_token_id=2)  # fmt: skip
 
 
 def permute(weights: Any, n_head: int, n_head_kv: int | None) -> Any:
@@ -150,24 +142,14 @@ def permute(weights: Any, n_head: int, n_head_kv: int | None) -> Any:
 
 def write_gguf(model: Any, path: Path, chat_template: str) -> None:
     import gguf
-    import numpy as np
+    from random_model_parts import finish_writer, start_writer
     from sentencepiece import SentencePieceProcessor
 
     config = model.config
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name("mistral-tiny (random weights, Mistral v3 vocabulary)")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(MODEL["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    name = "mistral-tiny (random weights, Mistral v3 vocabulary)"
+    writer = start_writer(path, gguf.MODEL_ARCH.LLAMA, name, config, MODEL["rope_theta"])
     writer.add_rope_dimension_count(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
     # The vocabulary as convert_hf_to_gguf.py's _create_vocab_sentencepiece writes it.
     processor = SentencePieceProcessor(model_file=str(sentencepiece_file()))
@@ -200,23 +182,14 @@ def write_gguf(model: Any, path: Path, chat_template: str) -> None:
     writer.add_add_space_prefix(True)
     writer.add_chat_template(chat_template)
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # llama.cpp reads a missing output.weight as token_embd.weight
-        data = tensor.float().numpy().astype(np.float32)
+    def rope_pairs(name: str, data: Any) -> Any:
         if name.endswith("q_proj.weight"):
-            data = permute(data, config.num_attention_heads, config.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            data = permute(data, config.num_attention_heads, config.num_key_value_heads)
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise SystemExit(f"no GGUF name for {name}")
-        writer.add_tensor(mapped, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            return permute(data, config.num_attention_heads, config.num_attention_heads)
+        if name.endswith("k_proj.weight"):
+            return permute(data, config.num_attention_heads, config.num_key_value_heads)
+        return data
+
+    finish_writer(writer, gguf.MODEL_ARCH.LLAMA, model, rope_pairs)
 
 
 def check(hf: Path, path: Path) -> None:

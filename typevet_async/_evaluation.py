@@ -409,7 +409,7 @@ async def evaluate(
     probe = await session.probe()
     evaluation = Evaluation(
         checked,
-        served_pins(session.backend, probe, checked),
+        served_pins(session.backend, probe, checked, session.settings),
         readings,
         options.calibration,
         {question_id: QuestionReads() for question_id, _ in checked},

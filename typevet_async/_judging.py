@@ -24,6 +24,7 @@ import attrs
 from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
+from typevet_async._core.fields import framing_pin
 from typevet_async._core.framing import TemplateFamily, turn_markers
 from typevet_async._core.layouts import Layout
 from typevet_async._core.markers import ALL_RUNS, marker_runs
@@ -88,6 +89,7 @@ class Planner:
     """
 
     def __init__(self, backend: Backend, probe: Probe, settings: SessionSettings) -> None:
+        self.settings = settings
         capabilities = backend.capabilities
         self.backend = backend
         self.probe = probe
@@ -280,17 +282,24 @@ def check_calibration(
     calibration: CalibrationMap,
 ) -> None:
     """:raises CalibrationError: the map was not fitted for this judgment (nothing sent)."""
-    calibration.check(served_pins(planner.backend, planner.probe, questions), questions, readings)
+    served = served_pins(planner.backend, planner.probe, questions, planner.settings)
+    calibration.check(served, questions, readings)
 
 
-def served_pins(backend: Backend, probe: Probe, questions: Sequence[tuple[str, Question]]) -> Pins:
-    """What a map fitted on this backend's reads of ``questions`` is pinned to, and what a
-    judgment's map must match."""
+def served_pins(
+    backend: Backend,
+    probe: Probe,
+    questions: Sequence[tuple[str, Question]],
+    settings: SessionSettings,
+) -> Pins:
+    """What a map fitted on this backend's reads of ``questions`` (framed under ``settings``)
+    is pinned to, and what a judgment's map must match."""
     return Pins(
         question_set_hash(questions),
         model_identity(backend.model, probe.model_ids),
         probe.family.value,
         backend.capabilities.server,
+        framing_pin(settings.layout.value, settings.controls),
     )
 
 

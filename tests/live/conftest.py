@@ -125,15 +125,16 @@ def qwen_llama_url() -> Iterator[str]:
 def qwen_vllm_url() -> Iterator[str]:
     """vLLM serving the same Qwen3 model (its Hugging Face folder) under the same template."""
     _qwen_ready()
-    yield from _serve_vllm(
-        VllmServerProcess(
-            "qwen3-vllm",
-            model=QWEN_DIR / "hf",
-            served_name=QWEN_MODEL_ID,
-            template=QWEN_TEMPLATE,
-            kv_cache_gib=1,
-        )
+    yield from _serve_random_model("qwen3-vllm", QWEN_DIR, QWEN_MODEL_ID, QWEN_TEMPLATE)
+
+
+def _serve_random_model(log: str, folder: Path, model_id: str, template: Path) -> Iterator[str]:
+    """vLLM serving a random-weight test model's Hugging Face folder: 1 GiB of KV cache is
+    plenty for a toy, and leaves room for the other vLLM server of the suite."""
+    server = VllmServerProcess(
+        log, model=folder / "hf", served_name=model_id, template=template, kv_cache_gib=1
     )
+    yield from _serve_vllm(server)
 
 
 @pytest.fixture(params=["llama_cpp", "vllm"])
@@ -164,15 +165,7 @@ def mistral_llama_url() -> Iterator[str]:
 def mistral_vllm_url() -> Iterator[str]:
     """vLLM serving the same model (its Hugging Face folder) under the same template; for one
     module only, so that no more than two vLLM servers ever share the machine's memory."""
-    yield from _serve_vllm(
-        VllmServerProcess(
-            "mistral-vllm",
-            model=MISTRAL_DIR / "hf",
-            served_name=MISTRAL_MODEL_ID,
-            template=MISTRAL_TEMPLATE,
-            kv_cache_gib=1,
-        )
-    )
+    yield from _serve_random_model("mistral-vllm", MISTRAL_DIR, MISTRAL_MODEL_ID, MISTRAL_TEMPLATE)
 
 
 @pytest.fixture(params=["llama_cpp", "vllm"])

@@ -74,6 +74,7 @@ def test_eval_calibrate_and_apply_over_the_shipped_set(gemma3_url: str, tmp_path
     calibration = tv.CalibrationMap.from_json(map_path.read_bytes())
     assert calibration.pins.backend == "llama.cpp"
     assert calibration.pins.template_family == "gemma3"
+    assert calibration.pins.framing == "typevet/letters/2"  # the default layout, as read
     for entry in calibration.questions.values():
         figures = entry.report
         assert figures["fit_items"] + figures["heldout_items"] == 300

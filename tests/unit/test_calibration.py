@@ -141,6 +141,7 @@ def _map(question: tv.Question = ROUTE, **pins: str) -> CalibrationMap:
         "model": "stub-model",
         "template_family": "gemma3",
         "backend": "custom",
+        "framing": "typevet/letters/2",
         **pins,
     }
     entry = QuestionMap(question_hash(question), Reading(), Temperature(2.0), "question")
@@ -171,7 +172,12 @@ def test_an_edited_or_foreign_artefact_is_refused() -> None:
 
 
 def _check(calibration: CalibrationMap, **given: object) -> None:
-    pins = {"model": "stub-model", "template_family": "gemma3", "backend": "custom"}
+    pins = {
+        "model": "stub-model",
+        "template_family": "gemma3",
+        "backend": "custom",
+        "framing": "typevet/letters/2",
+    }
     questions = given.pop("questions", [("route", ROUTE)])
     readings = given.pop("readings", {"route": Reading()})
     served = Pins(questions="", **{**pins, **given})  # type: ignore[arg-type]
@@ -185,9 +191,22 @@ def test_a_map_is_refused_for_another_model_template_or_backend() -> None:
         ("model", "other-model"),
         ("template_family", "gemma4"),
         ("backend", "vllm"),
+        ("framing", "typevet/digits/2"),
+        ("framing", "fused"),
     ):
         with pytest.raises(tv.CalibrationError, match="fitted for"):
             _check(calibration, **{pin: value})
+
+
+def test_a_map_from_before_the_framing_was_pinned_is_refused() -> None:
+    body = orjson.loads(_map().to_json())
+    del body["pins"]["framing"]  # what an earlier SDK wrote: its default prompt differed
+    body.pop("sha256")
+    old = CalibrationMap.from_json(CalibrationMap(
+        Pins(**body["pins"]), _map().questions, body["created"]).to_json())  # fmt: skip
+    assert old.pins.framing == ""
+    with pytest.raises(tv.CalibrationError, match="before the SDK pinned the prompt's framing"):
+        _check(old)
 
 
 def test_a_map_is_refused_for_another_question_set() -> None:
@@ -326,6 +345,9 @@ async def test_a_map_for_another_model_or_question_is_refused_before_any_read() 
     async with tv.Session(backend) as session:
         with pytest.raises(tv.CalibrationError, match="model"):
             await session.judge("ticket", {"route": ROUTE}, calibration=_map(model="gemma-9b"))
+        digits = _map(framing="typevet/digits/2")
+        with pytest.raises(tv.CalibrationError, match="prompt framing 'typevet/digits/2'"):
+            await session.judge("ticket", {"route": ROUTE}, calibration=digits)
         with pytest.raises(tv.CalibrationError, match="no question 'refund'"):
             await session.judge("t", {"refund": REFUND}, calibration=_map())
         stream = session.judge_many(["a", "b"], {"route": ROUTE}, calibration=_map(backend="vllm"))

@@ -208,6 +208,10 @@ class Pins:
     template_family: str
     #: The server kind (`Capabilities.server`): llama.cpp and vLLM normalise differently.
     backend: str
+    #: How the prompt was framed (`typevet_async._core.fields.framing_pin`: the layout, and for
+    #: the default layout its controls and field block): another prompt reads otherwise. Empty
+    #: in a map an SDK wrote before it pinned the framing.
+    framing: str = ""
 
 
 @attrs.frozen
@@ -319,15 +323,23 @@ class CalibrationMap:
         """Refuse a judgment this map was not fitted for (``served``: the judgment's own pins;
         its question set may be a subset of the map's, each question checked by its hash).
 
-        :raises CalibrationError: the model, template family or server kind differ, or a
+        :raises CalibrationError: the model, template family, server kind or prompt framing
+            differ, or a
             question is not in the map, was changed, or is read another way (rotations, label
             prior); ``question_id`` names the question.
         """
         pins = self.pins
+        if pins.framing != served.framing and not pins.framing:
+            raise CalibrationError(
+                "the calibration map was fitted before the SDK pinned the prompt's framing (an "
+                f"earlier version, whose default prompt differs); this judgment's is "
+                f"{served.framing!r}: fit a map for this one (typevet-async eval, then calibrate)"
+            )
         for what, fitted, actual in (
             ("model", pins.model, served.model),
             ("template family", pins.template_family, served.template_family),
             ("backend", pins.backend, served.backend),
+            ("prompt framing", pins.framing, served.framing),
         ):
             if fitted != actual:
                 raise _mismatch(what, fitted, actual)

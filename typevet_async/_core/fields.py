@@ -25,7 +25,11 @@ from typevet_async._core.controls import BoundOption
 from typevet_async._core.markers import ALL_RUNS, IsSpecial, neutralise, neutralise_line
 from typevet_async._core.questions import Noul, Question, Score
 
-__all__ = ["render_field_block", "render_user_content"]
+__all__ = ["FIELD_BLOCK_VERSION", "framing_pin", "render_field_block", "render_user_content"]
+
+#: The field block's wording: 1 was ``Question: ...`` / ``0 = ...`` / "Reply with the one digit
+#: ..."; 2 is the plain letter prompt above. A calibration map pins it (`framing_pin`).
+FIELD_BLOCK_VERSION = 2
 
 _NOUL_WORDS = {"false": "No", "true": "Yes"}
 
@@ -68,3 +72,11 @@ def render_user_content(state_text: str, field_block: str, is_special: IsSpecial
     """State first (so every question of a judgment shares it as a prefix), then the field
     block (`render_field_block`, rendered once per question)."""
     return f"{neutralise(state_text, is_special)}\n\n{field_block}"
+
+
+def framing_pin(layout: str, controls: str) -> str:
+    """What a calibration map pins of the prompt's framing: the layout, and for the default
+    layout (``"typevet"``) its alphabet and field block version (``"typevet/letters/2"``)."""
+    if layout != "typevet":
+        return layout
+    return f"typevet/{controls}/{FIELD_BLOCK_VERSION}"
