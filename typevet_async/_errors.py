@@ -17,7 +17,7 @@ The tree::
     │   └── ProtocolError                             the response is not what the protocol says
     │       ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
     │       │   └── CandidateMissingError             on_missing="error": a candidate outside top-K
-    │       └── ControlTokenError                     a control is not exactly one token
+    │       └── ControlTokenError                     a control has no token of its own
     ├── GenerationError                               the server's output is empty or not JSON
     │   ├── TruncatedOutputError                      output cut off by the token limit
     │   └── OutputValidationError                     output does not pass the schema
@@ -204,7 +204,8 @@ class OffMenuError(TypevetError):
 
 
 class ControlTokenError(ProtocolError):
-    """A control does not tokenize to exactly one token on the served tokenizer."""
+    """A required control (``A``, ``B``) adds no token of its own at the answer position of the
+    served tokenizer (one token, or a lead and one: `typevet_async._core.controls`)."""
 
 
 class GenerationError(TypevetError):
