@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -634,31 +635,56 @@ async def main_async(args: argparse.Namespace) -> None:
     )
 
 
+def _count(minimum: int) -> Any:
+    """An argparse type: an integer of at least ``minimum`` (exit 2 naming it otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse
+
+
+def _results_name(text: str) -> str:
+    """A results file's name: a plain stem under benchmarks/results/, never a path."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,80}", text) or text.startswith("."):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} is not a plain name (letters, digits, '_', '-', '.'; at most 80)"
+        )
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--every", type=int, default=3, help="every K-th ticket (default: 3)")
+    parser.add_argument("--every", type=_count(1), default=3, help="every K-th ticket (default: 3)")
     parser.add_argument(
         "--arm",
         action="append",
         help="an arm, repeated: plain, sdk, sdk:layout=fused,... (default: plain and sdk)",
     )
-    parser.add_argument("--slots", type=int, default=4, help="server slots (default: 4)")
+    parser.add_argument("--slots", type=_count(1), default=4, help="server slots (default: 4)")
     parser.add_argument("--no-reversed", dest="reversed", action="store_false")
     parser.add_argument(
         "--speed",
-        type=int,
+        type=_count(0),
         default=30,
         metavar="N",
         help="time N route decisions by judge and by generation (0: skip; default: 30)",
     )
     parser.add_argument(
         "--results",
+        type=_results_name,
         default=NAME,
         help=f"the results file's name under benchmarks/results/ (default: {NAME})",
     )
     parser.add_argument(
         "--identity-every",
-        type=int,
+        type=_count(0),
         default=0,
         metavar="K",
         help="compare the SDK's default prompts with the plain ones for every ticket, and read "

@@ -30,8 +30,6 @@ permuted as llama.cpp's rope expects. The script checks its output before it ret
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -219,20 +217,18 @@ def check(hf: Path, path: Path) -> None:
     log(f"checked: {len(samples)} samples agree with mistral-common")
 
 
-def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: build_mistral_model.py OUT_DIR")
-    out = Path(sys.argv[1])
-    hf, path = out / "hf", out / GGUF_NAME
-    started = time.monotonic()
+def build(hf: Path, path: Path) -> None:
     template = TEMPLATE.read_text(encoding="utf-8")
     build_tokenizer(hf, template)
     model = build_model(hf)
     write_gguf(model, path, template)
     check(hf, path)
-    size = sum(f.stat().st_size for f in hf.iterdir())
-    log(f"built in {time.monotonic() - started:.0f} s: {hf} ({size / 1e6:.1f} MB), "
-        f"{path} ({path.stat().st_size / 1e6:.1f} MB)")  # fmt: skip
+
+
+def main() -> None:
+    from random_model_parts import build_main
+
+    build_main("build_mistral_model.py", GGUF_NAME, build)
 
 
 if __name__ == "__main__":

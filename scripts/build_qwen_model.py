@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import importlib.resources
 import json
-import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -337,19 +336,17 @@ def check(hf: Path, path: Path) -> None:
     log(f"checked: digits {[ids[0] for ids in digits]}, {len(samples)} samples agree with tiktoken")
 
 
-def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: build_qwen_model.py OUT_DIR")
-    out = Path(sys.argv[1])
-    hf, path = out / "hf", out / GGUF_NAME
-    started = time.monotonic()
+def build(hf: Path, path: Path) -> None:
     build_tokenizer(hf, TEMPLATE.read_text(encoding="utf-8"))
     model = build_model(hf)
     write_gguf(hf, model, path)
     check(hf, path)
-    size = sum(f.stat().st_size for f in hf.iterdir())
-    log(f"built in {time.monotonic() - started:.0f} s: {hf} ({size / 1e6:.1f} MB), "
-        f"{path} ({path.stat().st_size / 1e6:.1f} MB)")  # fmt: skip
+
+
+def main() -> None:
+    from random_model_parts import build_main
+
+    build_main("build_qwen_model.py", GGUF_NAME, build)
 
 
 if __name__ == "__main__":

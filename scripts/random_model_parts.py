@@ -7,8 +7,29 @@ missing ``output.weight`` as ``token_embd.weight``).
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+
+def build_main(script: str, gguf_name: str, build: Callable[[Path, Path], None]) -> None:
+    """A build script's command line: ``script OUT_DIR``; ``build(hf, gguf)`` writes both
+    files and checks them; the sizes and the time are printed."""
+    if len(sys.argv) != 2:
+        raise SystemExit(f"usage: {script} OUT_DIR")
+    out = Path(sys.argv[1])
+    hf, path = out / "hf", out / gguf_name
+    started = time.monotonic()
+    build(hf, path)
+    size = sum(f.stat().st_size for f in hf.iterdir())
+    seconds = time.monotonic() - started
+    print(
+        f"{script.removesuffix('.py')}: built in {seconds:.0f} s: {hf} ({size / 1e6:.1f} MB), "
+        f"{path} ({path.stat().st_size / 1e6:.1f} MB)",
+        flush=True,
+    )
 
 
 def random_model(

@@ -98,7 +98,6 @@ class Planner:
         self._frames = capabilities.framing == "sdk"
         self._frame = probe.prompt_frame if self._frames else None
         control_ids, layout, controls = probe.control_ids, settings.layout, settings.controls
-        self._layout = layout
         leads = probe.control_leads
         limit = capabilities.max_candidates
         #: Marker run -> whether the served tokenizer reads it as a special token (recently
@@ -173,7 +172,7 @@ class Planner:
         frame, probe = self._frame, self.probe
         if self._frames and frame is None:
             raise template_refusal(probe)
-        if self._layout is Layout.SPLIT and not probe.consecutive_user_turns:
+        if self.settings.layout is Layout.SPLIT and not probe.consecutive_user_turns:
             raise UnsupportedTemplateError(
                 "the split layout sends two user messages in a row (the state, then the "
                 "question), and the served chat template requires alternating roles (it "

@@ -218,3 +218,15 @@ def test_a_control_the_template_cannot_render_is_taken_alone_where_it_is_one_tok
     filled = with_bare_tokens(controls, {" A": [562], " B": [7], " C": [3, 4]})
     assert filled.ids == {"A": 236776, "B": 7, " A": 562}  # " B" is B's token; " C" two
     assert filled.leads == {}
+
+
+def test_images_with_controls_that_need_a_lead_are_refused_before_any_read() -> None:
+    ids = {d: 100 + int(d) for d in DIGITS}
+    plan = bind_question(tv.Noul("Is it?"), Layout.TYPEVET, ids, None, controls="digits",
+                         leads={d: (9,) for d in DIGITS})  # fmt: skip
+    image = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 24, "image/png")
+    frame = GEMMA_FRAMES[TemplateFamily.GEMMA3]
+    with pytest.raises(tv.QuestionError, match="need a lead token") as refused:
+        request_for("q", plan, "state", frame=frame, images=(image,))
+    assert refused.value.question_id == "q"
+    assert request_for("q", plan, "state", frame=frame).lead == (9,)  # without images: read

@@ -63,7 +63,6 @@ from typevet_async._errors import (
     CandidateMissingError,
     ConfigurationError,
     InvalidLogprobsError,
-    QuestionError,
     ServerError,
 )
 from typevet_async._fanout import gather_in_order
@@ -338,15 +337,6 @@ class AsyncLlamaCpp:
             else await self._render(request, max_retries, attempts)
         )
         images = [image for message in request.messages for image in message.images]
-        if images and request.lead:
-            # llama.cpp's multimodal prompt is text only: it cannot end in the lead's token.
-            error = QuestionError(
-                f"its controls ({''.join(request.controls)}) need a lead token at the answer "
-                "position on this tokenizer, and llama.cpp cannot end an image prompt in a "
-                "token; controls='letters' need none here"
-            )
-            error.question_id = request.question_id
-            raise error
         groups = request.option_groups
         policy = self.config.on_missing
         vocab_size = probe.vocab_size

@@ -51,7 +51,6 @@ from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
-    QuestionError,
     ServerError,
 )
 from typevet_async._fanout import gather_in_order
@@ -221,14 +220,8 @@ class AsyncVllm:
     ) -> Scoring:
         """A read whose controls need a lead (SentencePiece's ``▁``): the chat API cannot end
         a prompt in a token, so the template's rendering is tokenized (``/tokenize``), the
-        lead appended, and the candidates read from ``/v1/completions`` on those tokens."""
-        if any(message.images for message in request.messages):
-            error = QuestionError(
-                f"its controls ({''.join(request.controls)}) need a lead token at the answer "
-                "position on this tokenizer, and a token prompt cannot carry images"
-            )
-            error.question_id = request.question_id
-            raise error
+        lead appended, and the candidates read from ``/v1/completions`` on those tokens (a
+        question with images never gets here: `request_for` refuses it)."""
         rendered = await self.http.post(
             "/tokenize",
             chat_tokens_body(self.model, request.messages),

@@ -37,6 +37,7 @@ from typevet_async._core.rotations import combine_rotations, in_option_order, ro
 from typevet_async._errors import (
     InvalidLogprobsError,
     OffMenuError,
+    QuestionError,
     TooManyOptionsError,
     TypevetError,
 )
@@ -212,7 +213,18 @@ def request_for(
     With a ``frame`` the SDK frames the raw prefix itself (the default layout where the
     backend frames prompts; a Jev layout's server-rendered prompt then ends in the frame's
     prefill); with a ``media_marker`` one marker per image goes before the state text.
+
+    :raises QuestionError: images with controls that need a lead: neither server's image
+        prompt can end in a token.
     """
+    if images and plan.lead:
+        error = QuestionError(
+            f"its controls ({''.join(plan.controls)}) need a lead token at the answer position "
+            "on this tokenizer, and no server's image prompt can end in a token; "
+            "controls='letters' need none on most such tokenizers"
+        )
+        error.question_id = question_id
+        raise error
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
     controls, token_ids, question = plan.controls, plan.token_ids, plan.question
     if plan.field_block is None:
