@@ -29,6 +29,9 @@ difference in accuracy against ``plain`` with its own bootstrap interval.
     python -m benchmarks.bench_real_model [--every 3] [--arm plain --arm sdk \
         --arm 'sdk:{"layout": "fused"}' ...] [--speed 30] [--identity-every 10] [--diagrams]
 
+``--question QID`` (repeated) reads only those questions of the set, e.g. the route alone for its
+reversed-order study.
+
 ``--identity-every K`` checks that the SDK's default prompt is byte for byte the plain letter
 prompt on every ticket and question (rendered, not read), and reads every K-th ticket both ways
 one at a time without the prompt cache: equal prompts give equal reads there, so the accuracy of
@@ -540,6 +543,13 @@ def print_tables(summary: Mapping[str, Any], questions: Mapping[str, tv.Question
 
 async def main_async(args: argparse.Namespace) -> None:
     tickets, questions = load_set(args.every)
+    if args.question:
+        unknown = sorted(set(args.question) - set(questions))
+        if unknown:
+            raise SystemExit(
+                f"--question: no such question {unknown} (the set: {sorted(questions)})"
+            )
+        questions = {qid: questions[qid] for qid in questions if qid in args.question}
     arms = args.arm or ["plain", "sdk"]
     options = tv.ServerOptions(model=MODEL, n_ctx=8192, n_parallel=args.slots)
     started = time.monotonic()
@@ -569,6 +579,8 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"identity: {identity}", file=sys.stderr, flush=True)
         speed = None
         if args.speed:
+            if "route" not in questions:
+                raise SystemExit("--speed times route decisions: keep the route (or --speed 0)")
             route = questions["route"]
             assert isinstance(route, tv.Choice)
             speed = await speed_study(server.url, tickets[: args.speed], route)
@@ -666,6 +678,12 @@ def main() -> None:
         "--arm",
         action="append",
         help="an arm, repeated: plain, sdk, sdk:layout=fused,... (default: plain and sdk)",
+    )
+    parser.add_argument(
+        "--question",
+        action="append",
+        metavar="QID",
+        help="read only this question, repeated (default: every question of the set)",
     )
     parser.add_argument("--slots", type=_count(1), default=4, help="server slots (default: 4)")
     parser.add_argument("--no-reversed", dest="reversed", action="store_false")
