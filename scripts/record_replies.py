@@ -195,7 +195,7 @@ def record_system_one() -> None:
     port = _free_port()
     command = "from typevet_async._cli import main; main()"
     serve = [sys.executable, "-c", command, "serve", "--base-url", server.url]
-    gateway = subprocess.Popen([*serve, "--port", str(port), "--keys-env", "TYPEVET_NO_KEYS"])
+    gateway = subprocess.Popen([*serve, "--port", str(port), "--no-auth"])
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 120.0, path="/readyz")

@@ -416,10 +416,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--keys-env",
-        default=gateway.DEFAULT_KEYS_ENV,
         metavar="VAR",
-        help="an environment variable of comma-separated bearer keys, added to --keys-file's "
-        f"(default: {gateway.DEFAULT_KEYS_ENV}); no keys at all: auth is off",
+        help="an environment variable of comma-separated bearer keys, added to --keys-file's; "
+        f"without it, {gateway.DEFAULT_KEYS_ENV} is read if set. A named file or variable that "
+        "holds no key is an error (exit 2)",
+    )
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without bearer keys: anyone who reaches the port can use the model. "
+        "Without keys and without this flag, serve refuses to start (exit 2)",
+    )
+    serve.add_argument(
+        "--max-questions",
+        type=embedded.positive_int_argument,
+        default=400,
+        metavar="N",
+        help="questions a request may ask; past it a 422 naming the limit (default: 400)",
     )
     serve.add_argument(
         "--max-in-flight",
@@ -431,9 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-queue",
         type=_non_negative_int,
-        default=16,
+        default=None,
         metavar="N",
-        help="requests that may wait for a slot; one more is a 429 with Retry-After (default: 16)",
+        help="requests that may wait for a slot; one more is a 429 with Retry-After (default: "
+        "as many as the measured drain rate serves within --timeout, at least "
+        f"{gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before anything is measured)",
     )
     serve.add_argument(
         "--timeout",
@@ -732,13 +747,26 @@ async def run_generate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
+    keys_env = args.keys_env
+    if keys_env is None and os.environ.get(gateway.DEFAULT_KEYS_ENV, "").strip():
+        keys_env = gateway.DEFAULT_KEYS_ENV
     try:
-        keys = gateway.load_keys(args.keys_file, args.keys_env, os.environ)
+        keys = gateway.load_keys(args.keys_file, keys_env, os.environ)
     except (OSError, UnicodeDecodeError) as error:
         reason = _reason(error) if isinstance(error, OSError) else "not UTF-8 text"
         raise CommandLineError(f"--keys-file {args.keys_file}: cannot read it: {reason}") from None
+    except gateway.NoKeysError as error:
+        raise CommandLineError(f"{error}: auth would be off; give keys, or --no-auth") from None
+    if keys and args.no_auth:
+        raise CommandLineError("--no-auth with bearer keys: choose one")
+    if not keys and not args.no_auth:
+        raise CommandLineError(
+            f"no bearer keys: give --keys-file FILE or --keys-env VAR (or set "
+            f"{gateway.DEFAULT_KEYS_ENV}), or pass --no-auth to serve without auth"
+        )
     config = gateway.GatewayConfig(
         keys=keys,
+        max_questions=args.max_questions,
         max_in_flight=args.max_in_flight,
         max_queue=args.max_queue,
         timeout=args.timeout,
@@ -848,8 +876,6 @@ def _read_previous(out: Path) -> _Previous:
         if line.strip():
             try:
                 data = parse_json(line)
-                if not isinstance(data, dict) or "id" not in data:
-                    raise ValueError('not an answer line {"id": ..., ...}')
             except ValueError as error:
                 if last or not raw[end + 1 :].strip():
                     # A kill cuts the last line short; it is judged again.
@@ -860,6 +886,13 @@ def _read_previous(out: Path) -> _Previous:
                     "it is not the last line, so no kill cut it short: fix or remove it, then "
                     "--resume again"
                 ) from None
+            if not isinstance(data, dict) or "id" not in data:
+                # Valid JSON: no kill made it (an answer line cut short never parses).
+                raise CommandLineError(
+                    f"--out {out} line {number} is JSON but not an answer line "
+                    '{"id": ..., ...}: this is not the file batch wrote; fix or remove it, then '
+                    "--resume again"
+                )
             previous.counts[record_key(data["id"])] += 1
             previous.lines += 1
             previous.needs_newline = last
@@ -1257,7 +1290,26 @@ def _report_lines(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The files eval writes in its folder: calibrate's --out must be none of them.
+_EVAL_FILES: Final = ("reads.jsonl", "reads.jsonl.run.json", "report.json", "report.html")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)  # a hard link, or another path to it
+    except OSError:
+        return False
+
+
 async def run_calibrate(args: argparse.Namespace, out: TextIO) -> int:
+    for name in _EVAL_FILES:
+        if _same_file(args.out, args.report / name):
+            raise CommandLineError(
+                f"--out {args.out} is the eval run's own {name}: writing the map there would "
+                "replace it; give the map a file of its own"
+            )
     evaluation_module = _eval_module()
     evaluation = evaluation_module.Evaluation.from_reads(args.report / "reads.jsonl")
     calibration = evaluation.fit(holdout=args.holdout, seed=args.seed)

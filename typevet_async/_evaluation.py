@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
+import hashlib
+import logging
 import os
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +46,8 @@ from typevet_async._judging import question_readings, served_pins
 from typevet_async._options import UNSET, Unset
 from typevet_async._session import Session
 from typevet_async._settings import Permutations, ReadOptions
+
+log = logging.getLogger("typevet_async.eval")
 
 __all__ = ["Evaluation", "QuestionReads", "evaluate", "question_entry"]
 
@@ -121,8 +126,7 @@ class Evaluation:
                 f"to reads.jsonl): {error}"
             ) from None
         lines, _ = _previous_lines(reads)
-        for line in lines:
-            evaluation.add_line(line)
+        _add_lines(evaluation, lines, reads)
         return evaluation
 
     def add_line(self, line: Mapping[str, Any]) -> None:
@@ -228,6 +232,7 @@ class Evaluation:
         folder.mkdir(parents=True, exist_ok=True)
         report = self.report(bins=bins, resamples=resamples, seed=seed)
         images: dict[str, str] = {}
+        failed: list[str] = []
         for question_id, _ in self.questions:
             reads = self.reads[question_id]
             if not reads.gold:
@@ -236,16 +241,29 @@ class Evaluation:
             entry = report["questions"][question_id]
             bins_width = [metrics.Bin(**item) for item in entry["metrics"]["bins_width"]]
             reliability, histogram = f"{stem}-reliability.png", f"{stem}-confidence.png"
-            _report.reliability_png(
-                bins_width, folder / reliability, title=f"{question_id}: reliability"
-            )
             data = reads.labelled()
             confidence, correct = metrics.confidence_and_correct(data.probabilities, data.gold)
-            _report.confidence_png(
-                confidence, correct, folder / histogram, title=f"{question_id}: confidence"
-            )
-            images[f"{question_id}: reliability diagram"] = reliability
-            images[f"{question_id}: confidence histogram"] = histogram
+            figures = (
+                (reliability, "reliability diagram", functools.partial(
+                    _report.reliability_png, bins_width, folder / reliability,
+                    title=f"{question_id}: reliability",
+                )),
+                (histogram, "confidence histogram", functools.partial(
+                    _report.confidence_png, confidence, correct, folder / histogram,
+                    title=f"{question_id}: confidence",
+                )),
+            )  # fmt: skip
+            for name, what, draw in figures:
+                try:  # a figure that fails costs that figure, never the report
+                    draw()
+                except Exception as error:
+                    problem = f"{question_id}: {what}: {type(error).__name__}: {error}"
+                    log.warning("not drawn: %s", problem)
+                    failed.append(problem)
+                    continue
+                images[f"{question_id}: {what}"] = name
+        if failed:
+            report["figures_not_drawn"] = failed
         (folder / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
         _report.html_report(report, folder / "report.html", images=images)
         return report
@@ -287,9 +305,19 @@ class Evaluation:
         return CalibrationMap(self.pins, entries, created)
 
 
+#: Characters of a question id a figure's file name keeps.
+_STEM_LENGTH = 48
+
+
 def _file_stem(question_id: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in question_id)
-    return safe or "question"
+    """A figure's file-name stem: the id itself where it is a short, plain name; otherwise its
+    first characters made plain, and a digest of the whole id, so two ids never share files
+    ("a b" and "a_b") and no name is too long for the file system."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in question_id)
+    if safe == question_id and 0 < len(safe) <= _STEM_LENGTH:
+        return safe
+    digest = hashlib.sha256(question_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{safe[:_STEM_LENGTH] or 'question'}-{digest}"
 
 
 def question_entry(
@@ -330,7 +358,28 @@ def run_facts(evaluation: Evaluation) -> dict[str, Any]:
     }
 
 
-def _previous_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+def _add_lines(evaluation: Evaluation, lines: Sequence[tuple[int, Any]], path: Path) -> list[str]:
+    """Each reads line into ``evaluation``; the record keys they hold.
+
+    :raises InvalidInputError: a line that is JSON but not of the reads shape, naming it (the
+        command stops there: the evaluation half filled is dropped with it).
+    """
+    keys = []
+    for number, line in lines:
+        try:
+            if not isinstance(line, dict):
+                raise TypeError(f"a {type(line).__name__}, not an object")
+            evaluation.add_line(line)
+            keys.append(record_key(line["id"]))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+            raise InvalidInputError(
+                f"{path} line {number} is JSON but not a reads line ({type(error).__name__}: "
+                f"{error}): it is not a file eval wrote; fix or remove the line"
+            ) from None
+    return keys
+
+
+def _previous_lines(path: Path) -> tuple[list[tuple[int, Any]], int]:
     """The reads lines a file holds, and the byte offset to continue from: a last line cut
     short by a kill is dropped (and judged again), a complete last line without its line
     break gets one; any other bad line is refused."""
@@ -347,9 +396,11 @@ def _previous_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
             raw += b"\n"
             with path.open("ab") as file:
                 file.write(b"\n")
-    lines: list[dict[str, Any]] = []
+    lines: list[tuple[int, Any]] = []
     start = 0
+    number = 0
     while start < len(raw):
+        number += 1
         end = raw.find(b"\n", start)
         chunk = raw[start:] if end == -1 else raw[start:end]
         try:
@@ -362,7 +413,7 @@ def _previous_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
                 "remove it, then resume again"
             ) from None
         if data is not None:
-            lines.append(data)
+            lines.append((number, data))
         if end == -1:
             break
         start = end + 1
@@ -436,9 +487,7 @@ async def evaluate(
             )
         if resume:
             lines, offset = _previous_lines(path)
-            for line in lines:
-                evaluation.add_line(line)
-                done.add(record_key(line["id"]))
+            done.update(_add_lines(evaluation, lines, path))
         path.parent.mkdir(parents=True, exist_ok=True)
         facts_path.write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
 

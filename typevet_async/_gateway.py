@@ -38,24 +38,36 @@ it, the judgments still running are cancelled and each answers 503 (``Retry-Afte
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import hmac
 import logging
+import math
 import signal
-import sys
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import anyio
+import anyio.to_thread
 import attrs
 import orjson
 from aiohttp import web
 
 import typevet_async as tv
 from typevet_async._convert import converter
+from typevet_async._core.decoding import (
+    BadEncodingError,
+    BodyTooLargeError,
+    BudgetExceededError,
+    CpuClock,
+    DecodeBudget,
+    DecodeError,
+    check_json_budget,
+    decompress,
+)
 from typevet_async._core.systemone import (
     SystemOneCall,
     SystemOneValidationError,
@@ -66,15 +78,6 @@ from typevet_async._core.systemone import (
     validation_detail,
 )
 
-try:  # the official client compresses its bodies with zstd when it can
-    if sys.version_info >= (3, 14):
-        from compression.zstd import ZstdDecompressor, ZstdError
-    else:
-        from backports.zstd import ZstdDecompressor, ZstdError
-    HAVE_ZSTD = True
-except ImportError:  # pragma: no cover - without the serve extra
-    HAVE_ZSTD = False
-
 try:
     import prometheus_client
 except ImportError:  # pragma: no cover - without the serve extra
@@ -83,8 +86,12 @@ except ImportError:  # pragma: no cover - without the serve extra
 __all__ = [
     "DEFAULT_KEYS_ENV",
     "DEFAULT_MAX_BODY_BYTES",
+    "BadEncodingError",
+    "BodyTooLargeError",
     "GatewayConfig",
+    "NoKeysError",
     "build_app",
+    "decode_request",
     "decompress",
     "load_keys",
     "running",
@@ -97,8 +104,14 @@ access_log = logging.getLogger("typevet_async.gateway.access")
 
 DEFAULT_KEYS_ENV: Final = "TYPEVET_SERVE_KEYS"
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
-#: Decompressed bytes produced per step while inflating a body (the cap is checked after each).
-_CHUNK: Final = 64 * 1024
+#: The automatic queue's floor: a client's connection pool (commonly 32 to 64) is never shed.
+MIN_AUTO_QUEUE: Final = 64
+#: The automatic queue before a drain rate has been measured.
+DEFAULT_AUTO_QUEUE: Final = 256
+#: The automatic queue's ceiling.
+MAX_AUTO_QUEUE: Final = 4096
+#: Judgments the drain rate is measured over (the most recent).
+_DRAIN_WINDOW: Final = 64
 
 
 @attrs.frozen
@@ -109,16 +122,50 @@ class GatewayConfig:
     keys: tuple[str, ...] = ()
     #: Requests judged at once.
     max_in_flight: int = 8
-    #: Requests that may wait for a slot; one more is a 429.
-    max_queue: int = 16
+    #: Requests that may wait for a slot; one more is a 429. None (the default): as many as the
+    #: measured drain rate serves within ``timeout`` (at least `MIN_AUTO_QUEUE`, and
+    #: `DEFAULT_AUTO_QUEUE` before anything has been measured): a request is shed only when it
+    #: would wait past its timeout anyway.
+    max_queue: int | None = None
     #: Seconds per request, waiting for a slot included (None: no limit) -> 504.
     timeout: float | None = 60.0
     #: The largest body, compressed or not (decompressed bytes count too) -> 413.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Questions a request may ask -> 422 (OpenAI's Decisions API allows 400).
+    max_questions: int = 400
+    #: Image assets a request may carry -> 422.
+    max_assets: int = 32
+    #: JSON values a body may hold -> 422.
+    max_items: int = 200_000
+    #: Deepest nesting of a body's JSON -> 422 (a deeper state is no ticket).
+    max_depth: int = 128
+    #: CPU seconds one body's decode may use -> 422.
+    decode_cpu_seconds: float = 2.0
+    #: Bodies decoded at once, each in a worker thread off the event loop.
+    decode_threads: int = 2
+    #: Seconds a connection may go without sending a complete request head (idle keep-alive
+    #: connections included) -> closed.
+    idle_timeout: float = 15.0
+    #: Seconds a request's body may take to arrive -> 408.
+    body_timeout: float = 30.0
     #: Seconds graceful shutdown waits for in-flight requests.
     shutdown_timeout: float = 30.0
     #: Seconds between probe attempts until the server is ready.
     probe_interval: float = 1.0
+
+    def decode_budget(self) -> DecodeBudget:
+        """What one body's decode may use: a ``request`` part and one part per asset."""
+        return DecodeBudget(
+            max_bytes=self.max_body_bytes,
+            max_items=self.max_items,
+            max_depth=self.max_depth,
+            max_parts=self.max_assets + 1,
+            cpu_seconds=self.decode_cpu_seconds,
+        )
+
+
+class NoKeysError(tv.ConfigurationError):
+    """A key source was named but yields no key: auth is off only when asked for."""
 
 
 def load_keys(
@@ -128,77 +175,29 @@ def load_keys(
     the variable ``keys_env`` (comma-separated).
 
     :raises OSError: the file cannot be read.
+    :raises NoKeysError: the file or the variable is named but holds no key (an empty file,
+        one of blank lines, an unset or blank variable): starting with auth off because a key
+        file came out empty is the mistake this refuses.
     """
     keys: list[str] = []
     if keys_file is not None:
-        for line in keys_file.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                keys.append(line)
+        from_file = [
+            line.strip()
+            for line in keys_file.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        ]
+        if not from_file:
+            raise NoKeysError(
+                f"--keys-file {keys_file} holds no key (only blank lines or comments)"
+            )
+        keys.extend(from_file)
     if keys_env:
-        keys.extend(k.strip() for k in environ.get(keys_env, "").split(",") if k.strip())
+        from_env = [k.strip() for k in environ.get(keys_env, "").split(",") if k.strip()]
+        if not from_env:
+            state = "is not set" if keys_env not in environ else "holds no key"
+            raise NoKeysError(f"--keys-env {keys_env}: the variable {state}")
+        keys.extend(from_env)
     return tuple(dict.fromkeys(keys))
-
-
-class BodyTooLargeError(Exception):
-    """A body (or what it decompresses to) beyond the cap."""
-
-
-class BadEncodingError(Exception):
-    """A ``Content-Encoding`` not accepted, or a body that does not decode."""
-
-
-def decompress(body: bytes, encoding: str, cap: int) -> bytes:
-    """``body`` decoded from ``encoding`` (zstd, gzip or identity), at most ``cap`` bytes.
-
-    Inflation stops as soon as the output passes ``cap``: a zip bomb costs ``cap`` bytes.
-
-    :raises BodyTooLargeError: the output would pass ``cap``.
-    :raises BadEncodingError: another encoding, or a body that is not of its encoding.
-    """
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    out = bytearray()
-    if encoding in ("gzip", "x-gzip"):
-        inflater = zlib.decompressobj(wbits=31)
-        data = body
-        try:
-            while data and not inflater.eof:
-                out += inflater.decompress(data, _CHUNK)
-                if len(out) > cap:
-                    raise BodyTooLargeError
-                data = inflater.unconsumed_tail
-            out += inflater.flush()
-        except zlib.error as error:
-            raise BadEncodingError(f"not a gzip body: {error}") from None
-        if not inflater.eof:
-            raise BadEncodingError("the gzip body is cut short")
-    elif encoding == "zstd" and HAVE_ZSTD:
-        data = body
-        try:
-            while True:
-                unzstd = ZstdDecompressor()
-                while not unzstd.eof:
-                    out += unzstd.decompress(data, _CHUNK)
-                    data = b""
-                    if len(out) > cap:
-                        raise BodyTooLargeError
-                    if unzstd.needs_input:
-                        break
-                if not unzstd.eof:
-                    raise BadEncodingError("the zstd body is cut short")
-                data = unzstd.unused_data  # a body may hold several frames
-                if not data:
-                    break
-        except ZstdError as error:
-            raise BadEncodingError(f"not a zstd body: {error}") from None
-    else:
-        accepted = "zstd, gzip or identity" if HAVE_ZSTD else "gzip or identity"
-        raise BadEncodingError(f"Content-Encoding {encoding!r} is not accepted: send {accepted}")
-    if len(out) > cap:
-        raise BodyTooLargeError
-    return bytes(out)
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -281,6 +280,8 @@ class _Metrics:
 class _State:
     config: GatewayConfig
     slots: asyncio.Semaphore
+    #: Bodies decoded at once (worker threads).
+    decoders: anyio.CapacityLimiter
     metrics: _Metrics | None
     #: Requests judged or waiting for a slot.
     admitted: int = 0
@@ -292,6 +293,35 @@ class _State:
     judging: set[asyncio.Task[Any]] = attrs.Factory(set)
     #: Set once the shutdown timeout passed: the judgments still running answer 503.
     cut_off: bool = False
+    #: When the most recent judgments ended (monotonic seconds), for the drain rate.
+    finished: collections.deque[float] = attrs.Factory(
+        lambda: collections.deque(maxlen=_DRAIN_WINDOW)
+    )
+
+    def drain_rate(self) -> float | None:
+        """Judgments ended per second over the recent window (None: too few to tell)."""
+        if len(self.finished) < 2:
+            return None
+        span = max(time.monotonic(), self.finished[-1]) - self.finished[0]
+        return (len(self.finished) - 1) / span if span > 0 else None
+
+    def queue_limit(self) -> int:
+        """Requests that may wait for a slot now."""
+        if self.config.max_queue is not None:
+            return self.config.max_queue
+        rate = self.drain_rate()
+        if rate is None or self.config.timeout is None:
+            return DEFAULT_AUTO_QUEUE
+        return int(min(MAX_AUTO_QUEUE, max(MIN_AUTO_QUEUE, rate * self.config.timeout)))
+
+    def retry_after(self) -> float:
+        """Seconds until a place in the queue is likely free, from the drain rate (1 s before
+        anything is measured), between 1 and 60."""
+        rate = self.drain_rate()
+        if rate is None:
+            return 1.0
+        excess = self.admitted - (self.config.max_in_flight + self.queue_limit()) + 1
+        return min(60.0, max(1.0, excess / rate))
 
 
 SESSION: Final = web.AppKey("session", tv.Session)
@@ -304,7 +334,8 @@ def _authorized(header: str | None, keys: Sequence[str]) -> bool:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return False
-    given = token.strip().encode()
+    # aiohttp reads header bytes that are not UTF-8 as surrogates: they can match no key
+    given = token.strip().encode("utf-8", "surrogateescape")
     matched = False
     for key in keys:  # every key is compared: the time does not tell which one matched
         matched |= hmac.compare_digest(given, key.encode())
@@ -376,44 +407,116 @@ async def _auth(
     return await handler(request)
 
 
-async def _read_body(request: web.Request, cap: int) -> bytes | web.Response:
+async def _read_raw(request: web.Request, cap: int, body_timeout: float) -> bytes | web.Response:
+    """The body as it came (compressed or not), at most ``cap`` bytes."""
     too_large = _error(413, ["body"], f"the body exceeds the {cap}-byte limit", "too_large")
     if request.content_length is not None and request.content_length > cap:
         return too_large
     try:
-        raw = await request.read()  # client_max_size is ``cap``: aiohttp raises 413 past it
+        async with asyncio.timeout(body_timeout):
+            return await request.read()  # client_max_size is ``cap``: aiohttp raises 413 past it
     except web.HTTPRequestEntityTooLarge:
         return too_large
-    try:
-        return decompress(raw, request.headers.get("Content-Encoding", ""), cap)
-    except BodyTooLargeError:
-        return too_large
-    except BadEncodingError as error:
+    except TimeoutError:
+        return _error(
+            408, ["body"], f"the body did not arrive within {body_timeout:g} s", "timeout",
+            headers={"Connection": "close"},
+        )  # fmt: skip
+
+
+def decode_request(
+    raw: bytes, encoding: str, content_type: str, config: GatewayConfig
+) -> tuple[SystemOneCall, list[tv.Image]] | web.Response:
+    """A body as the request it holds and its images, decoded within ``config``'s budget:
+    pure and CPU-bound, so the gateway runs it in a worker thread (the event loop serves
+    everyone else meanwhile), and every step stops at a limit instead of running long.
+
+    :raises DecodeError: past the budget, or an encoding that does not decode.
+    :raises SystemOneValidationError: not a System One request, or past a count limit.
+    :raises InvalidInputError: an image that is not one.
+    """
+    budget = config.decode_budget()
+    clock = CpuClock(budget.cpu_seconds)
+    body = decompress(raw, encoding, budget, clock)
+    media = media_type(content_type)
+    if media == "multipart/form-data":
+        call = request_from_system_one_multipart(
+            body, content_type, budget=budget, clock=clock, max_assets=config.max_assets,
+            max_questions=config.max_questions,
+        )  # fmt: skip
+    elif media.startswith("multipart/"):
+        return _error(
+            415, ["header", "content-type"],
+            f"Content-Type {media!r} is not accepted: send application/json or "
+            "multipart/form-data",
+            "unsupported_media_type",
+        )  # fmt: skip
+    else:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as error:
+            raise SystemOneValidationError(
+                [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
+            ) from None
+        check_json_budget(data, budget, clock)
+        call = request_from_system_one(
+            data, max_assets=config.max_assets, max_questions=config.max_questions
+        )
+    clock.check()
+    return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images]
+
+
+def _decode_error(error: DecodeError) -> web.Response:
+    if isinstance(error, BodyTooLargeError):
+        return _error(413, ["body"], str(error), "too_large")
+    if isinstance(error, BadEncodingError):
         return _error(415, ["header", "content-encoding"], str(error), "unsupported_encoding")
+    limit = error.limit if isinstance(error, BudgetExceededError) else "body"
+    return _json(
+        422,
+        {
+            "detail": [
+                validation_detail(["body"], str(error), "budget_exceeded", None, {"limit": limit})
+            ]
+        },
+    )
 
 
 async def _systemone(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     session = request.app[SESSION]
     config = state.config
-    body = await _read_body(request, config.max_body_bytes)
-    if isinstance(body, web.Response):
-        return body
+    raw = await _read_raw(request, config.max_body_bytes, config.body_timeout)
+    if isinstance(raw, web.Response):
+        return raw
     try:
-        call = _parse_call(body, request.headers.get("Content-Type", ""))
-        if isinstance(call, web.Response):
-            return call
-        images = [tv.Image.from_bytes(raw, mime) for mime, raw in call.images]
+        decoded = await anyio.to_thread.run_sync(
+            decode_request,
+            raw,
+            request.headers.get("Content-Encoding", ""),
+            request.headers.get("Content-Type", ""),
+            config,
+            limiter=state.decoders,
+        )
+    except DecodeError as error:
+        if state.metrics is not None:
+            state.metrics.errors.labels(type(error).__name__).inc()
+        return _decode_error(error)
     except SystemOneValidationError as error:
         if state.metrics is not None:
             state.metrics.errors.labels("SystemOneValidationError").inc()
         return _json(422, {"detail": error.detail})
     except tv.InvalidInputError as error:
         return _sdk_error(state, error)
-    if state.admitted >= config.max_in_flight + config.max_queue:
+    if isinstance(decoded, web.Response):
+        return decoded
+    call, images = decoded
+    if state.admitted >= config.max_in_flight + state.queue_limit():
+        wait = state.retry_after()
+        retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
         return _error(
-            429, ["server"], "too many requests in flight: retry shortly", "rate_limited",
-            headers={"Retry-After": "1"},
+            429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
+            "rate_limited", headers=retry,
         )  # fmt: skip
     state.admitted += 1
     task = asyncio.current_task()
@@ -454,6 +557,7 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
         return _sdk_error(state, error)
     finally:
         state.admitted -= 1
+        state.finished.append(time.monotonic())
         if task is not None:
             state.judging.discard(task)
     if state.metrics is not None:
@@ -465,34 +569,9 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
             judgment,
             model,
             score_criteria=call.score_criteria,
-            extension=converter.unstructure(judgment),
+            extension=_extension(judgment),
         ),
     )
-
-
-def _parse_call(body: bytes, content_type: str) -> SystemOneCall | web.Response:
-    """The request a body holds: JSON, or ``multipart/form-data`` (what the official client
-    sends when a request has image assets: a ``request`` part and one part per image).
-
-    :raises SystemOneValidationError: not a System One request.
-    """
-    media = media_type(content_type)
-    if media == "multipart/form-data":
-        return request_from_system_one_multipart(body, content_type)
-    if media.startswith("multipart/"):
-        return _error(
-            415, ["header", "content-type"],
-            f"Content-Type {media!r} is not accepted: send application/json or "
-            "multipart/form-data",
-            "unsupported_media_type",
-        )  # fmt: skip
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise SystemOneValidationError(
-            [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
-        ) from None
-    return request_from_system_one(data)
 
 
 #: Upstream statuses that refuse the request as it was built from the client's input (vLLM:
@@ -529,15 +608,55 @@ def _sdk_error(state: _State, error: BaseException) -> web.Response:
             question_id = getattr(error, "question_id", None)
             if status == 422 and question_id is not None:
                 loc = ["body", "questions", str(question_id)]
+            message = f"{type(error).__name__}: {error}"
             if status >= 500:
-                log.warning("judgment failed: %s: %s", type(error).__name__, error)
-            return _error(status, loc, f"{type(error).__name__}: {error}", detail_type)
+                # The details name the model server's address: the log has them, the client
+                # gets what failed and what it means for it.
+                log.warning("judgment failed: %s", message)
+                message = _upstream_failure(error, detail_type)
+            return _error(status, loc, message, detail_type)
     log.error("judgment failed: %s", type(error).__name__)
     return _error(500, ["server"], "internal server error", "internal_error")
 
 
+def _extension(judgment: tv.Judgment) -> dict[str, Any]:
+    """The ``typevet`` extension of a response: the judgment's usage and diagnostics, less
+    the endpoint that answered (an upstream address behind the gateway)."""
+    extension: dict[str, Any] = converter.unstructure(judgment)
+    for diagnostics in extension.get("diagnostics", {}).values():
+        diagnostics.pop("endpoint", None)
+    return extension
+
+
+def _upstream_failure(error: BaseException, detail_type: str) -> str:
+    """What a client is told of a failure behind the gateway: its kind, never the upstream's
+    address or its text (both are in the gateway's log)."""
+    status = getattr(error, "status", None)
+    said = f" (HTTP {status})" if isinstance(status, int) else ""
+    what = {
+        "upstream_error": f"the model server answered with an error{said}",
+        "upstream_unreachable": "the model server could not be reached",
+        "upstream_protocol_error": "the model server's reply was not what its protocol says",
+        "upstream_timeout": "the model server did not answer in time",
+        "off_menu": "the model's answer fell off the question's options",
+        "unsupported_template": "the model server's chat template cannot be judged",
+        "timeout": "the judgment outlived its deadline",
+        "unavailable": "the gateway's session is not open",
+    }.get(detail_type, "the judgment failed")
+    return f"{type(error).__name__}: {what}; retry later (details are in the gateway's log)"
+
+
+def model_alias(name: str | None) -> str | None:
+    """The name clients see for a served model: a model id that is a local file's path (the
+    embedded llama.cpp server lists its GGUF's) is shown by its file name, without ``.gguf``."""
+    if name is None or ("/" not in name and "\\" not in name and not name.endswith(".gguf")):
+        return name
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return base.removesuffix(".gguf") or None
+
+
 def _served_model(session: tv.Session) -> str | None:
-    return session.backend.model
+    return model_alias(session.backend.model)
 
 
 async def _models(request: web.Request) -> web.StreamResponse:
@@ -582,20 +701,31 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     )
 
 
+#: Longest wait between two probes of a server that is not ready.
+_PROBE_BACKOFF_MAX: Final = 30.0
+
+
 async def _probe_until_ready(app: web.Application) -> None:
+    """Probe until the server is ready, however long: a refusal (a template the SDK cannot
+    judge, a model that is not served) is logged and probed again too, with backoff, since
+    whoever runs the model server may fix it while the gateway runs."""
     state, session = app[STATE], app[SESSION]
+    wait = state.config.probe_interval
     while True:
         try:
             probe = await session.probe()
-        except tv.BackendError as error:
-            log.warning("probe failed, retrying: %s: %s", type(error).__name__, error)
-            await asyncio.sleep(state.config.probe_interval)
-            continue
         except tv.TypevetError as error:
-            log.error("probe refused: %s: %s (not ready)", type(error).__name__, error)
-            return
-        state.served_model = session.backend.model or (
-            probe.model_ids[0] if probe.model_ids else None
+            refused = not isinstance(error, tv.BackendError)
+            log.log(
+                logging.ERROR if refused else logging.WARNING,
+                "probe %s, retrying in %.1fs: %s: %s",
+                "refused (not ready)" if refused else "failed", wait, type(error).__name__, error,
+            )  # fmt: skip
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, max(_PROBE_BACKOFF_MAX, state.config.probe_interval))
+            continue
+        state.served_model = model_alias(
+            session.backend.model or (probe.model_ids[0] if probe.model_ids else None)
         )
         state.ready_date = datetime.datetime.now(datetime.UTC).date().isoformat()
         state.ready = True
@@ -623,7 +753,12 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
         client_max_size=config.max_body_bytes, middlewares=[_access, _errors, _auth]
     )
     app[SESSION] = session
-    app[STATE] = _State(config, asyncio.Semaphore(config.max_in_flight), _Metrics.create())
+    app[STATE] = _State(
+        config,
+        asyncio.Semaphore(config.max_in_flight),
+        anyio.CapacityLimiter(config.decode_threads),
+        _Metrics.create(),
+    )
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/systemone", _systemone)
     app.router.add_get("/v1/models", _models)
@@ -637,6 +772,8 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
 #: then every judgment has answered 503; only a request whose body is still arriving is left).
 _SHUTDOWN_GRACE: Final = 5.0
 _SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+#: Seconds the server reads and drops an unread body after answering (aiohttp's default: 10).
+_LINGERING_TIME: Final = 2.0
 
 
 def runner_options(config: GatewayConfig) -> dict[str, Any]:
@@ -646,6 +783,14 @@ def runner_options(config: GatewayConfig) -> dict[str, Any]:
         "auto_decompress": False,
         "access_log": None,
         "shutdown_timeout": config.shutdown_timeout + _SHUTDOWN_GRACE,
+        # a connection that sends no complete request head for this long is closed: an idle
+        # keep-alive one, and one that trickles its head (aiohttp's default is an hour)
+        "keepalive_timeout": config.idle_timeout,
+        # after an error answered before its body was read (a 408, a 413), the rest of the
+        # body is read and dropped for at most this long, then the connection closes
+        "lingering_time": _LINGERING_TIME,
+        # a client that goes away cancels its judgment (its reads stop; the log says 499)
+        "handler_cancellation": True,
     }
 
 

@@ -19,6 +19,7 @@ from typevet_async._backends.base import Backend
 from typevet_async._core.generation import Generation, GenerationRequest, interpret_output
 from typevet_async._core.schemas import check_schema
 from typevet_async._errors import InvalidInputError, RequestTimeoutError, TypevetError
+from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order, gather_settled
 from typevet_async._images import Image, check_images
 from typevet_async._settings import GenerationOptions, SessionSettings
@@ -69,7 +70,7 @@ def plan_generations(
 
 def _generator(
     backend: Backend,
-    slots: asyncio.Semaphore,
+    slots: SlotShare,
     validator: Draft202012Validator,
     options: GenerationOptions,
 ) -> Callable[[GenerationRequest], Awaitable[Generation]]:
@@ -97,7 +98,7 @@ def _tag(error: TypevetError, index: int) -> None:
 
 async def generate_in_order(
     backend: Backend,
-    slots: asyncio.Semaphore,
+    slots: SlotShare,
     requests: list[GenerationRequest],
     validator: Draft202012Validator,
     options: GenerationOptions,
@@ -111,7 +112,7 @@ async def generate_in_order(
 
 async def generate_settled(
     backend: Backend,
-    slots: asyncio.Semaphore,
+    slots: SlotShare,
     requests: list[GenerationRequest],
     validator: Draft202012Validator,
     options: GenerationOptions,

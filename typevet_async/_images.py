@@ -9,6 +9,7 @@ and every call checks the session's ``max_image_bytes`` (`check_images`).
 from __future__ import annotations
 
 import base64
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,73 @@ import attrs
 
 from typevet_async._errors import InvalidInputError
 
-__all__ = ["DEFAULT_MAX_IMAGES", "DEFAULT_MAX_IMAGE_BYTES", "Image", "check_images"]
+__all__ = [
+    "DEFAULT_MAX_IMAGES",
+    "DEFAULT_MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
+    "Image",
+    "check_images",
+    "image_size",
+]
 
 #: Default cap on one image's size, checked before anything is encoded.
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024
 #: Default cap on the images one judgment or generation takes.
 DEFAULT_MAX_IMAGES = 8
 
+#: The most pixels an image may declare in its header: a few hundred bytes can declare a
+#: 20,000 x 20,000 image that a vision server would decode to 1.6 GB.
+MAX_IMAGE_PIXELS = 50_000_000
+
 _SUPPORTED = ("image/jpeg", "image/png", "image/webp")
+#: JPEG's start-of-frame markers (the frame header holds the size); C4, C8 and CC are not.
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """The width and height an image's header declares (PNG, JPEG, WebP), read without
+    decoding it; None where the header is cut short or not one of these."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return width, height
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_size(data)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        chunk = data[12:16]
+        if chunk == b"VP8X" and len(data) >= 30:
+            return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(
+                data[27:30], "little"
+            )
+        if chunk == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+        if chunk == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
+            width, height = struct.unpack("<HH", data[26:30])
+            return width & 0x3FFF, height & 0x3FFF
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """A JPEG's size from its frame header: segment by segment (each step skips a segment by
+    its length, so a hostile file costs one pass)."""
+    index = 2
+    while index + 4 <= len(data):
+        if data[index] != 0xFF:
+            return None
+        marker = data[index + 1]
+        if marker == 0xFF:  # fill byte
+            index += 1
+            continue
+        if marker in _JPEG_FRAMES:
+            if index + 9 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[index + 5 : index + 9])
+            return width, height
+        (length,) = struct.unpack(">H", data[index + 2 : index + 4])
+        if length < 2:
+            return None
+        index += 2 + length
+    return None
 
 
 def _sniff(data: bytes) -> str | None:
@@ -55,6 +115,12 @@ def _check_mime_type(image: Image, _: attrs.Attribute[Any], mime_type: Any) -> N
         raise InvalidInputError(
             f"image bytes are {sniffed or 'not a supported image'}, not {mime_type}"
         )
+    size = image_size(image.data)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise InvalidInputError(
+            f"the image declares {size[0]} x {size[1]} pixels, past the cap of "
+            f"{MAX_IMAGE_PIXELS:,} pixels"
+        )
 
 
 def _check_cap(max_bytes: Any) -> None:
@@ -64,10 +130,11 @@ def _check_cap(max_bytes: Any) -> None:
 
 @attrs.frozen(repr=False)
 class Image:
-    """A PNG, JPEG or WebP image; its MIME type must match its bytes (checked when built).
+    """A PNG, JPEG or WebP image; its MIME type must match its bytes, and the size its header
+    declares must be at most `MAX_IMAGE_PIXELS` (checked when built).
 
-    :raises InvalidInputError: data that is not bytes or is empty, an unsupported type, or
-        bytes whose signature is not the declared type.
+    :raises InvalidInputError: data that is not bytes or is empty, an unsupported type, bytes
+        whose signature is not the declared type, or a header that declares too many pixels.
     """
 
     data: bytes = attrs.field(converter=_image_bytes)

@@ -12,7 +12,6 @@ task outlives it.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import functools
 import itertools
@@ -46,6 +45,7 @@ from typevet_async._errors import (
     TypevetError,
     UnsupportedTemplateError,
 )
+from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order
 from typevet_async._images import Image
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
@@ -304,7 +304,7 @@ def served_pins(
 
 async def judge(
     planner: Planner,
-    slots: asyncio.Semaphore,
+    slots: SlotShare,
     state: Any,
     state_text: str,
     questions: Sequence[tuple[str, Question]],
@@ -376,7 +376,7 @@ def _name_question(error: TypevetError, request: ScoringRequest) -> None:
 async def _score(
     backend: Backend,
     probe: Probe,
-    slots: asyncio.Semaphore,
+    slots: SlotShare,
     request: ScoringRequest,
     options: ReadOptions,
 ) -> _Scored:
@@ -400,7 +400,7 @@ def _from_cache(usage: Usage) -> bool:
 async def read_judgment(
     backend: Backend,
     probe: Probe,
-    slots: asyncio.Semaphore,
+    slots: SlotShare,
     requests: list[ScoringRequest],
     strategy: PrefixReuse,
     options: ReadOptions,

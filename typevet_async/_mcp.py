@@ -49,14 +49,24 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Final, Literal, cast
 
 import anyio
+import anyio.abc
+import orjson
+from mcp import types as mcp_types
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 from mcp.types import ToolAnnotations
-from pydantic import Field, JsonValue, WithJsonSchema
+from pydantic import Field, JsonValue, ValidationError, WithJsonSchema
 from typing_extensions import TypedDict  # pydantic reads a TypedDict from typing only on 3.12+
 
 import typevet_async as tv
+from typevet_async._core.decoding import (
+    BudgetExceededError,
+    CpuClock,
+    DecodeBudget,
+    check_json_budget,
+)
 from typevet_async._core.systemone import (
     SystemOneValidationError,
     request_from_system_one,
@@ -467,6 +477,78 @@ class _StdinLines:
         return line
 
 
+#: What one JSON-RPC message (one line of stdin) may use: past it, the request is answered
+#: with a JSON-RPC error instead of reaching the MCP SDK (whose reader drops a line it cannot
+#: parse, or one past pydantic's recursion limit, without a reply: the agent's call hung).
+MESSAGE_BUDGET: Final = DecodeBudget(max_bytes=8 * 1024 * 1024, max_items=200_000, max_depth=128)
+_PARSE_ERROR: Final = -32700
+_INVALID_REQUEST: Final = -32600
+
+
+def message_refusal(
+    line: str, budget: DecodeBudget = MESSAGE_BUDGET
+) -> mcp_types.JSONRPCError | None:
+    """The JSON-RPC error that answers a line of stdin, or None for a message the MCP SDK can
+    take: not JSON (-32700, id null), past the budget or not a JSON-RPC message (-32600, with
+    the request's id where it has one)."""
+    if len(line) > budget.max_bytes:
+        return _rpc_error(None, _INVALID_REQUEST, f"a message over {budget.max_bytes} bytes")
+    try:
+        data = orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        return _rpc_error(None, _PARSE_ERROR, f"Parse error: {error}")
+    request_id = data.get("id") if isinstance(data, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        request_id = None
+    try:
+        check_json_budget(data, budget, CpuClock(budget.cpu_seconds), "the message")
+        mcp_types.jsonrpc_message_adapter.validate_python(data, by_name=False)
+    except BudgetExceededError as error:
+        return _rpc_error(request_id, _INVALID_REQUEST, f"Invalid Request: {error}")
+    except ValidationError as error:
+        problems = error.errors()
+        problem = problems[0]["msg"] if problems else str(error)
+        return _rpc_error(request_id, _INVALID_REQUEST, f"Invalid Request: {problem}")
+    return None
+
+
+def _rpc_error(request_id: int | str | None, code: int, message: str) -> mcp_types.JSONRPCError:
+    return mcp_types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=mcp_types.ErrorData(code=code, message=message)
+    )
+
+
+class _CheckedLines:
+    """Stdin's lines as the MCP SDK reads them, each first held to `message_refusal`: a line
+    refused is answered on the server's own write stream (so every request gets a reply) and
+    not passed on; a blank line is skipped."""
+
+    def __init__(self, lines: _StdinLines) -> None:
+        self._lines = lines
+        self._replies: anyio.abc.ObjectSendStream[SessionMessage] | None = None
+        self._ready = anyio.Event()
+
+    def reply_on(self, stream: anyio.abc.ObjectSendStream[SessionMessage]) -> None:
+        self._replies = stream
+        self._ready.set()
+
+    def __aiter__(self) -> _CheckedLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await self._lines.__anext__()
+            if not line.strip():
+                continue
+            refusal = message_refusal(line)
+            if refusal is None:
+                return line
+            log.warning("message refused: %s", refusal.error.message[:200])
+            await self._ready.wait()
+            assert self._replies is not None
+            await self._replies.send(SessionMessage(refusal))
+
+
 async def _stop_on_sigterm(serving: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM) as signals:
         async for _ in signals:
@@ -482,10 +564,12 @@ async def serve_stdio(session: tv.Session) -> None:
     # (the SDK's in-memory transport reaches it the same way); this is run_stdio_async with
     # a stdin that a cancellation does not wait for.
     lowlevel = build_server(session)._lowlevel_server
-    stdin = cast("anyio.AsyncFile[str]", _StdinLines(0))  # the SDK only iterates it
+    lines = _CheckedLines(_StdinLines(0))
+    stdin = cast("anyio.AsyncFile[str]", lines)  # the SDK only iterates it
     async with anyio.create_task_group() as serving:
         serving.start_soon(_stop_on_sigterm, serving.cancel_scope)
         async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+            lines.reply_on(write_stream)
             await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
         serving.cancel_scope.cancel()
     log.info("stopped")

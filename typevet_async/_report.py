@@ -102,7 +102,8 @@ def reliability_png(bins: Sequence[Bin], path: FilePath, *, title: str) -> None:
         color=_ACCURACY_COLOUR,
         label="accuracy at mean confidence",
     )
-    curve.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), ylabel="accuracy", title=title)
+    curve.set(xlim=(0.0, 1.0), ylim=(0.0, 1.0), ylabel="accuracy")
+    curve.set_title(title, parse_math=False)  # plain text: an id's "$" is no math markup
     curve.legend(loc="upper left", fontsize="small")
     bars = counts.bar(lefts, [b.count for b in bins], width=widths, align="edge", color="grey")
     counts.bar_label(bars, fontsize="x-small")
@@ -132,7 +133,8 @@ def confidence_png(
         color=[_ACCURACY_COLOUR, _WRONG_COLOUR],
         label=[f"correct ({int(right.sum())})", f"wrong ({int((~right).sum())})"],
     )
-    axes.set(xlim=(0.0, 1.0), xlabel="confidence (top probability)", ylabel="items", title=title)
+    axes.set(xlim=(0.0, 1.0), xlabel="confidence (top probability)", ylabel="items")
+    axes.set_title(title, parse_math=False)  # plain text: an id's "$" is no math markup
     axes.legend(loc="upper left", fontsize="small")
     figure.savefig(path, format="png", dpi=_DPI)
 

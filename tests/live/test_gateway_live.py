@@ -110,6 +110,34 @@ async def test_the_sync_client_gets_the_direct_answers(gateway_url: str, gemma3_
 
 
 @pytest.mark.asyncio
+async def test_the_official_client_at_concurrency_32_loses_nothing_at_the_defaults(
+    gemma3_url: str,
+) -> None:
+    # At the old defaults (8 in flight + a queue of 16, Retry-After a constant 1 s) 15 of 200
+    # such requests failed with TypeSafeRateLimitError. Default retries, default gateway.
+    session = tv.Session.llama_cpp(gemma3_url)
+    questions = {"refund": QUESTIONS["refund"]}
+    async with (
+        running(session, GatewayConfig(keys=(KEY,))) as url,
+        ts.AsyncTypeSafeClient(api_key=KEY, base_url=url, timeout=CLIENT_TIMEOUT) as client,
+    ):
+        gate = asyncio.Semaphore(32)
+
+        async def one(n: int) -> str:
+            async with gate:
+                try:
+                    state = {**STATE, "n": n}
+                    await client.system_one(state=state, questions=questions)
+                except ts.TypeSafeError as error:
+                    return type(error).__name__
+                return "ok"
+
+        outcomes = await asyncio.gather(*(one(n) for n in range(200)))
+    failures = [outcome for outcome in outcomes if outcome != "ok"]
+    assert failures == []
+
+
+@pytest.mark.asyncio
 async def test_a_wrong_key_is_the_clients_auth_error(gateway_url: str) -> None:
     async with ts.AsyncTypeSafeClient(
         api_key="wrong", base_url=gateway_url, retry=NO_RETRY, timeout=CLIENT_TIMEOUT

@@ -107,6 +107,24 @@ async def test_judge_many_answers_every_record_in_order(gateway_url: str, gemma3
 
 
 @pytest.mark.asyncio
+async def test_one_record_the_server_refuses_fails_only_that_record(gateway_url: str) -> None:
+    # A ticket past the model's context: llama.cpp refuses its prompt, the gateway answers 422
+    # upstream_refused naming the body (not a question). A direct session fails only that
+    # record; so must a remote one (it ended the batch after 1-2 of 5 records).
+    long_ticket = {"subject": "Log", "message": "word " * 9_000}
+    records = [TICKETS[0], TICKETS[1], long_ticket, TICKETS[2], TICKETS[3]]
+    async with tv.Session.system_one(gateway_url, api_key=KEY, max_concurrency=2) as session:
+        items = [item async for item in session.judge_many(records, QUESTIONS)]
+    assert [item.index for item in items] == [0, 1, 2, 3, 4]
+    assert [item.judgment is not None for item in items] == [True, True, False, True, True]
+    error = items[2].error
+    assert isinstance(error, tv.InvalidInputError)
+    assert not isinstance(error, tv.QuestionError)
+    assert "refused this record (HTTP 422)" in str(error)
+    assert "context" in str(error)
+
+
+@pytest.mark.asyncio
 async def test_the_official_client_and_ours_read_the_same_answers(gateway_url: str) -> None:
     async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
         ours = await session.judge(TICKETS[1], QUESTIONS)

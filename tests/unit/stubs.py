@@ -140,6 +140,8 @@ class InMemoryStubBackend:
         self.peak = 0
         #: Question ids (reads) and prompts (generations) that were cancelled.
         self.cancelled: list[str] = []
+        #: Errors the next probes raise, in order (then they succeed).
+        self.probe_failures: list[Exception] = []
 
     def __repr__(self) -> str:
         return "InMemoryStubBackend()"
@@ -171,6 +173,8 @@ class InMemoryStubBackend:
     async def probe(self) -> tv.Probe:
         self.probes += 1
         await anyio.sleep(0.01)
+        if self.probe_failures:
+            raise self.probe_failures.pop(0)
         model_ids = (self._model,) if self._model else ()
         return tv.Probe(self.family, "rendered", IDS, 262_144, model_ids, vision=self.vision)
 

@@ -4,6 +4,7 @@ the first position whatever the options say)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import attrs
@@ -66,8 +67,13 @@ def test_isotonic_interpolates_each_option_then_normalises() -> None:
 
 
 def test_bad_transform_parameters_are_refused() -> None:
-    with pytest.raises(tv.CalibrationError, match="positive"):
-        Temperature(0.0)
+    for degenerate in (0.0, 5e-324, 1e-4, 1e4):
+        with pytest.raises(tv.CalibrationError, match=r"between 0\.001 and 1000"):
+            Temperature(degenerate)
+    with pytest.raises(tv.CalibrationError, match="slope must be at most"):
+        Platt(1e300, (0.0, 0.0))
+    with pytest.raises(tv.CalibrationError, match="biases must be finite numbers at most"):
+        Platt(1.0, (0.0, -1e300))
     with pytest.raises(tv.CalibrationError, match="finite"):
         Platt(float("nan"), (0.0, 0.0))
     with pytest.raises(tv.CalibrationError, match="rise"):
@@ -156,6 +162,24 @@ def test_the_artefact_round_trips_with_its_sha256() -> None:
     assert body["version"] == 1
     assert body["sha256"] == calibration.sha256
     assert CalibrationMap.from_json(data) == calibration
+
+
+def test_a_degenerate_map_with_a_consistent_digest_is_refused() -> None:
+    # A temperature of 5e-324 passed from_json, and answers came back NaN with confidence 1.0.
+    body = orjson.loads(_map().to_json())
+    body["questions"]["route"]["transform"]["temperature"] = 5e-324
+    del body["sha256"]
+    digest = "sha256:" + hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    with pytest.raises(tv.CalibrationError, match="degenerate"):
+        CalibrationMap.from_json(orjson.dumps({**body, "sha256": digest}))
+
+
+def test_a_transform_never_returns_a_non_finite_answer() -> None:
+    # Past the validators (built around them), the result is still checked.
+    sharp = object.__new__(Temperature)
+    object.__setattr__(sharp, "temperature", 5e-324)
+    with pytest.raises(tv.CalibrationError, match="not a distribution"):
+        transform_probabilities(sharp, [0.5, 0.3, 0.2])
 
 
 def test_an_edited_or_foreign_artefact_is_refused() -> None:

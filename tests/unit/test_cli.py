@@ -792,3 +792,56 @@ def test_the_local_model_is_a_flag_and_a_variable(capsys: pytest.CaptureFixture[
     code, _, err = run(capsys, *judge, "--local-model", "llama")
     assert code == 2
     assert "invalid choice: 'llama'" in err
+
+
+# -- serve: auth is off only when asked for (issue 31) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "parts"),
+    [
+        ([], {}, ["no bearer keys", "--no-auth"]),
+        (["--keys-file", "{blank}"], {}, ["holds no key", "--no-auth"]),
+        (["--keys-env", "SERVE_KEYS_UNSET"], {}, ["SERVE_KEYS_UNSET: the variable is not set"]),
+        (["--keys-env", "SERVE_KEYS_BLANK"], {"SERVE_KEYS_BLANK": " "}, ["holds no key"]),
+        (["--keys-file", "{blank}", "--no-auth"], {}, ["holds no key"]),
+        (["--keys-env", "SERVE_KEYS_SET", "--no-auth"], {"SERVE_KEYS_SET": "k"}, ["choose one"]),
+    ],
+)
+def test_serve_refuses_to_start_with_auth_off_unless_asked(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    flags: list[str],
+    environ: dict[str, str],
+    parts: list[str],
+) -> None:
+    # A keys file of one blank line (what the README's openssl recipe writes without openssl)
+    # or a named variable that is unset started the gateway with auth off.
+    blank = tmp_path / "keys.txt"
+    blank.write_text("\n")
+    monkeypatch.delenv("TYPEVET_SERVE_KEYS", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+    async def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the gateway was started")
+
+    monkeypatch.setattr("typevet_async._gateway.serve", never)
+    argv = [flag.format(blank=blank) for flag in flags]
+    code, _, err = run(capsys, "serve", "--base-url", "http://127.0.0.1:9", *argv)
+    assert_one_line_failure(code, err, *parts)
+
+
+@pytest.mark.parametrize("last", ["[1, 2]", '"text"', "42", '{"answers": {}}'])
+def test_resume_refuses_an_out_line_that_is_json_but_not_an_answer_line(
+    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str], last: str
+) -> None:
+    # Valid JSON is never a line a kill cut short: it was exit 0, and the line was dropped.
+    source = jsonl(tmp_path / "in.jsonl", {"id": "r1", "state": "first"})
+    out = tmp_path / "out.jsonl"
+    out.write_text(last + "\n")
+    code, _, err = run(capsys, *batch(tmp_path, source, "--resume"))
+    assert_one_line_failure(code, err, "line 1 is JSON but not an answer line")
+    assert out.read_text() == last + "\n"
+    assert judged(stub) == []

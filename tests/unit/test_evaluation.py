@@ -4,6 +4,7 @@ what is refused before anything is sent, what a reads file holds, and a map fitt
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -163,3 +164,90 @@ async def test_resuming_a_reads_file_cut_by_a_kill_or_missing_its_last_line_brea
     ids = [orjson.loads(line)["id"] for line in out.read_text().splitlines()]
     assert ids == [f"r{n}" for n in range(6)]
     assert resumed.records == 6
+
+
+def eval_folder(tmp_path: Path) -> Path:
+    """A folder as eval leaves it: reads.jsonl and its facts, from the stub."""
+    folder = tmp_path / "run"
+
+    async def run() -> None:
+        async with tv.Session(InMemoryStubBackend()) as session:
+            await tv.evaluate(session, records(40), QUESTIONS, out=folder / "reads.jsonl")
+
+    asyncio.run(run())
+    return folder
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", '{"id": "x"}', '{"id": "x", "labels": 3}', '"text"'])
+def test_a_reads_line_of_the_wrong_shape_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    folder = eval_folder(tmp_path)
+    reads = folder / "reads.jsonl"
+    lines = reads.read_text().splitlines()
+    lines.insert(3, bad)
+    reads.write_text("\n".join(lines) + "\n")
+    with pytest.raises(tv.InvalidInputError, match="line 4 is JSON but not a reads line"):
+        tv.Evaluation.from_reads(reads)
+    assert _cli.main(["calibrate", str(folder), "--out", str(tmp_path / "map.json")]) == 2
+    error = capsys.readouterr().err
+    assert "line 4 is JSON but not a reads line" in error
+    assert "Traceback" not in error
+
+    async def resume() -> None:
+        async with tv.Session(InMemoryStubBackend()) as session:
+            await tv.evaluate(session, records(40), QUESTIONS, out=reads, resume=True)
+
+    with pytest.raises(tv.InvalidInputError, match="line 4 is JSON but not a reads line"):
+        asyncio.run(resume())
+
+
+@pytest.mark.parametrize("name", ["reads.jsonl", "reads.jsonl.run.json", "report.json"])
+def test_calibrate_refuses_to_write_its_map_over_the_runs_own_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    # --out DIR/reads.jsonl exited 0 and replaced the reads with the map.
+    folder = eval_folder(tmp_path)
+    before = (folder / "reads.jsonl").read_bytes()
+    target = folder / "sub" / ".." / name  # another spelling of the same file
+    assert _cli.main(["calibrate", str(folder), "--out", str(target)]) == 2
+    assert f"is the eval run's own {name}" in capsys.readouterr().err
+    assert (folder / "reads.jsonl").read_bytes() == before
+
+
+def test_figures_have_unique_bounded_plain_names_and_the_report_survives_a_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "a b" and "a_b" wrote the same PNGs; "usd_$_eur_$" was read as math markup (exit 1 after
+    # every record was judged); a 250-character id was "file name too long"; no report.json.
+    noul = tv.Noul(instructions="Refund?")
+    ids = ["a b", "a_b", "usd_$_eur_$", "q" * 250, "route"]
+    questions = {question_id: noul for question_id in ids}
+    rows = [
+        {"id": f"r{n}", "state": f"ticket {n}", "labels": dict.fromkeys(ids, n % 2 == 0)}
+        for n in range(30)
+    ]
+
+    async def run() -> tv.Evaluation:
+        async with tv.Session(InMemoryStubBackend()) as session:
+            return await tv.evaluate(session, rows, questions)
+
+    evaluation = asyncio.run(run())
+    evaluation.write(tmp_path / "report", resamples=0)
+    pngs = sorted(path.name for path in (tmp_path / "report").glob("*.png"))
+    assert len(pngs) == 2 * len(ids)  # none shared
+    assert "route-reliability.png" in pngs  # a plain id keeps its own name
+    assert max(len(name) for name in pngs) < 100
+    assert (tmp_path / "report" / "report.json").exists()
+
+    from typevet_async import _report
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no renderer")
+
+    monkeypatch.setattr(_report, "confidence_png", broken)
+    report = evaluation.write(tmp_path / "again", resamples=0)
+    assert len(report["figures_not_drawn"]) == len(ids)
+    written = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert "RuntimeError: no renderer" in written["figures_not_drawn"][0]
+    assert (tmp_path / "again" / "report.html").exists()

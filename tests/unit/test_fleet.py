@@ -238,3 +238,70 @@ async def test_one_read_at_a_time_still_alternates_between_endpoints() -> None:
         judgments = [await session.judge(f"s{n}", QUESTIONS) for n in range(6)]
     names = [judgment.diagnostics["q"].endpoint for judgment in judgments]
     assert names == ["http://replica-0", "http://replica-1"] * 3
+
+
+class Refusing(Replica):
+    """A replica whose reads answer ``status`` (with ``Retry-After``) until ``until`` (a
+    monotonic time) or for its first ``times`` reads; its probe keeps passing."""
+
+    def __init__(
+        self, status: int, *, times: int = 0, until: float = 0.0, retry_after: float | None = None
+    ) -> None:
+        super().__init__()
+        self.status, self.times, self.until, self.retry_after = status, times, until, retry_after
+
+    async def read(
+        self, request: tv.ScoringRequest, probe: tv.Probe, *, max_retries: int | tv.Unset
+    ) -> tv.CandidateRead:
+        if self.times > 0 or asyncio.get_running_loop().time() < self.until:
+            self.times -= 1
+            self.read_requests.append(request)
+            raise tv.ServerError(
+                f"HTTP {self.status}", status=self.status, body="", retry_after=self.retry_after
+            )
+        return await super().read(request, probe, max_retries=max_retries)
+
+
+@pytest.mark.asyncio
+async def test_every_endpoint_failing_once_is_survived_waiting_spends_no_retry() -> None:
+    # Both endpoints answered 503 once: the fleet failed even with max_retries=8 (each wait for
+    # a cooldown or a health check was a try), where one endpoint survives two 503s.
+    first, second = Refusing(503, times=1), Refusing(503, times=1)
+    fleet = fleet_of([first, second], max_retries=2)
+    async with session_of(fleet) as session:
+        await session.probe()
+        judgment = await session.judge("x", QUESTIONS)
+    assert judgment.diagnostics["q"].attempts == 3  # two failed tries, then the answer
+    assert len(first.read_requests) + len(second.read_requests) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_retry_after_longer_than_the_cooldown_is_waited_for() -> None:
+    # Under 429 with Retry-After: 4, one endpoint answered at 4 s; the fleet gave up at 1.1 s.
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.6
+    first = Refusing(429, until=until, retry_after=0.6)
+    second = Refusing(429, until=until, retry_after=0.6)
+    fleet = fleet_of([first, second], max_retries=3)  # cooldown 0.05, max_cooldown 0.2
+    async with session_of(fleet) as session:
+        await session.probe()
+        began = loop.time()
+        judgment = await session.judge("x", QUESTIONS)
+    assert loop.time() - began >= 0.55  # it waited out the Retry-After, not its own 0.05 s
+    assert judgment.diagnostics["q"].attempts == 3  # one try on each, then the answer
+
+
+@pytest.mark.asyncio
+async def test_no_endpoint_coming_back_within_the_patience_is_final() -> None:
+    first, second = Replica(), Replica()
+    members = [(f"http://replica-{n}", replica) for n, replica in enumerate([first, second])]
+    fleet = tv.AsyncFleet(
+        members, retry=tv.RetryPolicy(max_retries=8, max_retry_after=0.3), cooldown=0.05,
+        max_cooldown=0.1,
+    )  # fmt: skip
+    async with session_of(fleet) as session:
+        await session.probe()
+        first.down = second.down = True
+        with pytest.raises(tv.TransportError, match=r"no endpoint came back within 0\.3 s"):
+            await session.judge("x", QUESTIONS)
+    assert len(first.read_requests) + len(second.read_requests) == 2  # no retry was spent waiting

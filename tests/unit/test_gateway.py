@@ -7,6 +7,7 @@ import asyncio
 import base64
 import gzip
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,18 +23,24 @@ from backports import zstd
 from typesafe_sdk._schemas import models
 
 import typevet_async as tv
+from typevet_async._core.decoding import CpuClock, DecodeBudget
 from typevet_async._core.systemone import MultipartPart, media_type, parse_multipart
 from typevet_async._gateway import (
+    DEFAULT_AUTO_QUEUE,
+    MIN_AUTO_QUEUE,
+    STATE,
     BodyTooLargeError,
     GatewayConfig,
+    NoKeysError,
     build_app,
     decompress,
     load_keys,
+    model_alias,
     runner_options,
     serve,
 )
 
-from .stubs import InMemoryStubBackend, sleeping
+from .stubs import InMemoryStubBackend, failing_after, sleeping
 
 KEY = "s3cret-key-0123456789"
 STATE_TEXT = "PRIVATE-STATE-TEXT charged twice"
@@ -61,8 +68,11 @@ async def open_client(
     app: web.Application, config: GatewayConfig
 ) -> TestClient[web.Request, web.Application]:
     server = TestServer(app)
-    # The runner's options go to start_server (TestServer's own keywords are not passed on).
-    await server.start_server(**runner_options(config))
+    # The runner's options go to start_server (TestServer's own keywords are not passed on;
+    # it sets handler_cancellation itself, as the gateway does).
+    options = runner_options(config)
+    assert options.pop("handler_cancellation") is True
+    await server.start_server(**options)
     client = TestClient(server)
     await client.start_server()
     return client
@@ -142,7 +152,28 @@ def test_keys_come_from_a_file_and_a_variable(tmp_path: Any) -> None:
     path = tmp_path / "keys"
     path.write_text("# ops\nalpha\n\n beta \n")
     assert load_keys(path, "KEYS", {"KEYS": "gamma, alpha,"}) == ("alpha", "beta", "gamma")
-    assert load_keys(None, "KEYS", {}) == ()
+    assert load_keys(None, None, {"KEYS": "gamma"}) == ()
+
+
+@pytest.mark.parametrize(
+    ("file_text", "variable", "environ", "named"),
+    [
+        ("\n", None, {}, "--keys-file"),  # what the README's openssl recipe writes without openssl
+        ("# only a comment\n  \n", None, {}, "--keys-file"),
+        (None, "KEYS", {}, "KEYS: the variable is not set"),
+        (None, "KEYS", {"KEYS": " , "}, "KEYS: the variable holds no key"),
+        ("alpha\n", "KEYS", {}, "KEYS: the variable is not set"),
+    ],
+)
+def test_a_named_key_source_that_yields_no_key_is_refused(
+    tmp_path: Any, file_text: str | None, variable: str | None, environ: dict[str, str], named: str
+) -> None:
+    path = None
+    if file_text is not None:
+        path = tmp_path / "keys"
+        path.write_text(file_text)
+    with pytest.raises(NoKeysError, match=named):
+        load_keys(path, variable, environ)
 
 
 @pytest.mark.asyncio
@@ -211,11 +242,13 @@ async def test_an_unknown_encoding_or_a_corrupt_body_is_refused(
 def test_a_zip_bomb_stops_at_the_cap() -> None:
     bomb = zstd.compress(b"\0" * (64 * 1024 * 1024))
     assert len(bomb) < 10_000
+    budget = DecodeBudget(max_bytes=1024 * 1024)
     with pytest.raises(BodyTooLargeError):
-        decompress(bomb, "zstd", 1024 * 1024)
+        decompress(bomb, "zstd", budget, CpuClock(10))
     with pytest.raises(BodyTooLargeError):
-        decompress(gzip.compress(b"\0" * (64 * 1024 * 1024)), "gzip", 1024 * 1024)
-    assert decompress(zstd.compress(b"ab") + zstd.compress(b"cd"), "zstd", 10) == b"abcd"
+        decompress(gzip.compress(b"\0" * (64 * 1024 * 1024)), "gzip", budget, CpuClock(10))
+    two_frames = zstd.compress(b"ab") + zstd.compress(b"cd")
+    assert decompress(two_frames, "zstd", DecodeBudget(max_bytes=10), CpuClock(10)) == b"abcd"
 
 
 @pytest.mark.asyncio
@@ -231,9 +264,40 @@ async def test_a_full_gateway_answers_429_with_retry_after() -> None:
         await asyncio.sleep(0.2)  # one judged, one waiting: the next one is refused at once
         response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
         assert response.status == 429
-        assert response.headers["Retry-After"] == "1"
+        assert response.headers["Retry-After"] == "1"  # nothing measured yet
+        assert response.headers["retry-after-ms"] == "1000"
         assert_error_shape(await response.json())
         assert [(await r).status for r in first] == [200, 200]
+    finally:
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_the_default_queue_and_retry_after_follow_the_measured_drain_rate() -> None:
+    # The queue stopped at 8 + 16 (below a common client pool) with a constant Retry-After of 1.
+    backend = InMemoryStubBackend()
+    client, _ = await start(backend, max_in_flight=2, timeout=60.0)
+    state = client.app[STATE]
+    try:
+        assert state.queue_limit() == DEFAULT_AUTO_QUEUE  # nothing measured yet
+        backend.behaviours["refund"] = sleeping(0.25)
+        # 16 judgments, 2 at a time, 0.25 s each: about 8 a second.
+        statuses = await asyncio.gather(
+            *(client.post("/v1/systemone", json=request_body(), headers=AUTH) for _ in range(16))
+        )
+        assert [r.status for r in statuses] == [200] * 16
+        rate = state.drain_rate()
+        assert rate is not None
+        assert rate > 0
+        # Requests that would be served within the timeout may wait: rate x 60 s of them.
+        assert state.queue_limit() == max(MIN_AUTO_QUEUE, int(rate * 60))
+        state.admitted = 2 + state.queue_limit() + 9  # as if that many were waiting already
+        wait = state.retry_after()
+        assert wait == pytest.approx(10 / rate, rel=0.2)
+        response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
+        assert response.status == 429
+        assert int(response.headers["Retry-After"]) == math.ceil(wait)
+        state.admitted = 0
     finally:
         await client.close()
 
@@ -706,3 +770,189 @@ async def test_judgments_past_the_shutdown_timeout_answer_503() -> None:
     assert backend.closed == 1
     # The timeout, then the cut-off and the session's close (no read is waited for).
     assert 0.5 <= elapsed < 2.0, elapsed
+
+
+# -- hostile clients and faults (issue 31) ---------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_probe_refusal_is_probed_again_until_the_server_is_fixed() -> None:
+    # One refusal at startup left /readyz and /v1/models at 503 for good.
+    backend = InMemoryStubBackend()
+    backend.probe_failures = [
+        tv.UnsupportedTemplateError("not a template the SDK judges", family="?", rendered=""),
+        tv.ConfigurationError("the pinned model is not served"),
+    ]
+    gateway = GatewayConfig(keys=(KEY,), probe_interval=0.01)
+    client = await open_client(build_app(tv.Session(backend), gateway), gateway)
+    try:
+        for _ in range(300):
+            if (await client.get("/readyz")).status == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert (await client.get("/readyz")).status == 200
+        assert (await client.get("/v1/models", headers=AUTH)).status == 200
+        assert backend.probes == 3
+    finally:
+        await client.close()
+
+
+async def raw_exchange(client: TestClient[web.Request, web.Application], head: bytes) -> bytes:
+    """``head`` sent as it is on a new connection; what the server sends back until it closes."""
+    host, port = client.server.host, client.server.port
+    assert port is not None
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_a_bearer_key_that_is_not_utf8_is_a_401(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    # It was a 500 with a traceback, no key needed.
+    body = orjson.dumps(request_body())
+    head = (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nAuthorization: Bearer \xe9\xe9\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    reply = await raw_exchange(client, head)
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert b"Traceback" not in reply
+
+
+@pytest.mark.asyncio
+async def test_idle_and_trickling_connections_are_closed() -> None:
+    client, _ = await start(idle_timeout=0.5, body_timeout=0.5)
+    try:
+        host, port = client.server.host, client.server.port
+        assert port is not None
+        began = time.monotonic()
+        idle = [await asyncio.open_connection(host, port) for _ in range(20)]
+        trickling = await asyncio.open_connection(host, port)
+        trickling[1].write(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n")  # a head never ended
+        for reader, _ in [*idle, trickling]:
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert time.monotonic() - began < 4
+        for _, writer in [*idle, trickling]:
+            writer.close()
+        # A body that never finishes arriving: 408 once the body timeout passes.
+        head = (
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\""
+        )  # fmt: skip
+        reply = await raw_exchange(client, head)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert (await client.get("/healthz")).status == 200
+    finally:
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_goes_away_cancels_its_judgment_and_frees_its_slot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = InMemoryStubBackend()
+    backend.state_behaviours[STATE_TEXT] = sleeping(30)
+    client, _ = await start(backend, max_in_flight=1, max_queue=0)
+    try:
+        with caplog.at_level(logging.INFO, logger="typevet_async.gateway.access"):
+            with pytest.raises(asyncio.TimeoutError):
+                await client.post(
+                    "/v1/systemone", json=request_body(), headers=AUTH,
+                    timeout=aiohttp.ClientTimeout(total=0.5),
+                )  # fmt: skip
+            for _ in range(200):
+                if backend.cancelled and backend.in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert backend.cancelled  # the reads were cancelled, not left running
+            assert backend.in_flight == 0
+            # its slot is free: the next request is judged, not shed with a 429
+            backend.state_behaviours.clear()
+            response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
+            assert response.status == 200
+        lines = [r.getMessage() for r in caplog.records if r.name.endswith("access")]
+        assert any(" 499 " in line for line in lines), lines
+    finally:
+        await client.close()
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A small, well-formed PNG whose header declares ``width`` x ``height`` (its data is a
+    few rows of nothing: the point is what the header says)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    pixels = zlib.compress(b"\0" * 1024)
+    signature = b"\x89PNG\r\n\x1a\n"
+    return signature + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+@pytest.mark.asyncio
+async def test_an_image_declaring_too_many_pixels_is_a_422_never_forwarded() -> None:
+    # A 441-byte request carrying a 20,000 x 20,000 PNG was forwarded to a vision upstream.
+    huge = png_declaring(20_000, 20_000)
+    assert len(huge) < 500
+    assert tv.Image.from_bytes(png_declaring(4_000, 3_000), "image/png")  # 12 MP: fine
+    client, backend = await start(InMemoryStubBackend(vision=True))
+    asset = {"type": "image", "format": "png", "data_base64": base64.b64encode(huge).decode()}
+    try:
+        response = await client.post(
+            "/v1/systemone", json=request_body(state="see <a>", assets={"<a>": asset}), headers=AUTH
+        )
+        assert response.status == 422
+        assert "20000 x 20000 pixels" in (await response.text())
+    finally:
+        await client.close()
+    assert backend.read_requests == []
+
+
+@pytest.mark.asyncio
+async def test_a_5xx_never_names_the_upstream_address() -> None:
+    # A 502 body named the gateway's internal upstream URL.
+    backend = InMemoryStubBackend()
+    backend.behaviours["refund"] = failing_after(
+        0.0,
+        tv.ServerError(
+            "POST http://10.1.2.3:8080/completion: HTTP 500: slot 3 crashed",
+            status=500,
+            body='{"error": {"message": "slot 3 crashed at /srv/models/x.gguf"}}',
+        ),
+    )
+    client, _ = await start(backend)
+    try:
+        response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
+        assert response.status == 502
+        text = await response.text()
+    finally:
+        await client.close()
+    assert "10.1.2.3" not in text
+    assert "/srv/models" not in text
+    assert "ServerError: the model server answered with an error (HTTP 500)" in text
+
+
+@pytest.mark.parametrize(
+    ("served", "shown"),
+    [
+        ("/root/.cache/typevet_async/models/gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m"),
+        ("C:\\models\\qwen.gguf", "qwen"),
+        ("model.gguf", "model"),
+        ("gemma3-270m", "gemma3-270m"),
+        (None, None),
+    ],
+)
+def test_a_model_served_from_a_file_is_shown_by_its_name_not_its_path(
+    served: str | None, shown: str | None
+) -> None:
+    assert model_alias(served) == shown

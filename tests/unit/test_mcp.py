@@ -33,6 +33,7 @@ from mcp.types import CallToolResult, TextContent
 import typevet_async as tv
 from typevet_async import _mcp
 from typevet_async._cli import main
+from typevet_async._core.decoding import DecodeBudget
 from typevet_async._core.systemone import request_from_system_one
 
 from .stubs import InMemoryStubBackend, ProbeRefusingStubBackend, failing_after, sleeping
@@ -516,3 +517,43 @@ def test_closing_stdin_ends_the_process_with_0() -> None:
     assert "closing the session" in stderr, stderr
     assert "SIGTERM" not in stderr, stderr
     assert "Traceback" not in stderr
+
+
+def test_every_request_gets_a_reply_even_one_the_sdk_cannot_read() -> None:
+    # A line that is not JSON, or a tool call nested 300 levels deep, was dropped by the MCP
+    # SDK's stdio reader without a reply: the agent's call hung.
+    deep = "[" * 300 + "1" + "]" * 300
+    call = (
+        '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "ask_noul", '
+        '"arguments": {"state": ' + deep + ', "instructions": "Q?"}}}'
+    )
+    lines = [
+        b"this is not json",
+        b"",  # blank: no message, no reply
+        call.encode(),
+        b'{"jsonrpc": "2.0", "id": 8, "method": 5}',  # JSON, not a JSON-RPC request
+        b'{"jsonrpc": "2.0", "id": 9, "method": "tools/list"}',
+    ]
+    with raw_process() as process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        process.stdin.write(b"\n".join(lines) + b"\n")
+        process.stdin.flush()
+        replies = [json.loads(process.stdout.readline()) for _ in range(4)]
+    assert replies[0]["id"] is None
+    assert replies[0]["error"]["code"] == -32700
+    assert replies[1]["id"] == 7
+    assert replies[1]["error"]["code"] == -32600
+    assert "nests deeper than 128 levels" in replies[1]["error"]["message"]
+    assert replies[2]["id"] == 8
+    assert replies[2]["error"]["code"] == -32600
+    assert replies[3]["id"] == 9  # and the server goes on
+    assert [tool["name"] for tool in replies[3]["result"]["tools"]] == TOOLS
+
+
+def test_a_message_within_the_budget_passes_untouched() -> None:
+    line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert _mcp.message_refusal(line) is None
+    refusal = _mcp.message_refusal(json.dumps([1] * 10), DecodeBudget(max_items=5))
+    assert refusal is not None
+    assert "more than 5 JSON values" in refusal.error.message

@@ -53,13 +53,27 @@ def test_the_gateways_extension_gives_back_usage_and_diagnostics() -> None:
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (lambda e: e.update(diagnostics={"route": "x"}), "not ours"),
+        (lambda e: e.update(diagnostics={"route": "x"}), "unexpected reply"),
         (lambda e: e.update(diagnostics={"other": e["diagnostics"]["route"]}), "not asked"),
-        (lambda e: e.update(usage={"prompt_tokens": "many"}), "not ours"),
+        (lambda e: e.update(usage={"prompt_tokens": "many"}), "unexpected reply"),
         (lambda e: e.update(usage=[1, 2]), "unexpected reply"),
+        # accepted before: negative counts, and numbers coerced to counts
+        (lambda e: e.update(usage={"prompt_tokens": -5, "cached_tokens": 99, "reads": -1}),
+         r"Expected `int` >= 0 - at `\$.typevet.usage.prompt_tokens`"),
+        (lambda e: e["usage"].update(reads=1.9), "Expected `int`, got `float`"),
+        (lambda e: e["usage"].update(reads="7"), "Expected `int`, got `str`"),
+        (lambda e: e["usage"].update(reads=True), "Expected `int`, got `bool`"),
+        (lambda e: e["diagnostics"]["route"].update(token_ids=[-1, 2, 3]), "token_ids"),
+        (lambda e: e["diagnostics"]["route"]["logprobs"].__setitem__(0, 5.0), "logprobs"),
+        (lambda e: e["diagnostics"]["route"].update(off_menu_mass=-3.0), "off_menu_mass"),
+        (lambda e: e["diagnostics"]["route"].update(token_ids=[1]), "differ in length"),
     ],
-    ids=["diagnostics-not-records", "diagnostics-of-another-question", "usage-text", "usage-list"],
-)
+    ids=[
+        "diagnostics-not-records", "diagnostics-of-another-question", "usage-text", "usage-list",
+        "usage-negative", "usage-float", "usage-string", "usage-bool", "token-id-negative",
+        "logprob-positive", "off-menu-negative", "lengths-differ",
+    ],
+)  # fmt: skip
 def test_an_extension_that_is_not_ours_is_a_protocol_error(
     change: Callable[[dict[str, Any]], None], match: str
 ) -> None:

@@ -17,11 +17,15 @@ one kind and one configuration. The session and its pipelines see one backend.
   while it has a free slot.
 - **Failover.** A transient failure (a connection error, a timeout, HTTP 408, 429, 5xx but
   501) cools the endpoint down, for ``cooldown`` seconds doubling with each failure in a row
-  up to ``max_cooldown``, and the read, which is idempotent, is sent to another endpoint.
-  Each further endpoint tried counts against ``max_retries`` (the member backends themselves
-  send one attempt: the fleet does the retrying, by `retrying`). When no endpoint is up, the
-  next try waits for the first cooldown to end. The diagnostics name the endpoint that
-  answered (`Diagnostics.endpoint`), and a read that fails for good names the last one tried.
+  up to ``max_cooldown``, or for as long as the server's ``Retry-After`` asks (up to the
+  retry policy's ``max_retry_after``) where that is longer, and the read, which is idempotent,
+  is sent to another endpoint. Each failed try counts against ``max_retries`` (the member
+  backends themselves send one attempt: the fleet does the retrying, by `retrying`); waiting
+  does not: when no endpoint is up, the next try waits for one to come back (its cooldown
+  over, its health check passed) for up to ``max_retry_after`` seconds, without spending a
+  retry, so a fleet is never less patient than one endpoint. The diagnostics name the
+  endpoint that answered (`Diagnostics.endpoint`), and a read that fails for good names the
+  last one tried.
 - **Coming back.** Once its cooldown is over, an endpoint is probed again in the background;
   it takes reads again only if that probe passes and still agrees with the fleet.
 """
@@ -121,6 +125,10 @@ def _differences(reference: Probe, probe: Probe) -> list[str]:
         )
         found.append(f"other token ids for the controls {changed[:8]}")
     return found
+
+
+class _NoEndpointUp(TransportError):
+    """No endpoint came back within the fleet's patience: final, not retried again."""
 
 
 class AsyncFleet:
@@ -305,7 +313,10 @@ class AsyncFleet:
         """``call`` on a chosen endpoint, and on others after transient failures: its result,
         the endpoint that gave it, and how many tries failed before."""
         failed = 0
-        retryable = is_transient if retry_timeouts else transient_but_no_timeout
+        transient = is_transient if retry_timeouts else transient_but_no_timeout
+
+        def retryable(error: BaseException) -> bool:
+            return transient(error) and not isinstance(error, _NoEndpointUp)
 
         async def attempt() -> tuple[T, _Endpoint, int]:
             nonlocal failed
@@ -315,7 +326,7 @@ class AsyncFleet:
             except TypevetError as error:
                 if retryable(error):
                     failed += 1
-                    self._cool(endpoint)
+                    self._cool(endpoint, getattr(error, "retry_after", None))
                 error.add_note(f"endpoint: {endpoint.name}")
                 raise
             finally:
@@ -333,11 +344,14 @@ class AsyncFleet:
     # -- routing -----------------------------------------------------------------------------
 
     async def _acquire(self, pin: int | None) -> _Endpoint:
-        """The endpoint for the next try, its slot taken.
+        """The endpoint for the next try, its slot taken; while none is up, the wait for one
+        to come back (its cooldown over and its health check passed), which spends no retry.
 
-        :raises TransportError: no endpoint is up (each is cooling down, being checked or
-            excluded): a transient failure, so the next try waits (`_wait`).
+        :raises TransportError: every endpoint is excluded, or none came back within the
+            retry policy's ``max_retry_after`` seconds (final: not retried).
         """
+        patience = self._retry.max_retry_after
+        deadline = time.monotonic() + patience
         while True:
             self._start_due_checks()
             endpoint = self._pinned(pin)
@@ -354,11 +368,22 @@ class AsyncFleet:
                 endpoint.last_pick = self._picks
                 endpoint.outstanding += 1
                 return endpoint
-            if not any(e.state == "up" for e in self._endpoints):
-                states = ", ".join(f"{e.name}: {e.state}" for e in self._endpoints)
-                raise TransportError(f"no endpoint is up ({states})")
+            states = ", ".join(f"{e.name}: {e.state}" for e in self._endpoints)
+            if all(e.state == "excluded" for e in self._endpoints):
+                raise _NoEndpointUp(f"no endpoint is left ({states})")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _NoEndpointUp(f"no endpoint came back within {patience:g} s ({states})")
             changed = self._changed
-            await changed.wait()  # a slot freed, or an endpoint came back
+            # a slot freed or an endpoint came back; else look again when a cooldown ends
+            with anyio.move_on_after(min(left, self._next_due())):
+                await changed.wait()
+
+    def _next_due(self) -> float:
+        """Seconds until the first cooldown ends (at least 50 ms, while a health check runs)."""
+        now = time.monotonic()
+        due = [e.until - now for e in self._endpoints if e.state == "cooling"]
+        return max(0.05, min(due, default=0.05))
 
     def _pinned(self, pin: int | None) -> _Endpoint | None:
         if pin is None:
@@ -377,22 +402,19 @@ class AsyncFleet:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _cool(self, endpoint: _Endpoint) -> None:
+    def _cool(self, endpoint: _Endpoint, retry_after: float | None = None) -> None:
         endpoint.failures += 1
         base, ceiling = self._cooldown
         seconds = min(ceiling, base * 2 ** (endpoint.failures - 1))
+        if retry_after is not None:  # the server said how long: never less
+            seconds = max(seconds, min(retry_after, self._retry.max_retry_after))
         endpoint.state = "cooling"
         endpoint.until = time.monotonic() + seconds
         log.warning("endpoint %s cools down for %.1f s", endpoint.name, seconds)
 
     def _wait(self, retry_state: RetryCallState) -> float:
-        """Before a retry: none while an endpoint is up; else until the first cooldown ends
-        (at least 50 ms, while a health check runs)."""
-        if any(e.state == "up" for e in self._endpoints):
-            return 0.0
-        now = time.monotonic()
-        due = [e.until - now for e in self._endpoints if e.state == "cooling"]
-        return max(0.05, min(due, default=0.05))
+        """Before a retry: none (the next try's `_acquire` waits for an endpoint itself)."""
+        return 0.0
 
     def _start_due_checks(self) -> None:
         now = time.monotonic()

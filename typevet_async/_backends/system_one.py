@@ -15,9 +15,11 @@ What differs from a logprob backend, by design:
 - diagnostics are only those our own gateway sends in its ``typevet`` extension (prompts,
   logprobs, off-menu mass of the server-side reads); another server shows no logprobs;
 - no schema-bound generation, no images (yet): both are refused before anything is sent;
-- an HTTP 422 (the server refused the questions) is a `QuestionError`; a 501 (the server does
-  not judge with this model: vLLM's answer for a Gemma) an `UnsupportedTemplateError`. Both
-  would be the same for every record of a batch, which fails once.
+- an HTTP 422 that names the questions is a `QuestionError` and a 501 (the server does not
+  judge with this model: vLLM's answer for a Gemma) an `UnsupportedTemplateError`: both would
+  be the same for every record of a batch, which fails once. Any other 422 (a state the
+  server refused, a prompt past the model's context) is that record's `InvalidInputError`: a
+  batch goes on past it, as it does on a direct session.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     ConfigurationError,
+    InvalidInputError,
     QuestionError,
     ServerError,
     UnsupportedTemplateError,
@@ -153,14 +156,21 @@ class AsyncSystemOne:
 
 
 def _refused(error: ServerError, model: str) -> NoReturn:
-    """A 422 as the `QuestionError` it is, a 501 as an `UnsupportedTemplateError`."""
-    message, question_id = decode_refusal(error.body)
+    """A 422 naming the questions as the `QuestionError` it is (the same for every record: a
+    batch stops once), any other 422 as this record's `InvalidInputError` (its state, or the
+    model server's refusal of the prompt built from it: the batch goes on), a 501 as an
+    `UnsupportedTemplateError`."""
+    refusal = decode_refusal(error.body)
+    if error.status == 422 and refusal.of_questions:
+        refused = QuestionError(f"the System One server refused the questions: {refusal.message}")
+        refused.question_id = refusal.question_id
+        raise refused from None
     if error.status == 422:
-        refusal = QuestionError(f"the System One server refused the questions: {message}")
-        refusal.question_id = question_id
-        raise refusal from None
+        raise InvalidInputError(
+            f"the System One server refused this record (HTTP 422): {refusal.message}"
+        ) from None
     raise UnsupportedTemplateError(
-        f"the System One server does not judge with model {model!r} (HTTP 501: {message})",
+        f"the System One server does not judge with model {model!r} (HTTP 501: {refusal.message})",
         family=TemplateFamily.REMOTE.value,
         rendered="",
     ) from None

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-import cattrs
+import attrs
 import msgspec
 
 from typevet_async._backends import wire
-from typevet_async._convert import converter
 from typevet_async._core.answers import Diagnostics, Judgment, Usage
 from typevet_async._core.questions import Question
 from typevet_async._core.systemone import (
@@ -45,7 +44,7 @@ from typevet_async._core.systemone import (
     request_to_system_one,
 )
 
-__all__ = ["decode_judgment", "decode_model_names", "decode_refusal", "judgment_body"]
+__all__ = ["Refusal", "decode_judgment", "decode_model_names", "decode_refusal", "judgment_body"]
 
 PATH = "/v1/systemone"
 
@@ -84,9 +83,56 @@ class _Usage(wire.Reply):
     input_tokens: wire.Count
 
 
+#: A full-vocabulary logprob on the wire: never positive (finiteness is checked by msgspec's
+#: JSON, which has no NaN or infinity).
+Logprob = Annotated[float, msgspec.Meta(le=0.0)]
+
+
+class _ExtensionUsage(wire.Reply):
+    """`Usage` as our gateway sends it: strict counts (no 1.9, "7" or true read as a count)."""
+
+    prompt_tokens: wire.Count = 0
+    cached_tokens: wire.Count = 0
+    reads: wire.Count = 0
+
+
+class _ExtensionDiagnostics(wire.Reply):
+    """`Diagnostics` as our gateway sends it, every value within its range."""
+
+    prompt: str
+    controls: list[str]
+    token_ids: list[wire.TokenId]
+    logprobs: list[Logprob]
+    off_menu_mass: Probability | None
+    top_k: Annotated[int, msgspec.Meta(ge=1)]
+    reads: Annotated[int, msgspec.Meta(ge=1)]
+    candidates: list[tuple[wire.TokenId, Logprob]] = msgspec.field(default_factory=list)
+    policy: Literal["exact", "clamp", "error"] = "exact"
+    truncated: bool = False
+    off_menu_flagged: bool = False
+    attempts: Annotated[int, msgspec.Meta(ge=1)] = 1
+    rotations: list[list[Probability]] = msgspec.field(default_factory=list)
+    raw_probabilities: list[Probability] | None = None
+    calibration: str | None = None
+
+
 class _Extension(wire.Reply):
-    usage: dict[str, Any] | None = None
-    diagnostics: dict[str, Any] | None = None
+    usage: _ExtensionUsage | None = None
+    diagnostics: dict[str, _ExtensionDiagnostics] | None = None
+
+
+def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
+    if not len(sent.controls) == len(sent.token_ids) == len(sent.logprobs):
+        raise ValueError("controls, token ids and logprobs differ in length")
+    return Diagnostics(
+        sent.prompt, tuple(sent.controls), tuple(sent.token_ids), tuple(sent.logprobs),
+        sent.off_menu_mass, sent.top_k, sent.reads,
+        candidates=tuple((token, logprob) for token, logprob in sent.candidates),
+        policy=sent.policy, truncated=sent.truncated, off_menu_flagged=sent.off_menu_flagged,
+        attempts=sent.attempts, rotations=tuple(tuple(r) for r in sent.rotations),
+        raw_probabilities=None if sent.raw_probabilities is None else tuple(sent.raw_probabilities),
+        calibration=sent.calibration,
+    )  # fmt: skip
 
 
 class _Judged(wire.Reply):
@@ -125,16 +171,18 @@ def decode_judgment(raw: bytes, questions: Sequence[tuple[str, Question]]) -> Ju
         questions, {question_id: _sent(answer) for question_id, answer in reply.answers.items()}
     )
     usage, diagnostics = Usage(reply.usage.input_tokens, 0, 1), {}
-    extension = reply.typevet
+    extension = reply.typevet  # decoded strictly with the rest: its ranges are checked
     if extension is not None:
+        if extension.usage is not None:
+            sent = extension.usage
+            usage = Usage(sent.prompt_tokens, sent.cached_tokens, sent.reads)
         try:
-            if extension.usage is not None:
-                usage = converter.structure(extension.usage, Usage)
-            if extension.diagnostics is not None:
-                diagnostics = converter.structure(extension.diagnostics, dict[str, Diagnostics])
-        except (cattrs.BaseValidationError, TypeError, ValueError) as error:
-            message = f"the typevet extension is not ours: {type(error).__name__}"
-            raise wire.protocol_error(PATH, message, raw) from None
+            diagnostics = {
+                question_id: _diagnostics(sent)
+                for question_id, sent in (extension.diagnostics or {}).items()
+            }
+        except ValueError as error:
+            raise wire.protocol_error(PATH, f"the typevet extension: {error}", raw) from None
         if not set(diagnostics) <= set(answers):
             raise wire.protocol_error(PATH, "diagnostics of questions not asked", raw)
     return Judgment(answers, usage, diagnostics)
@@ -177,17 +225,31 @@ class _Refusal(wire.Reply):
 _REFUSAL = wire.decoder_for(_Refusal)
 
 
-def decode_refusal(body: str) -> tuple[str, str | None]:
-    """What a 422 says: ``"loc: msg"`` of its first problem, and the question it names
-    (``loc`` ``["body", "questions", id, ...]``); the body's text itself when it is not the
-    System One shape (it may be an excerpt cut short)."""
+@attrs.frozen
+class Refusal:
+    """What a 422 says."""
+
+    #: ``"loc: msg"`` of its first problem; the body's text itself when it is not the System
+    #: One shape (it may be an excerpt cut short).
+    message: str
+    #: The problem is in the questions (``loc`` under ``["body", "questions"]``), the same for
+    #: every record asked them; otherwise it is this record's (its state, its assets, or the
+    #: model server's refusal of the prompt built from them).
+    of_questions: bool = False
+    #: The question its ``loc`` names (``["body", "questions", id, ...]``).
+    question_id: str | None = None
+
+
+def decode_refusal(body: str) -> Refusal:
+    """What a 422 says: its first problem, and whether it names the questions."""
     try:
         detail = _REFUSAL.decode(body.encode()).detail
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return body, None
+        return Refusal(body)
     if not detail:
-        return body, None
+        return Refusal(body)
     first = detail[0]
     loc = first.loc
-    question_id = str(loc[2]) if len(loc) > 2 and loc[:2] == ["body", "questions"] else None
-    return f"{'.'.join(str(part) for part in loc)}: {first.msg}", question_id
+    of_questions = loc[:2] == ["body", "questions"]
+    question_id = str(loc[2]) if of_questions and len(loc) > 2 else None
+    return Refusal(f"{'.'.join(str(part) for part in loc)}: {first.msg}", of_questions, question_id)

@@ -66,16 +66,36 @@ def _finite(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
         raise CalibrationError(f"{attribute.name} must be a finite number, got {value!r}")
 
 
-def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+#: A temperature a map may hold: the fitter searches 1e-2..1e2; past these a map is degenerate
+#: (5e-324 divides every log-probability into an infinity).
+TEMPERATURE_RANGE = (1e-3, 1e3)
+#: The largest magnitude of a Platt slope or bias (log-probabilities are floored at about -27.6,
+#: so this keeps every logit far from overflowing).
+PLATT_LIMIT = 1e4
+
+
+def _temperature(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     _finite(_, attribute, value)
-    if value <= 0:
-        raise CalibrationError(f"{attribute.name} must be positive, got {value!r}")
+    low, high = TEMPERATURE_RANGE
+    if not low <= value <= high:
+        raise CalibrationError(
+            f"{attribute.name} must be between {low:g} and {high:g}, got {value!r}: a map "
+            "beyond them is degenerate"
+        )
+
+
+def _platt_slope(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    _finite(_, attribute, value)
+    if abs(value) > PLATT_LIMIT:
+        raise CalibrationError(f"slope must be at most {PLATT_LIMIT:g} in size, got {value!r}")
 
 
 def _finite_tuple(value: Any) -> tuple[float, ...]:
     values = tuple(float(item) for item in value)
-    if not all(map(math.isfinite, values)):
-        raise CalibrationError(f"biases must be finite numbers, got {values!r}")
+    if not all(math.isfinite(v) and abs(v) <= PLATT_LIMIT for v in values):
+        raise CalibrationError(
+            f"biases must be finite numbers at most {PLATT_LIMIT:g} in size, got {values!r}"
+        )
     return values
 
 
@@ -98,7 +118,7 @@ class Temperature:
     """``softmax(log p / temperature)``: above 1 softens, below 1 sharpens."""
 
     kind: ClassVar[str] = "temperature"
-    temperature: float = attrs.field(validator=_positive)
+    temperature: float = attrs.field(validator=_temperature)
 
     @property
     def options(self) -> int | None:
@@ -110,7 +130,7 @@ class Platt:
     """``softmax(slope * log p + biases)``: one slope, a bias per option."""
 
     kind: ClassVar[str] = "platt"
-    slope: float = attrs.field(validator=_finite)
+    slope: float = attrs.field(validator=_platt_slope)
     biases: tuple[float, ...] = attrs.field(converter=_finite_tuple)
 
     @property
@@ -149,20 +169,28 @@ def _interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
 def transform_probabilities(
     transform: Transform, probabilities: Sequence[float]
 ) -> tuple[float, ...]:
-    """A question's probabilities (option order) through ``transform``."""
+    """A question's probabilities (option order) through ``transform``.
+
+    :raises CalibrationError: the result is not a distribution of finite numbers (a transform
+        the validators let through must still never answer NaN).
+    """
     if isinstance(transform, Isotonic):
         mapped = [
             max(_interpolate(curve, p), PROBABILITY_FLOOR)
             for curve, p in zip(transform.curves, probabilities, strict=True)
         ]
         total = math.fsum(mapped)
-        return tuple(value / total for value in mapped)
-    logs = [math.log(max(p, PROBABILITY_FLOOR)) for p in probabilities]
-    if isinstance(transform, Temperature):
-        return softmax([value / transform.temperature for value in logs])
-    return softmax(
-        [transform.slope * value + bias for value, bias in zip(logs, transform.biases, strict=True)]
-    )
+        result = tuple(value / total for value in mapped)
+    else:
+        logs = [math.log(max(p, PROBABILITY_FLOOR)) for p in probabilities]
+        if isinstance(transform, Temperature):
+            result = softmax([value / transform.temperature for value in logs])
+        else:
+            pairs = zip(logs, transform.biases, strict=True)
+            result = softmax([transform.slope * value + bias for value, bias in pairs])
+    if not all(map(math.isfinite, result)) or abs(math.fsum(result) - 1.0) > 1e-6:
+        raise CalibrationError(f"the {transform.kind} map gave {result!r}, not a distribution")
+    return result
 
 
 def _canonical(value: Any) -> bytes:

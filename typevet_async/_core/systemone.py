@@ -55,6 +55,13 @@ from typevet_async._core.answers import (
     ScoreAnswer,
     build_answer,
 )
+from typevet_async._core.decoding import (
+    BudgetExceededError,
+    CpuClock,
+    DecodeBudget,
+    check_json_budget,
+    count_multipart_parts,
+)
 from typevet_async._core.jsonvalues import compact_json
 from typevet_async._core.questions import Choice, Noul, Question, Score
 from typevet_async._errors import InvalidInputError, ProtocolError, QuestionError, TypevetError
@@ -221,28 +228,53 @@ def validation_detail(
     return entry
 
 
-def _replace_placeholders(value: Any, placeholders: dict[str, int], order: list[str]) -> Any:
-    """``value`` with each placeholder replaced by ``[image N]``, N counted in order of first
-    appearance (``order`` collects the placeholders as they are first met)."""
-    if isinstance(value, str):
-        if not placeholders:
+class _Placeholders:
+    """The assets' placeholders, found in every string of a request by one pattern compiled
+    once per request (the longest name wins where two overlap); each is numbered ``[image N]``
+    in order of first appearance."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.numbers = {name: 0 for name in names}
+        self.order: list[str] = []
+        longest_first = sorted(self.numbers, key=len, reverse=True)
+        self.pattern = (
+            re.compile("|".join(re.escape(name) for name in longest_first)) if names else None
+        )
+
+    def _number(self, match: re.Match[str]) -> str:
+        name = match[0]
+        if self.numbers[name] == 0:
+            self.order.append(name)
+            self.numbers[name] = len(self.order)
+        return f"[image {self.numbers[name]}]"
+
+    def replace(self, value: Any) -> Any:
+        """``value`` with each placeholder in its strings replaced (iteratively: the caller
+        bounded its depth and items)."""
+        if self.pattern is None:
             return value
-        names = sorted(placeholders, key=len, reverse=True)  # the longest name wins
-        pattern = re.compile("|".join(re.escape(name) for name in names))
-
-        def number(match: re.Match[str]) -> str:
-            name = match[0]
-            if placeholders[name] == 0:
-                order.append(name)
-                placeholders[name] = len(order)
-            return f"[image {placeholders[name]}]"
-
-        return pattern.sub(number, value)
-    if isinstance(value, dict):
-        return {k: _replace_placeholders(v, placeholders, order) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace_placeholders(v, placeholders, order) for v in value]
-    return value
+        if isinstance(value, str):
+            return self.pattern.sub(self._number, value)
+        if not isinstance(value, dict | list):
+            return value
+        root: list[Any] = [None]
+        stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+        while stack:
+            item, parent, key = stack.pop()
+            if isinstance(item, str):
+                parent[key] = self.pattern.sub(self._number, item)
+            elif isinstance(item, dict):
+                copy: dict[str, Any] = dict.fromkeys(item)
+                parent[key] = copy
+                # reversed: the stack pops the first child first (numbers in reading order)
+                stack.extend((child, copy, k) for k, child in reversed(item.items()))
+            elif isinstance(item, list):
+                items: list[Any] = [None] * len(item)
+                parent[key] = items
+                stack.extend((item[i], items, i) for i in reversed(range(len(item))))
+            else:
+                parent[key] = item
+        return root[0]
 
 
 def _asset_image(name: str, asset: Any) -> tuple[str, bytes] | dict[str, Any]:
@@ -271,8 +303,11 @@ def _asset_image(name: str, asset: Any) -> tuple[str, bytes] | dict[str, Any]:
     return mime, raw
 
 
-def request_from_system_one(data: Any) -> SystemOneCall:
-    """A System One request body (parsed JSON) as the SDK judges it.
+def request_from_system_one(
+    data: Any, *, max_assets: int | None = None, max_questions: int | None = None
+) -> SystemOneCall:
+    """A System One request body (parsed JSON) as the SDK judges it; at most ``max_assets``
+    assets and ``max_questions`` questions (None: no limit), counted before any is read.
 
     :raises SystemOneValidationError: the body does not have the System One shape; ``detail``
         lists every problem found, in the 422 body's shape.
@@ -306,6 +341,14 @@ def request_from_system_one(data: Any) -> SystemOneCall:
             )
         )
         raw_questions = {}
+    if max_questions is not None and len(raw_questions) > max_questions:
+        detail.append(
+            validation_detail(
+                ["body", "questions"], f"at most {max_questions} questions a request",
+                "too_long", len(raw_questions), {"max_length": max_questions},
+            )
+        )  # fmt: skip
+        raw_questions = {}
     assets = data.get("assets") or {}
     if not isinstance(assets, dict):
         detail.append(validation_detail(["body", "assets"], "an object", "dict_type", assets))
@@ -313,11 +356,18 @@ def request_from_system_one(data: Any) -> SystemOneCall:
     if "" in assets:  # an empty placeholder would match everywhere
         detail.append(validation_detail(["body", "assets", ""], "an empty name", "value_error"))
         assets = {name: asset for name, asset in assets.items() if name}
-    placeholders = {str(name): 0 for name in assets}
-    order: list[str] = []
-    state = _replace_placeholders(state, placeholders, order)
+    if max_assets is not None and len(assets) > max_assets:
+        detail.append(
+            validation_detail(
+                ["body", "assets"], f"at most {max_assets} assets a request", "too_long",
+                len(assets), {"max_length": max_assets},
+            )
+        )  # fmt: skip
+        assets = {}
+    placeholders = _Placeholders([str(name) for name in assets])
+    state = placeholders.replace(state)
     for qid, raw in raw_questions.items():
-        raw = _replace_placeholders(raw, placeholders, order)
+        raw = placeholders.replace(raw)
         try:
             questions[str(qid)] = question_from_system_one(raw, str(qid))
         except QuestionError as error:
@@ -328,13 +378,13 @@ def request_from_system_one(data: Any) -> SystemOneCall:
         if isinstance(raw, dict) and raw.get("type") == "score":
             score_criteria[str(qid)] = list(raw.get("criteria") or raw.get("levels") or [])
     images: list[tuple[str, bytes]] = []
-    for name in order:
+    for name in placeholders.order:
         image = _asset_image(name, assets[name])
         if isinstance(image, dict):
             detail.append(image)
         else:
             images.append(image)
-    for name, used in placeholders.items():
+    for name, used in placeholders.numbers.items():
         if not used:
             detail.append(
                 validation_detail(
@@ -543,18 +593,36 @@ def _multipart_error(msg: str, loc: list[str | int] | None = None) -> SystemOneV
     return SystemOneValidationError([validation_detail(loc or ["body"], msg, "multipart_invalid")])
 
 
-def parse_multipart(body: bytes, content_type: str) -> list[MultipartPart]:
+def parse_multipart(
+    body: bytes, content_type: str, *, max_parts: int | None = None
+) -> list[MultipartPart]:
     """The parts of a ``multipart/form-data`` body (RFC 7578), in order, read by the standard
-    library's MIME parser (`email`); a preamble and an epilogue are ignored.
+    library's MIME parser (`email`); a preamble and an epilogue are ignored. With
+    ``max_parts``, the parts are counted (one pass of C over the bytes) before the parser,
+    whose time grows with them, sees the body.
 
     :raises SystemOneValidationError: ``content_type`` is not ``multipart/form-data`` with a
         boundary, the parser found a defect (no closing boundary, a malformed header), or a
         part is not ``form-data`` with a name.
+    :raises BudgetExceededError: more than ``max_parts`` parts.
     """
     try:
         head = f"Content-Type: {content_type}\r\n\r\n".encode("ascii")
     except UnicodeEncodeError:
         head = b""
+    if max_parts is not None and head:
+        header = email.message.Message()
+        header["Content-Type"] = content_type
+        boundary = header.get_param("boundary")
+        # n parts have n + 1 delimiter lines (the last one closing)
+        if (
+            isinstance(boundary, str)
+            and boundary
+            and count_multipart_parts(body, boundary) > max_parts + 1
+        ):
+            raise BudgetExceededError(
+                f"the multipart body has more than {max_parts} parts", "parts"
+            )
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
     boundary = message.get_boundary()
     if (
@@ -597,18 +665,31 @@ def _part_format(data: bytes) -> str | None:
     return next((fmt for signature, fmt in _PART_FORMATS if data.startswith(signature)), None)
 
 
-def request_from_system_one_multipart(body: bytes, content_type: str) -> SystemOneCall:
+def request_from_system_one_multipart(
+    body: bytes,
+    content_type: str,
+    *,
+    budget: DecodeBudget | None = None,
+    clock: CpuClock | None = None,
+    max_assets: int | None = None,
+    max_questions: int | None = None,
+) -> SystemOneCall:
     """A ``multipart/form-data`` System One request (as the official client sends one with
     image assets) as the SDK judges it: the ``request`` part's JSON, each asset's ``part``
     replaced by that part's bytes, then read as `request_from_system_one` reads a JSON body.
+
+    With a ``budget``, its parts are counted before they are parsed and the ``request``
+    part's JSON is checked against it (``clock``: the CPU time the decode has left).
 
     :raises SystemOneValidationError: a body that is not multipart, no ``request`` part or one
         that is not JSON, two parts of one name, an asset naming a part that is missing or
         already claimed, a part no asset claims, a part that is not a PNG or JPEG image, and
         anything `request_from_system_one` refuses; ``detail`` lists every problem found.
+    :raises BudgetExceededError: past ``budget``.
     """
     by_name: dict[str, MultipartPart] = {}
-    for part in parse_multipart(body, content_type):
+    max_parts = budget.max_parts if budget is not None else None
+    for part in parse_multipart(body, content_type, max_parts=max_parts):
         if part.name in by_name:
             raise _multipart_error(f"two parts are named {part.name!r}", ["body", part.name])
         by_name[part.name] = part
@@ -629,6 +710,8 @@ def request_from_system_one_multipart(body: bytes, content_type: str) -> SystemO
         raise SystemOneValidationError(
             [validation_detail(["body", "request"], f"not valid JSON: {error}", "json_invalid")]
         ) from None
+    if budget is not None:
+        check_json_budget(data, budget, clock or CpuClock(budget.cpu_seconds), "the request part")
     detail: list[dict[str, Any]] = []
     claimed: dict[str, str] = {}  # part name -> the asset that claims it
     assets = data.get("assets") if isinstance(data, dict) else None
@@ -654,7 +737,7 @@ def request_from_system_one_multipart(body: bytes, content_type: str) -> SystemO
                 )
             )
     try:
-        call = request_from_system_one(data)
+        call = request_from_system_one(data, max_assets=max_assets, max_questions=max_questions)
     except SystemOneValidationError as error:
         raise SystemOneValidationError(detail + error.detail) from None
     if detail:
