@@ -428,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Without keys and without this flag, serve refuses to start (exit 2)",
     )
     serve.add_argument(
+        "--max-connections",
+        type=embedded.positive_int_argument,
+        default=None,
+        metavar="N",
+        help="open connections at once; one more is answered 503 and closed (default: half "
+        "the process's file-descriptor limit)",
+    )
+    serve.add_argument(
         "--max-questions",
         type=embedded.positive_int_argument,
         default=400,
@@ -767,6 +775,7 @@ async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
     config = gateway.GatewayConfig(
         keys=keys,
         max_questions=args.max_questions,
+        max_connections=args.max_connections,
         max_in_flight=args.max_in_flight,
         max_queue=args.max_queue,
         timeout=args.timeout,

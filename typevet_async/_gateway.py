@@ -44,11 +44,12 @@ import datetime
 import hmac
 import logging
 import math
+import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 import anyio.to_thread
@@ -148,6 +149,16 @@ class GatewayConfig:
     idle_timeout: float = 15.0
     #: Seconds a request's body may take to arrive -> 408.
     body_timeout: float = 30.0
+    #: Open connections at once; one more is answered 503 and closed at once. None: half the
+    #: process's file-descriptor limit (at least 16), so accepting is never what runs out.
+    max_connections: int | None = None
+
+    def connection_cap(self) -> int:
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 4096
+
     #: Seconds graceful shutdown waits for in-flight requests.
     shutdown_timeout: float = 30.0
     #: Seconds between probe attempts until the server is ready.
@@ -794,6 +805,61 @@ def runner_options(config: GatewayConfig) -> dict[str, Any]:
     }
 
 
+_BUSY_BODY: Final = orjson.dumps(
+    {"detail": [validation_detail(
+        ["server"], "too many open connections: retry shortly", "unavailable"
+    )]}
+)  # fmt: skip
+#: What a connection past the cap gets before it is closed.
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    b"Content-Type: application/json\r\nContent-Length: "
+    + str(len(_BUSY_BODY)).encode()
+    + b"\r\n\r\n"
+    + _BUSY_BODY
+)
+
+
+class _Busy(asyncio.Protocol):
+    """A connection past the cap: answered 503 and closed, never read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_BUSY)
+        transport.close()
+
+
+class _ConnectionCap:
+    """The server's protocol factory, at most ``cap`` connections open at once."""
+
+    def __init__(self, server: web.Server, cap: int) -> None:
+        self.server, self.cap = server, cap
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if len(self.server.connections) >= self.cap:
+            return _Busy()
+        return self.server()
+
+
+class _Runner(web.AppRunner):
+    """An `AppRunner` whose sites accept at most ``cap`` connections at once."""
+
+    def __init__(self, app: web.Application, cap: int, **options: Any) -> None:
+        super().__init__(app, **options)
+        self.cap = cap
+
+    @property
+    def server(self) -> web.Server | None:
+        inner = super().server
+        # the sites call it as their protocol factory; a server of its own duck type
+        return None if inner is None else cast("web.Server", _ConnectionCap(inner, self.cap))
+
+
+def app_runner(app: web.Application, config: GatewayConfig) -> web.AppRunner:
+    """The runner the gateway serves ``app`` with: its options, and the connection cap."""
+    return _Runner(app, config.connection_cap(), **runner_options(config))
+
+
 @contextlib.asynccontextmanager
 async def running(
     session: tv.Session, config: GatewayConfig | None = None, host: str = "127.0.0.1"
@@ -802,7 +868,7 @@ async def running(
     loop (for tests, benchmarks, or embedding it beside other work): its URL while the block
     runs; cleaned up (the session closed) when it ends. No signal handling: that is `serve`'s."""
     config = config or GatewayConfig()
-    runner = web.AppRunner(build_app(session, config), **runner_options(config))
+    runner = app_runner(build_app(session, config), config)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, 0).start()
@@ -862,7 +928,7 @@ async def serve(
         loop.add_signal_handler(signum, signalled, signum)
     try:
         app = build_app(session, config)
-        runner = web.AppRunner(app, **runner_options(config))
+        runner = app_runner(app, config)
         await runner.setup()
         try:
             if not stop.is_set():

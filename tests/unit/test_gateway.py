@@ -37,6 +37,7 @@ from typevet_async._gateway import (
     load_keys,
     model_alias,
     runner_options,
+    running,
     serve,
 )
 
@@ -956,3 +957,33 @@ def test_a_model_served_from_a_file_is_shown_by_its_name_not_its_path(
     served: str | None, shown: str | None
 ) -> None:
     assert model_alias(served) == shown
+
+
+@pytest.mark.asyncio
+async def test_connections_past_the_cap_get_a_503_at_once_and_idle_ones_close() -> None:
+    # 300 idle unauthenticated connections under a 256-fd limit made /healthz time out.
+    config = GatewayConfig(keys=(KEY,), max_connections=20, idle_timeout=1.0)
+    async with running(tv.Session(InMemoryStubBackend()), config) as url:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        idle = [await asyncio.open_connection(host, int(port)) for _ in range(20)]
+        await asyncio.sleep(0.1)  # accepted and counted
+        reader, writer = await asyncio.open_connection(host, int(port))
+        reply = await asyncio.wait_for(reader.read(), 2)  # answered and closed, not held
+        writer.close()
+        assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
+        assert_error_shape(orjson.loads(reply.split(b"\r\n\r\n", 1)[1]))
+        for idle_reader, _ in idle:  # the idle timeout frees the cap
+            assert await asyncio.wait_for(idle_reader.read(), 5) == b""
+        for _, idle_writer in idle:
+            idle_writer.close()
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as response:
+            assert response.status == 200
+
+
+def test_the_default_connection_cap_is_half_the_descriptor_limit() -> None:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    expected = 4096 if soft == resource.RLIM_INFINITY else max(16, soft // 2)
+    assert GatewayConfig().connection_cap() == expected
+    assert GatewayConfig(max_connections=7).connection_cap() == 7
