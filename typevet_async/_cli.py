@@ -973,6 +973,22 @@ class _AnswerSink:
             await self._drained.wait()
 
 
+def _parse_line(number: int, line: bytes) -> tuple[Any, Any, str | None] | None:
+    """An input line's (id, state, problem): ``{"id", "state"}`` or a bare state (its id is
+    its line number), or the problem that makes it an error line; None for a blank line."""
+    if number == 1:
+        line = line.removeprefix(_BOM)
+    if not line.strip():
+        return None
+    try:
+        data = parse_json(line)
+    except ValueError as error:
+        return number, None, f"line {number}: not valid JSON ({_json_error(error)})"
+    if isinstance(data, dict) and "id" in data and "state" in data:
+        return data["id"], data["state"], None
+    return number, data, None
+
+
 class _Reader:
     """Turns input lines into records to judge and, in place, error lines for lines that are
     not JSON or repeat an id; skips (for --resume) the records --out already has."""
@@ -987,20 +1003,10 @@ class _Reader:
 
     def _take(self, number: int, line: bytes) -> tuple[Any, Any] | None:
         """The line's (id, state) to judge, or None once it is skipped or its error written."""
-        if number == 1:
-            line = line.removeprefix(_BOM)
-        if not line.strip():
+        parsed = _parse_line(number, line)
+        if parsed is None:
             return None
-        try:
-            data = parse_json(line)
-        except ValueError as error:
-            record_id: Any = number
-            problem: str | None = f"line {number}: not valid JSON ({_json_error(error)})"
-            state = None
-        else:
-            problem = None
-            is_record = isinstance(data, dict) and "id" in data and "state" in data
-            record_id, state = (data["id"], data["state"]) if is_record else (number, data)
+        record_id, state, problem = parsed
         key = record_key(record_id)
         occurrence = self.seen[key]
         self.seen[key] += 1
@@ -1158,9 +1164,43 @@ def _check_out(args: argparse.Namespace, source: IO[bytes]) -> None:
         )
 
 
-def _count_lines(source: IO[bytes]) -> int:
-    count = sum(1 for line in source if line.strip())
+#: Repeated ids a refusal names at most.
+_DUPLICATES_SHOWN: Final = 5
+
+
+def _scan_file(source: IO[bytes], path: str) -> int:
+    """The records of an input file (its non-blank lines), once no id repeats: a file can be
+    read twice, so duplicates are refused before anything is judged (a pipe's are refused
+    line by line, each an error line naming the first).
+
+    :raises CommandLineError: ids that repeat, each named with its lines.
+    """
+    lines: dict[str, list[int]] = {}
+    shown: dict[str, Any] = {}
+    count = 0
+    for number, line in enumerate(source, 1):
+        parsed = _parse_line(number, line)
+        if parsed is None:
+            continue
+        count += 1
+        record_id, _, problem = parsed
+        if problem is None:
+            key = record_key(record_id)
+            lines.setdefault(key, []).append(number)
+            shown.setdefault(key, record_id)
     source.seek(0)
+    repeated = [(key, numbers) for key, numbers in lines.items() if len(numbers) > 1]
+    if repeated:
+        named = "; ".join(
+            f"{_dumps(shown[key]).decode()} on lines {', '.join(map(str, numbers))}"
+            for key, numbers in repeated[:_DUPLICATES_SHOWN]
+        )
+        more = len(repeated) - _DUPLICATES_SHOWN
+        raise CommandLineError(
+            f"{path} repeats record ids: {named}{f' (and {more} more)' if more > 0 else ''}; "
+            "each record needs its own id (a bare line's id is its line number); nothing "
+            "was judged"
+        )
     return count
 
 
@@ -1172,8 +1212,8 @@ async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
         _check_out(args, source)
         previous = _read_previous(args.out) if args.resume else _Previous()
         regular = stat.S_ISREG(os.fstat(source.fileno()).st_mode)
-        # A pipe can be read once only: its total is unknown.
-        total = max(_count_lines(source) - previous.lines, 0) if regular else None
+        # A pipe can be read once only: its total is unknown, its duplicates refused in place.
+        total = max(_scan_file(source, args.input) - previous.lines, 0) if regular else None
         try:
             sink_file = args.out.open("ab", buffering=0)
         except OSError as error:

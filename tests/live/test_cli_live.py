@@ -110,9 +110,10 @@ def test_cli_batch_goes_on_past_bad_lines_and_failed_records(
         + "\n"
     )  # fmt: skip
     out = tmp_path / "out.jsonl"
-    args = ["batch", str(source), "--questions", str(questions), "--out", str(out)]
+    # On a pipe (a file with a repeated id is refused up front): each bad line an error line.
+    args = ["batch", "-", "--questions", str(questions), "--out", str(out)]
     run = subprocess.run(
-        cli(*args, "--no-progress", url=gemma3_url),
+        cli(*args, "--no-progress", url=gemma3_url), input=source.read_text(),
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert run.returncode == 1, run.stderr  # some records failed; every line was written
@@ -126,10 +127,19 @@ def test_cli_batch_goes_on_past_bad_lines_and_failed_records(
     # Every line is done: --resume judges nothing, and starts no server.
     again = subprocess.run(
         [sys.executable, "-m", "typevet_async._cli", *args, "--resume"],
-        capture_output=True, text=True, timeout=60, check=False, env=no_server_env(tmp_path),
+        input=source.read_text(), capture_output=True, text=True, timeout=60, check=False,
+        env=no_server_env(tmp_path),
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "0 records (6 skipped as done), 0 failed" in again.stdout
+    # The same file as a file: its repeated id is refused before anything is judged.
+    refused = subprocess.run(
+        [sys.executable, "-m", "typevet_async._cli", "batch", str(source), "--questions",
+         str(questions), "--out", str(tmp_path / "file.jsonl")],
+        capture_output=True, text=True, timeout=60, check=False, env=no_server_env(tmp_path),
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert '"a" on lines 1, 4' in refused.stderr
 
 
 def test_cli_batch_reads_a_pipe_once(gemma3_url: str, tmp_path: Path) -> None:

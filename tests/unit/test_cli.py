@@ -9,6 +9,7 @@ server. The real CLI against the real llama.cpp server is in tests/live/test_cli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -427,21 +428,58 @@ def test_stdin_that_is_the_out_file_is_refused(
 # -- 4. ids: duplicates refused, bare and explicit ids compared exactly, --resume counts ----------
 
 
-def test_a_repeated_id_gets_an_error_line_naming_both_lines(
+@contextlib.contextmanager
+def piped(monkeypatch: pytest.MonkeyPatch, source: Path) -> Iterator[None]:
+    """``source``'s bytes on stdin through a pipe (read once, never scanned ahead)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, source.read_bytes())  # small: it fits in the pipe's buffer
+    os.close(write_end)
+
+    class Stdin:
+        buffer = os.fdopen(read_end, "rb")
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    try:
+        yield
+    finally:
+        Stdin.buffer.close()
+
+
+DUPLICATED: list[Any] = [
+    {"id": "r1", "state": "first"},
+    "bare on line 2",
+    {"id": "r1", "state": "again"},
+    {"id": 2, "state": "explicit 2"},  # line 2's bare state has the id 2
+    {"id": "2", "state": "a string id"},
+    {"id": 2.0, "state": "a float id"},
+    {"id": True, "state": "a boolean id"},
+    {"id": 1, "state": "explicit 1"},
+]
+
+
+def test_repeated_ids_in_a_file_are_refused_up_front_naming_their_lines(
     stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source = jsonl(
-        tmp_path / "in.jsonl",
-        {"id": "r1", "state": "first"},
-        "bare on line 2",
-        {"id": "r1", "state": "again"},
-        {"id": 2, "state": "explicit 2"},  # line 2's bare state has the id 2
-        {"id": "2", "state": "a string id"},
-        {"id": 2.0, "state": "a float id"},
-        {"id": True, "state": "a boolean id"},
-        {"id": 1, "state": "explicit 1"},
+    # Refused in place before: 3 reads for 5 records, and a --resume never judged the second
+    # record of an id. A file can be read twice: nothing is judged, nothing written.
+    source = jsonl(tmp_path / "in.jsonl", *DUPLICATED)
+    code, _, err = run(capsys, *batch(tmp_path, source))
+    assert_one_line_failure(
+        code, err, 'repeats record ids: "r1" on lines 1, 3; 2 on lines 2, 4;', "nothing was judged"
     )
-    code, out, _ = run(capsys, *batch(tmp_path, source))
+    assert judged(stub) == []
+    assert not (tmp_path / "out.jsonl").exists() or answers(tmp_path / "out.jsonl") == []
+
+
+def test_a_repeated_id_on_a_pipe_gets_an_error_line_naming_both_lines(
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = jsonl(tmp_path / "in.jsonl", *DUPLICATED)
+    with piped(monkeypatch, source):
+        code, out, _ = run(capsys, *batch(tmp_path, "-"))
     assert code == 1
     lines = answers(tmp_path / "out.jsonl")
     assert [line["id"] for line in lines] == ["r1", 2, "r1", 2, "2", 2.0, True, 1]
@@ -458,7 +496,10 @@ def test_a_repeated_id_gets_an_error_line_naming_both_lines(
 
 
 def test_resume_after_a_kill_still_refuses_a_later_duplicate_and_counts_skips(
-    stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     source = jsonl(
         tmp_path / "in.jsonl",
@@ -470,7 +511,8 @@ def test_resume_after_a_kill_still_refuses_a_later_duplicate_and_counts_skips(
     out = tmp_path / "out.jsonl"
     # A run killed after two lines.
     out.write_text('{"id": "r1", "answers": {}}\n{"id": "r2", "answers": {}}\n')
-    code, summary, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    with piped(monkeypatch, source):
+        code, summary, _ = run(capsys, *batch(tmp_path, "-", "--resume"))
     assert code == 1
     lines = answers(out)
     assert [line["id"] for line in lines] == ["r1", "r2", "r1", "r3"]
@@ -478,7 +520,8 @@ def test_resume_after_a_kill_still_refuses_a_later_duplicate_and_counts_skips(
     assert judged(stub) == ["third"]
     assert summary.startswith("2 records (2 skipped as done), 1 failed")
     # Everything is in --out now, the duplicate's error line included: nothing more to do.
-    code, summary, _ = run(capsys, *batch(tmp_path, source, "--resume"))
+    with piped(monkeypatch, source):
+        code, summary, _ = run(capsys, *batch(tmp_path, "-", "--resume"))
     assert code == 0
     assert summary.startswith("0 records (4 skipped as done)")
     assert len(answers(out)) == 4
