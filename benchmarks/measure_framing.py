@@ -16,7 +16,13 @@ labelled set's three questions. Every variant changes one thing against its neig
   best.";
 - ``plain-digits``: ``plain`` with digits ("Answer with one digit.");
 - ``words-for-noul``: ``plain``, except that a Noul asks "Answer Yes or No." and reads the
-  tokens ``Yes`` / ``No``, and a Score reads digits.
+  tokens ``Yes`` / ``No``, and a Score reads digits;
+- ``plain-no-system``: ``plain`` without the system turn (the template's default system
+  message left out);
+- ``plain-instructions-first``: ``plain`` with the question block before the ticket.
+
+Thinking-off prefill is not a variant: Qwen2.5 Coder has no thinking mode (its template has no
+``<think>`` block to close), so there is nothing to switch off at the answer position.
 
     python -m benchmarks.measure_framing [--every 5] [--variant plain --variant before ...]
 """
@@ -69,6 +75,7 @@ def block(
     prefix: str,
     separator: str,
     rule: str,
+    state_first: bool = True,
 ) -> tuple[str, Sequence[str]]:
     options = question.options()
     lines = [f"{prefix}{question.instructions}"]
@@ -77,7 +84,9 @@ def block(
         for control, option in zip(controls, options, strict=False)
     ]
     lines.append(rule)
-    return f"{state}\n\n" + "\n".join(lines), controls[: len(options)]
+    asked = "\n".join(lines)
+    user = f"{state}\n\n{asked}" if state_first else f"{asked}\n\n{state}"
+    return user, controls[: len(options)]
 
 
 def _before_rule(question: tv.Question, kind: str) -> str:
@@ -127,14 +136,20 @@ VARIANTS: dict[str, Variant] = {
         q, s, DIGITS, prefix="", separator=". ", rule="Answer with one digit."
     ),
     "words-for-noul": _words_for_noul,
+    "plain-no-system": lambda q, s: block(
+        q, s, LETTERS, prefix="", separator=". ", rule=PLAIN_RULE
+    ),
+    "plain-instructions-first": lambda q, s: block(
+        q, s, LETTERS, prefix="", separator=". ", rule=PLAIN_RULE, state_first=False
+    ),
 }
+#: Variants read without the system turn.
+NO_SYSTEM = frozenset({"plain-no-system"})
 
 
-def chatml(user: str) -> str:
-    return (
-        f"<|im_start|>system\n{PLAIN_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
+def chatml(user: str, *, system: bool = True) -> str:
+    turn = f"<|im_start|>system\n{PLAIN_SYSTEM}<|im_end|>\n" if system else ""
+    return f"{turn}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
 async def measure(
@@ -143,6 +158,8 @@ async def measure(
     tickets: Sequence[Mapping[str, Any]],
     questions: Mapping[str, tv.Question],
     slots: int,
+    *,
+    system: bool = True,
 ) -> dict[str, Any]:
     gate = asyncio.Semaphore(slots)
     async with aiohttp.ClientSession() as http:
@@ -152,7 +169,7 @@ async def measure(
             question = questions[qid]
             user, answers = variant(question, ticket["state"])
             async with gate:
-                logprobs, off = await reader.read(chatml(user), answers)
+                logprobs, off = await reader.read(chatml(user, system=system), answers)
             p = softmax(logprobs)
             gold = gold_index(question, ticket["labels"][qid])
             return -float(np.log(max(p[gold], 1e-12))), off, int(np.argmax(p)) == gold
@@ -177,8 +194,9 @@ async def main_async(args: argparse.Namespace) -> None:
         for name in names:
             began = time.monotonic()
             results[name] = await measure(
-                server.url, VARIANTS[name], tickets, questions, args.slots
-            )
+                server.url, VARIANTS[name], tickets, questions, args.slots,
+                system=name not in NO_SYSTEM,
+            )  # fmt: skip
             print(f"{name}: {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
     rows = [
         [name]
