@@ -138,7 +138,7 @@ async def client(
     async with session:
         await session.probe()
         _, planner = await session._ready_planner()
-        backend, probe, slots = planner.backend, planner.probe, session._slots
+        backend, probe, slots = planner.backend, planner.probe, session._slots.share()
         http = session._backend.http  # type: ignore[attr-defined]
         options = ReadOptions.for_call(
             session._settings,
