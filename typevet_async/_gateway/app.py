@@ -1,0 +1,344 @@
+"""The gateway's aiohttp application: its routes, middlewares (access log, errors, auth), the
+``POST /v1/systemone`` handler (decode off the loop, admit, judge, answer) and the background
+probe that makes it ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hmac
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final
+
+import anyio
+import anyio.to_thread
+from aiohttp import web
+
+import typevet_async as tv
+from typevet_async._core.decoding import DecodeError
+from typevet_async._core.systemone import (
+    SystemOneCall,
+    SystemOneValidationError,
+    response_to_system_one,
+)
+from typevet_async._gateway.bodies import decode_error_response, decode_request, read_raw
+from typevet_async._gateway.config import GatewayConfig
+from typevet_async._gateway.responses import (
+    error_response,
+    extension,
+    json_response,
+    model_alias,
+    sdk_error_response,
+    served_model,
+)
+from typevet_async._gateway.state import SESSION, STATE, GatewayState, Metrics
+
+try:
+    import prometheus_client
+except ImportError:  # pragma: no cover - without the serve extra
+    prometheus_client = None  # type: ignore[assignment]
+
+__all__ = ["build_app"]
+
+log = logging.getLogger("typevet_async.gateway")
+access_log = logging.getLogger("typevet_async.gateway.access")
+
+
+def _authorized(header: str | None, keys: Sequence[str]) -> bool:
+    if header is None:
+        return False
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return False
+    # aiohttp reads header bytes that are not UTF-8 as surrogates: they can match no key
+    given = token.strip().encode("utf-8", "surrogateescape")
+    matched = False
+    for key in keys:  # every key is compared: the time does not tell which one matched
+        matched |= hmac.compare_digest(given, key.encode())
+    return matched
+
+
+def _route_of(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def _access(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    state = request.app[STATE]
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as error:
+        status = error.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client went away
+        raise
+    finally:
+        elapsed = time.perf_counter() - started
+        access_log.info("%s %s %d %.1fms", request.method, request.path, status, elapsed * 1000)
+        if state.metrics is not None:
+            route = _route_of(request)
+            state.metrics.requests.labels(route, str(status)).inc()
+            state.metrics.latency.labels(route).observe(elapsed)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own HTTP errors (404, 405, ...) and any bug, in the System One error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        kind = "too_large" if error.status == 413 else "http_error"
+        return error_response(error.status, ["request"], error.reason, kind)
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, ["server"], "internal server error", "internal_error")
+
+
+@web.middleware
+async def _auth(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    keys = request.app[STATE].config.keys
+    guarded = keys and request.path.startswith("/v1/")
+    if guarded and not _authorized(request.headers.get("Authorization"), keys):
+        return error_response(
+            401,
+            ["header", "authorization"],
+            "a valid bearer key is required: Authorization: Bearer KEY",
+            "unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return await handler(request)
+
+
+async def _systemone(request: web.Request) -> web.StreamResponse:
+    """Decode (off the loop), admit or shed, judge, answer."""
+    state = request.app[STATE]
+    session = request.app[SESSION]
+    decoded = await _decoded(request, state)
+    if isinstance(decoded, web.Response):
+        return decoded
+    call, images = decoded
+    if state.admitted >= state.config.max_in_flight + state.queue_limit():
+        wait = state.retry_after()
+        retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
+        return error_response(
+            429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
+            "rate_limited", headers=retry,
+        )  # fmt: skip
+    judgment = await _judged(state, session, call, images)
+    if isinstance(judgment, web.Response):
+        return judgment
+    if state.metrics is not None:
+        state.metrics.reads.inc(judgment.usage.reads)
+    model = state.served_model or served_model(session) or call.model
+    body = response_to_system_one(
+        judgment, model, score_criteria=call.score_criteria, extension=extension(judgment)
+    )
+    return json_response(200, body)
+
+
+async def _decoded(
+    request: web.Request, state: GatewayState
+) -> tuple[SystemOneCall, list[tv.Image]] | web.Response:
+    """The request's call and images, decoded in a worker thread under the budget; or the
+    answer that refuses the body."""
+    config = state.config
+    raw = await read_raw(request, config.max_body_bytes, config.body_timeout)
+    if isinstance(raw, web.Response):
+        return raw
+    try:
+        return await anyio.to_thread.run_sync(
+            decode_request,
+            raw,
+            request.headers.get("Content-Encoding", ""),
+            request.headers.get("Content-Type", ""),
+            config,
+            limiter=state.decoders,
+        )
+    except DecodeError as error:
+        if state.metrics is not None:
+            state.metrics.errors.labels(type(error).__name__).inc()
+        return decode_error_response(error)
+    except SystemOneValidationError as error:
+        if state.metrics is not None:
+            state.metrics.errors.labels("SystemOneValidationError").inc()
+        return json_response(422, {"detail": error.detail})
+    except tv.InvalidInputError as error:
+        return sdk_error_response(state.metrics, error)
+
+
+async def _judged(
+    state: GatewayState, session: tv.Session, call: SystemOneCall, images: list[tv.Image]
+) -> tv.Judgment | web.Response:
+    """The judgment of an admitted request, under a slot and the request's timeout; or the
+    answer for its failure (504, 503 when the shutdown cut it off, an SDK error's)."""
+    config = state.config
+    state.admitted += 1
+    task = asyncio.current_task()
+    if task is not None:
+        state.judging.add(task)
+    try:
+        async with asyncio.timeout(config.timeout), state.slots:
+            if state.metrics is not None:
+                state.metrics.in_flight.inc()
+            try:
+                return await session.judge(call.state, call.questions, images=images)
+            finally:
+                if state.metrics is not None:
+                    state.metrics.in_flight.dec()
+    except asyncio.CancelledError:
+        if not state.cut_off or task is None:
+            raise  # the client went away (or a cancellation that is not the shutdown's)
+        task.uncancel()
+        if state.metrics is not None:
+            state.metrics.errors.labels("ShutdownCutOff").inc()
+        return error_response(
+            503, ["server"],
+            f"the gateway shut down before the judgment ended (it waits "
+            f"{config.shutdown_timeout}s for in-flight requests): retry elsewhere or later",
+            "unavailable", headers={"Retry-After": "1", "Connection": "close"},
+        )  # fmt: skip
+    except TimeoutError as error:
+        if isinstance(error, tv.TypevetError):
+            return sdk_error_response(state.metrics, error)
+        if state.metrics is not None:
+            state.metrics.errors.labels("Timeout").inc()
+        return error_response(
+            504, ["server"], f"the request outlived the gateway's {config.timeout}s timeout",
+            "timeout",
+        )  # fmt: skip
+    except tv.TypevetError as error:
+        return sdk_error_response(state.metrics, error)
+    finally:
+        state.admitted -= 1
+        state.finished.append(time.monotonic())
+        if task is not None:
+            state.judging.discard(task)
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if not state.ready:
+        return error_response(503, ["server"], "the model server is not ready yet", "unavailable")
+    session = request.app[SESSION]
+    name = state.served_model or "default"
+    backend = type(session.backend).__name__
+    return json_response(
+        200,
+        {
+            "models": [
+                {
+                    "name": name,
+                    "description": f"{name}, served by typevet-async through {backend}",
+                    "release_date": state.ready_date,
+                }
+            ]
+        },
+    )
+
+
+async def _healthz(request: web.Request) -> web.StreamResponse:
+    return json_response(200, {"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.StreamResponse:
+    if request.app[STATE].ready:
+        return json_response(200, {"status": "ready"})
+    return error_response(
+        503, ["server"], "the model server has not been probed yet", "unavailable"
+    )
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    metrics = request.app[STATE].metrics
+    if metrics is None:  # pragma: no cover
+        return error_response(404, ["request"], "metrics need prometheus_client", "not_found")
+    assert prometheus_client is not None
+    return web.Response(
+        body=prometheus_client.generate_latest(metrics.registry),
+        headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
+    )
+
+
+#: Longest wait between two probes of a server that is not ready.
+_PROBE_BACKOFF_MAX: Final = 30.0
+
+
+async def _probe_until_ready(app: web.Application) -> None:
+    """Probe until the server is ready, however long: a refusal (a template the SDK cannot
+    judge, a model that is not served) is logged and probed again too, with backoff, since
+    whoever runs the model server may fix it while the gateway runs."""
+    state, session = app[STATE], app[SESSION]
+    wait = state.config.probe_interval
+    while True:
+        try:
+            probe = await session.probe()
+        except tv.TypevetError as error:
+            refused = not isinstance(error, tv.BackendError)
+            log.log(
+                logging.ERROR if refused else logging.WARNING,
+                "probe %s, retrying in %.1fs: %s: %s",
+                "refused (not ready)" if refused else "failed", wait, type(error).__name__, error,
+            )  # fmt: skip
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, max(_PROBE_BACKOFF_MAX, state.config.probe_interval))
+            continue
+        state.served_model = model_alias(
+            session.backend.model or (probe.model_ids[0] if probe.model_ids else None)
+        )
+        state.ready_date = datetime.datetime.now(datetime.UTC).date().isoformat()
+        state.ready = True
+        log.info("ready: serving model %r", state.served_model)
+        return
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state, session = app[STATE], app[SESSION]
+    await session.open()
+    state.probe_task = asyncio.create_task(_probe_until_ready(app))
+    try:
+        yield
+    finally:
+        state.probe_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await state.probe_task
+        await session.aclose()
+
+
+def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.Application:
+    """The gateway's application over ``session`` (unopened: the app opens and closes it)."""
+    config = config or GatewayConfig()
+    app = web.Application(
+        client_max_size=config.max_body_bytes, middlewares=[_access, _errors, _auth]
+    )
+    app[SESSION] = session
+    app[STATE] = GatewayState(
+        config,
+        asyncio.Semaphore(config.max_in_flight),
+        anyio.CapacityLimiter(config.decode_threads),
+        Metrics.create(),
+    )
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_post("/v1/systemone", _systemone)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    return app

@@ -1,0 +1,129 @@
+"""The gateway's configuration: its limits, timeouts and bearer keys."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+import typevet_async as tv
+from typevet_async._core.decoding import DecodeBudget
+
+__all__ = [
+    "DEFAULT_AUTO_QUEUE",
+    "DEFAULT_KEYS_ENV",
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_AUTO_QUEUE",
+    "MIN_AUTO_QUEUE",
+    "GatewayConfig",
+    "NoKeysError",
+    "load_keys",
+]
+
+DEFAULT_KEYS_ENV: Final = "TYPEVET_SERVE_KEYS"
+DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+#: The automatic queue's floor: a client's connection pool (commonly 32 to 64) is never shed.
+MIN_AUTO_QUEUE: Final = 64
+#: The automatic queue before a drain rate has been measured.
+DEFAULT_AUTO_QUEUE: Final = 256
+#: The automatic queue's ceiling.
+MAX_AUTO_QUEUE: Final = 4096
+
+
+@attrs.frozen
+class GatewayConfig:
+    """How the gateway serves."""
+
+    #: Bearer keys; empty: auth is off.
+    keys: tuple[str, ...] = ()
+    #: Requests judged at once.
+    max_in_flight: int = 8
+    #: Requests that may wait for a slot; one more is a 429. None (the default): as many as the
+    #: measured drain rate serves within ``timeout`` (at least `MIN_AUTO_QUEUE`, and
+    #: `DEFAULT_AUTO_QUEUE` before anything has been measured): a request is shed only when it
+    #: would wait past its timeout anyway.
+    max_queue: int | None = None
+    #: Seconds per request, waiting for a slot included (None: no limit) -> 504.
+    timeout: float | None = 60.0
+    #: The largest body, compressed or not (decompressed bytes count too) -> 413.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Questions a request may ask -> 422 (OpenAI's Decisions API allows 400).
+    max_questions: int = 400
+    #: Image assets a request may carry -> 422.
+    max_assets: int = 32
+    #: JSON values a body may hold -> 422.
+    max_items: int = 200_000
+    #: Deepest nesting of a body's JSON -> 422 (a deeper state is no ticket).
+    max_depth: int = 128
+    #: CPU seconds one body's decode may use -> 422.
+    decode_cpu_seconds: float = 2.0
+    #: Bodies decoded at once, each in a worker thread off the event loop.
+    decode_threads: int = 2
+    #: Seconds a connection may go without sending a complete request head (idle keep-alive
+    #: connections included) -> closed.
+    idle_timeout: float = 15.0
+    #: Seconds a request's body may take to arrive -> 408.
+    body_timeout: float = 30.0
+    #: Open connections at once; one more is answered 503 and closed at once. None: half the
+    #: process's file-descriptor limit (at least 16), so accepting is never what runs out.
+    max_connections: int | None = None
+
+    def connection_cap(self) -> int:
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 4096
+
+    #: Seconds graceful shutdown waits for in-flight requests.
+    shutdown_timeout: float = 30.0
+    #: Seconds between probe attempts until the server is ready.
+    probe_interval: float = 1.0
+
+    def decode_budget(self) -> DecodeBudget:
+        """What one body's decode may use: a ``request`` part and one part per asset."""
+        return DecodeBudget(
+            max_bytes=self.max_body_bytes,
+            max_items=self.max_items,
+            max_depth=self.max_depth,
+            max_parts=self.max_assets + 1,
+            cpu_seconds=self.decode_cpu_seconds,
+        )
+
+
+class NoKeysError(tv.ConfigurationError):
+    """A key source was named but yields no key: auth is off only when asked for."""
+
+
+def load_keys(
+    keys_file: Path | None, keys_env: str | None, environ: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The keys of ``keys_file`` (one per line, blank lines and ``#`` comments skipped) and of
+    the variable ``keys_env`` (comma-separated).
+
+    :raises OSError: the file cannot be read.
+    :raises NoKeysError: the file or the variable is named but holds no key (an empty file,
+        one of blank lines, an unset or blank variable): starting with auth off because a key
+        file came out empty is the mistake this refuses.
+    """
+    keys: list[str] = []
+    if keys_file is not None:
+        from_file = [
+            line.strip()
+            for line in keys_file.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        ]
+        if not from_file:
+            raise NoKeysError(
+                f"--keys-file {keys_file} holds no key (only blank lines or comments)"
+            )
+        keys.extend(from_file)
+    if keys_env:
+        from_env = [k.strip() for k in environ.get(keys_env, "").split(",") if k.strip()]
+        if not from_env:
+            state = "is not set" if keys_env not in environ else "holds no key"
+            raise NoKeysError(f"--keys-env {keys_env}: the variable {state}")
+        keys.extend(from_env)
+    return tuple(dict.fromkeys(keys))
