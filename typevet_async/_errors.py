@@ -7,8 +7,13 @@ The tree::
     │   ├── QuestionError                             a question, or the mapping of questions
     │   │   └── TooManyOptionsError                   more options than single-token controls
     │   ├── SchemaError                               a JSON Schema that is malformed or remote
-    │   └── ConfigurationError                        session settings or TYPEVET_* variables
-    │       └── CalibrationError                      a map unreadable, or fitted for another run
+    │   ├── ConfigurationError                        session settings or TYPEVET_* variables
+    │   │   └── CalibrationError                      a map unreadable, or fitted for another run
+    │   ├── SystemOneValidationError                  a body without the System One shape (422)
+    │   └── DecodeError                               a served body past its decode budget
+    │       ├── BodyTooLargeError                     bytes, compressed or not (413)
+    │       ├── BadEncodingError                      a Content-Encoding refused or corrupt (415)
+    │       └── BudgetExceededError                   items, depth, parts, frames or CPU (422)
     ├── UnsupportedTemplateError                      served template cannot frame a judgment
     ├── BackendError                                  talking to the server failed
     │   ├── TransportError (also ConnectionError)     refused, reset, disconnected
@@ -40,18 +45,22 @@ whichever part of the SDK raised it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from typevet_async._core.redaction import redact, redact_value
 
 __all__ = [
     "BackendError",
+    "BadEncodingError",
     "BatchRecordError",
+    "BodyTooLargeError",
+    "BudgetExceededError",
     "CalibrationError",
     "CandidateMissingError",
     "ConfigurationError",
     "ControlTokenError",
     "DeadlineExceededError",
+    "DecodeError",
     "GenerationError",
     "InvalidInputError",
     "InvalidLogprobsError",
@@ -64,6 +73,7 @@ __all__ = [
     "SchemaError",
     "ServerError",
     "SessionStateError",
+    "SystemOneValidationError",
     "TooManyOptionsError",
     "TransportError",
     "TruncatedOutputError",
@@ -134,6 +144,39 @@ class ConfigurationError(InvalidInputError):
 class CalibrationError(ConfigurationError):
     """A calibration map that cannot be read, or was not fitted for this judgment: another
     model, template family, server kind, question or way of reading it (nothing was sent)."""
+
+
+class SystemOneValidationError(InvalidInputError):
+    """A request that does not have the System One shape: ``detail`` is the 422 body's list
+    (``loc``, ``msg``, ``type``, ``input``, ``ctx``)."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        first = detail[0]
+        super().__init__(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        self.detail = detail
+
+
+class DecodeError(InvalidInputError):
+    """A body a server was sent that cannot be decoded within its budget (subclasses say
+    which way)."""
+
+
+class BodyTooLargeError(DecodeError):
+    """A body (or what it decompresses to) beyond the byte cap."""
+
+
+class BadEncodingError(DecodeError):
+    """A ``Content-Encoding`` not accepted, or a body that is not of its encoding."""
+
+
+class BudgetExceededError(DecodeError):
+    """A body past one of its budget's limits other than bytes; ``limit`` names it."""
+
+    def __init__(
+        self, message: str, limit: Literal["items", "depth", "parts", "frames", "cpu"]
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class UnsupportedTemplateError(TypevetError):

@@ -13,11 +13,17 @@ from __future__ import annotations
 import sys
 import time
 import zlib
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import attrs
 
-from typevet_async._errors import InvalidInputError
+from typevet_async._errors import (
+    BadEncodingError,
+    BodyTooLargeError,
+    BudgetExceededError,
+    DecodeError,
+    InvalidInputError,
+)
 
 try:  # the official System One client compresses its bodies with zstd when it can
     if sys.version_info >= (3, 14):
@@ -70,28 +76,6 @@ class DecodeBudget:
                 raise InvalidInputError(f"DecodeBudget.{name} must be a positive integer")
         if not self.cpu_seconds > 0:
             raise InvalidInputError("DecodeBudget.cpu_seconds must be positive")
-
-
-class DecodeError(InvalidInputError):
-    """A body that cannot be decoded within its budget (subclasses say which way)."""
-
-
-class BodyTooLargeError(DecodeError):
-    """A body (or what it decompresses to) beyond ``max_bytes``."""
-
-
-class BadEncodingError(DecodeError):
-    """A ``Content-Encoding`` not accepted, or a body that is not of its encoding."""
-
-
-class BudgetExceededError(DecodeError):
-    """A body past one of its budget's limits other than bytes; ``limit`` names it."""
-
-    def __init__(
-        self, message: str, limit: Literal["items", "depth", "parts", "frames", "cpu"]
-    ) -> None:
-        super().__init__(message)
-        self.limit = limit
 
 
 class CpuClock:

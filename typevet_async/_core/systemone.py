@@ -64,7 +64,12 @@ from typevet_async._core.decoding import (
 )
 from typevet_async._core.jsonvalues import compact_json
 from typevet_async._core.questions import Choice, Noul, Question, Score
-from typevet_async._errors import InvalidInputError, ProtocolError, QuestionError, TypevetError
+from typevet_async._errors import (
+    ProtocolError,
+    QuestionError,
+    SystemOneValidationError,
+    TypevetError,
+)
 
 __all__ = [
     "EXTENSION",
@@ -207,15 +212,6 @@ class SystemOneCall:
     images: tuple[tuple[str, bytes], ...] = ()
     #: Each Score question's criteria as sent (its legend in the response).
     score_criteria: dict[str, list[Any]] = attrs.field(factory=dict)
-
-
-class SystemOneValidationError(InvalidInputError):
-    """A request that does not have the System One shape: ``detail`` is the 422 body's list."""
-
-    def __init__(self, detail: list[dict[str, Any]]) -> None:
-        first = detail[0]
-        super().__init__(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
-        self.detail = detail
 
 
 def validation_detail(
