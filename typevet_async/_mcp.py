@@ -61,17 +61,13 @@ from pydantic import Field, JsonValue, ValidationError, WithJsonSchema
 from typing_extensions import TypedDict  # pydantic reads a TypedDict from typing only on 3.12+
 
 import typevet_async as tv
-from typevet_async._core.decoding import (
-    BudgetExceededError,
-    CpuClock,
-    DecodeBudget,
-    check_json_budget,
-)
+from typevet_async._core.decoding import CpuClock, DecodeBudget, check_json_budget
 from typevet_async._core.systemone import (
     SystemOneValidationError,
     request_from_system_one,
     response_to_system_one,
 )
+from typevet_async._errors import BudgetExceededError
 
 __all__ = [
     "INSTRUCTIONS",

@@ -24,7 +24,6 @@ from typesafe_sdk._schemas import models
 
 import typevet_async as tv
 from typevet_async._core.decoding import CpuClock, DecodeBudget
-from typevet_async._core.systemone import MultipartPart, media_type, parse_multipart
 from typevet_async._gateway import (
     DEFAULT_AUTO_QUEUE,
     MIN_AUTO_QUEUE,
@@ -40,6 +39,7 @@ from typevet_async._gateway import (
     running,
     serve,
 )
+from typevet_async._gateway.multipart import MultipartPart, media_type, parse_multipart
 
 from .stubs import InMemoryStubBackend, failing_after, sleeping
 

@@ -37,7 +37,7 @@ it, the judgments still running are cancelled and each answers 503 (``Retry-Afte
 
 from __future__ import annotations
 
-from typevet_async._core.decoding import BadEncodingError, BodyTooLargeError, decompress
+from typevet_async._errors import BadEncodingError, BodyTooLargeError
 from typevet_async._gateway.app import build_app
 from typevet_async._gateway.bodies import decode_request
 from typevet_async._gateway.config import (
@@ -50,6 +50,7 @@ from typevet_async._gateway.config import (
     NoKeysError,
     load_keys,
 )
+from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.responses import model_alias
 from typevet_async._gateway.serving import app_runner, runner_options, running, serve, shutdown
 from typevet_async._gateway.state import SESSION, STATE

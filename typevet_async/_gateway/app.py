@@ -19,12 +19,12 @@ import anyio.to_thread
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._core.decoding import DecodeError
 from typevet_async._core.systemone import (
     SystemOneCall,
     SystemOneValidationError,
     response_to_system_one,
 )
+from typevet_async._errors import DecodeError
 from typevet_async._gateway.bodies import decode_error_response, decode_request, read_raw
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.responses import (

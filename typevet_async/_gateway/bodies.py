@@ -10,24 +10,18 @@ import orjson
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._core.decoding import (
+from typevet_async._core.decoding import CpuClock, check_json_budget
+from typevet_async._core.systemone import SystemOneCall, request_from_system_one, validation_detail
+from typevet_async._errors import (
     BadEncodingError,
     BodyTooLargeError,
     BudgetExceededError,
-    CpuClock,
     DecodeError,
-    check_json_budget,
-    decompress,
-)
-from typevet_async._core.systemone import (
-    SystemOneCall,
     SystemOneValidationError,
-    media_type,
-    request_from_system_one,
-    request_from_system_one_multipart,
-    validation_detail,
 )
 from typevet_async._gateway.config import GatewayConfig
+from typevet_async._gateway.encoding import decompress
+from typevet_async._gateway.multipart import media_type, request_from_system_one_multipart
 from typevet_async._gateway.responses import error_response, json_response
 
 __all__ = ["decode_error_response", "decode_request", "read_raw"]
