@@ -308,56 +308,11 @@ def request_from_system_one(
                 ["body", "state"], "a string, an object or an array", "missing", state
             )
         )
-    raw_questions = data.get("questions")
-    questions: dict[str, Question] = {}
-    score_criteria: dict[str, list[Any]] = {}
-    if not isinstance(raw_questions, dict) or not raw_questions:
-        detail.append(
-            validation_detail(
-                ["body", "questions"],
-                "a non-empty object of name to question",
-                "missing",
-                raw_questions,
-                {"min_length": 1},
-            )
-        )
-        raw_questions = {}
-    if max_questions is not None and len(raw_questions) > max_questions:
-        detail.append(
-            validation_detail(
-                ["body", "questions"], f"at most {max_questions} questions a request",
-                "too_long", len(raw_questions), {"max_length": max_questions},
-            )
-        )  # fmt: skip
-        raw_questions = {}
-    assets = data.get("assets") or {}
-    if not isinstance(assets, dict):
-        detail.append(validation_detail(["body", "assets"], "an object", "dict_type", assets))
-        assets = {}
-    if "" in assets:  # an empty placeholder would match everywhere
-        detail.append(validation_detail(["body", "assets", ""], "an empty name", "value_error"))
-        assets = {name: asset for name, asset in assets.items() if name}
-    if max_assets is not None and len(assets) > max_assets:
-        detail.append(
-            validation_detail(
-                ["body", "assets"], f"at most {max_assets} assets a request", "too_long",
-                len(assets), {"max_length": max_assets},
-            )
-        )  # fmt: skip
-        assets = {}
+    raw_questions = _raw_questions(data.get("questions"), max_questions, detail)
+    assets = _raw_assets(data.get("assets") or {}, max_assets, detail)
     placeholders = _Placeholders([str(name) for name in assets])
     state = placeholders.replace(state)
-    for qid, raw in raw_questions.items():
-        raw = placeholders.replace(raw)
-        try:
-            questions[str(qid)] = question_from_system_one(raw, str(qid))
-        except QuestionError as error:
-            kind = raw.get("type") if isinstance(raw, dict) else None
-            loc: list[str | int] = ["body", "questions", str(qid)]
-            detail.append(validation_detail(loc, str(error), "value_error", raw, {"type": kind}))
-            continue
-        if isinstance(raw, dict) and raw.get("type") == "score":
-            score_criteria[str(qid)] = list(raw.get("criteria") or raw.get("levels") or [])
+    questions, score_criteria = _questions(raw_questions, placeholders, detail)
     images: list[tuple[str, bytes]] = []
     for name in placeholders.order:
         image = _asset_image(name, assets[name])
@@ -378,6 +333,70 @@ def request_from_system_one(
         raise SystemOneValidationError(detail)
     assert isinstance(model, str)
     return SystemOneCall(model, state, questions, tuple(images), score_criteria)
+
+
+def _raw_questions(
+    raw: Any, max_questions: int | None, detail: list[dict[str, Any]]
+) -> dict[Any, Any]:
+    """The request's ``questions`` object, counted before any is read (its problems go to
+    ``detail``; then none is read)."""
+    if not isinstance(raw, dict) or not raw:
+        detail.append(
+            validation_detail(
+                ["body", "questions"], "a non-empty object of name to question", "missing",
+                raw, {"min_length": 1},
+            )
+        )  # fmt: skip
+        return {}
+    if max_questions is not None and len(raw) > max_questions:
+        detail.append(
+            validation_detail(
+                ["body", "questions"], f"at most {max_questions} questions a request",
+                "too_long", len(raw), {"max_length": max_questions},
+            )
+        )  # fmt: skip
+        return {}
+    return raw
+
+
+def _raw_assets(raw: Any, max_assets: int | None, detail: list[dict[str, Any]]) -> dict[Any, Any]:
+    """The request's ``assets`` object, counted before a placeholder is looked for."""
+    if not isinstance(raw, dict):
+        detail.append(validation_detail(["body", "assets"], "an object", "dict_type", raw))
+        return {}
+    assets: dict[Any, Any] = raw
+    if "" in assets:  # an empty placeholder would match everywhere
+        detail.append(validation_detail(["body", "assets", ""], "an empty name", "value_error"))
+        assets = {name: asset for name, asset in assets.items() if name}
+    if max_assets is not None and len(assets) > max_assets:
+        detail.append(
+            validation_detail(
+                ["body", "assets"], f"at most {max_assets} assets a request", "too_long",
+                len(assets), {"max_length": max_assets},
+            )
+        )  # fmt: skip
+        return {}
+    return assets
+
+
+def _questions(
+    raw_questions: dict[Any, Any], placeholders: _Placeholders, detail: list[dict[str, Any]]
+) -> tuple[dict[str, Question], dict[str, list[Any]]]:
+    """Each question read (its placeholders numbered), and each Score's criteria as sent."""
+    questions: dict[str, Question] = {}
+    score_criteria: dict[str, list[Any]] = {}
+    for qid, raw in raw_questions.items():
+        raw = placeholders.replace(raw)
+        try:
+            questions[str(qid)] = question_from_system_one(raw, str(qid))
+        except QuestionError as error:
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            loc: list[str | int] = ["body", "questions", str(qid)]
+            detail.append(validation_detail(loc, str(error), "value_error", raw, {"type": kind}))
+            continue
+        if isinstance(raw, dict) and raw.get("type") == "score":
+            score_criteria[str(qid)] = list(raw.get("criteria") or raw.get("levels") or [])
+    return questions, score_criteria
 
 
 def request_to_system_one(
