@@ -37,11 +37,6 @@ from typevet_async._gateway.responses import (
 )
 from typevet_async._gateway.state import SESSION, STATE, GatewayState, Metrics
 
-try:
-    import prometheus_client
-except ImportError:  # pragma: no cover - without the serve extra
-    prometheus_client = None  # type: ignore[assignment]
-
 __all__ = ["build_app"]
 
 log = logging.getLogger("typevet_async.gateway")
@@ -270,11 +265,8 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     metrics = request.app[STATE].metrics
     if metrics is None:  # pragma: no cover
         return error_response(404, ["request"], "metrics need prometheus_client", "not_found")
-    assert prometheus_client is not None
-    return web.Response(
-        body=prometheus_client.generate_latest(metrics.registry),
-        headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
-    )
+    body, content_type = metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 #: Longest wait between two probes of a server that is not ready.

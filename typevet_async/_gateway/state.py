@@ -69,6 +69,13 @@ class Metrics:
             registry=registry,
         )  # fmt: skip
 
+    def exposition(self) -> tuple[bytes, str]:
+        """The metrics in Prometheus' text format, and its content type."""
+        assert prometheus_client is not None  # a Metrics exists only with it
+        return prometheus_client.generate_latest(
+            self.registry
+        ), prometheus_client.CONTENT_TYPE_LATEST
+
 
 @attrs.define
 class GatewayState:
