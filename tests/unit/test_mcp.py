@@ -368,7 +368,8 @@ def test_without_the_mcp_extra_it_says_which_to_install(
     # What an environment without the mcp package imports; and _mcp not imported yet.
     for name in [name for name in sys.modules if name.split(".")[0] == "mcp"]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.delitem(sys.modules, "typevet_async._mcp")
+    for name in [name for name in sys.modules if name.startswith("typevet_async._mcp")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.delattr(tv, "_mcp")
     assert main(["mcp", "--base-url", NOWHERE]) == 2
     assert capsys.readouterr().err == (
@@ -429,7 +430,7 @@ async def test_stdin_lines_are_whole_lines_however_the_bytes_arrive() -> None:
     big = "x" * 200_000  # beyond a pipe's buffer and a read's 64 KiB
     pieces = [b'{"a": 1}\n{"b"', b': "caf\xc3', b'\xa9"}\n', big.encode() + b"\n", b"last"]
     try:
-        lines = _mcp._StdinLines(read_end)
+        lines = _mcp.StdinLines(read_end)
         for piece in pieces:
             os.write(write_end, piece)
             await anyio.sleep(0.02)  # the reader thread reads each piece on its own
