@@ -544,11 +544,6 @@ def print_tables(summary: Mapping[str, Any], questions: Mapping[str, tv.Question
 async def main_async(args: argparse.Namespace) -> None:
     tickets, questions = load_set(args.every)
     if args.question:
-        unknown = sorted(set(args.question) - set(questions))
-        if unknown:
-            raise SystemExit(
-                f"--question: no such question {unknown} (the set: {sorted(questions)})"
-            )
         questions = {qid: questions[qid] for qid in questions if qid in args.question}
     arms = args.arm or ["plain", "sdk"]
     options = tv.ServerOptions(model=MODEL, n_ctx=8192, n_parallel=args.slots)
@@ -579,8 +574,6 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"identity: {identity}", file=sys.stderr, flush=True)
         speed = None
         if args.speed:
-            if "route" not in questions:
-                raise SystemExit("--speed times route decisions: keep the route (or --speed 0)")
             route = questions["route"]
             assert isinstance(route, tv.Choice)
             speed = await speed_study(server.url, tickets[: args.speed], route)
@@ -713,7 +706,14 @@ def main() -> None:
         action="store_true",
         help="write the sdk arm's reliability diagrams (docs/images/real-QUESTION-reliability.png)",
     )
-    asyncio.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    _, questions = load_set(1)
+    unknown = sorted(set(args.question or ()) - set(questions))
+    if unknown:
+        parser.error(f"--question: no such question {unknown} (the set has {sorted(questions)})")
+    if args.question and args.speed and "route" not in args.question:
+        parser.error("--speed times route decisions: read the route too, or --speed 0")
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

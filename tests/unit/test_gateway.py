@@ -987,3 +987,20 @@ def test_the_default_connection_cap_is_half_the_descriptor_limit() -> None:
     expected = 4096 if soft == resource.RLIM_INFINITY else max(16, soft // 2)
     assert GatewayConfig().connection_cap() == expected
     assert GatewayConfig(max_connections=7).connection_cap() == 7
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_in_flight", 0), ("max_queue", -1), ("timeout", 0.0), ("max_body_bytes", 0),
+        ("max_questions", 0), ("max_assets", -3), ("max_items", 0), ("max_depth", 0),
+        ("decode_cpu_seconds", float("nan")), ("decode_threads", 0), ("idle_timeout", -1.0),
+        ("body_timeout", float("inf")), ("max_connections", 0), ("shutdown_timeout", 0),
+        ("probe_interval", "1"), ("max_questions", True), ("keys", ("k", 3)),
+    ],
+)  # fmt: skip
+def test_a_bad_gateway_setting_is_refused_when_built_naming_it(field: str, value: Any) -> None:
+    # Before, a bad limit surfaced only as a broken request (a 422 for a budget of 0, or a
+    # CapacityLimiter that would not build).
+    with pytest.raises(tv.ConfigurationError, match=field):
+        GatewayConfig(**{field: value})

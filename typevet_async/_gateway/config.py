@@ -11,6 +11,13 @@ import attrs
 
 import typevet_async as tv
 from typevet_async._core.decoding import DecodeBudget
+from typevet_async._options import (
+    non_negative_int,
+    optional,
+    positive_int,
+    positive_number,
+    sequence_of,
+)
 
 __all__ = [
     "DEFAULT_AUTO_QUEUE",
@@ -35,41 +42,43 @@ MAX_AUTO_QUEUE: Final = 4096
 
 @attrs.frozen
 class GatewayConfig:
-    """How the gateway serves."""
+    """How the gateway serves; every field checked when built (`ConfigurationError` naming it)."""
 
     #: Bearer keys; empty: auth is off.
-    keys: tuple[str, ...] = ()
+    keys: tuple[str, ...] = attrs.field(
+        default=(), validator=sequence_of(str, "a tuple of key strings")
+    )
     #: Requests judged at once.
-    max_in_flight: int = 8
+    max_in_flight: int = attrs.field(default=8, validator=positive_int)
     #: Requests that may wait for a slot; one more is a 429. None (the default): as many as the
     #: measured drain rate serves within ``timeout`` (at least `MIN_AUTO_QUEUE`, and
     #: `DEFAULT_AUTO_QUEUE` before anything has been measured): a request is shed only when it
     #: would wait past its timeout anyway.
-    max_queue: int | None = None
+    max_queue: int | None = attrs.field(default=None, validator=optional(non_negative_int))
     #: Seconds per request, waiting for a slot included (None: no limit) -> 504.
-    timeout: float | None = 60.0
+    timeout: float | None = attrs.field(default=60.0, validator=optional(positive_number))
     #: The largest body, compressed or not (decompressed bytes count too) -> 413.
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=positive_int)
     #: Questions a request may ask -> 422 (OpenAI's Decisions API allows 400).
-    max_questions: int = 400
+    max_questions: int = attrs.field(default=400, validator=positive_int)
     #: Image assets a request may carry -> 422.
-    max_assets: int = 32
+    max_assets: int = attrs.field(default=32, validator=positive_int)
     #: JSON values a body may hold -> 422.
-    max_items: int = 200_000
+    max_items: int = attrs.field(default=200_000, validator=positive_int)
     #: Deepest nesting of a body's JSON -> 422 (a deeper state is no ticket).
-    max_depth: int = 128
+    max_depth: int = attrs.field(default=128, validator=positive_int)
     #: CPU seconds one body's decode may use -> 422.
-    decode_cpu_seconds: float = 2.0
+    decode_cpu_seconds: float = attrs.field(default=2.0, validator=positive_number)
     #: Bodies decoded at once, each in a worker thread off the event loop.
-    decode_threads: int = 2
+    decode_threads: int = attrs.field(default=2, validator=positive_int)
     #: Seconds a connection may go without sending a complete request head (idle keep-alive
     #: connections included) -> closed.
-    idle_timeout: float = 15.0
+    idle_timeout: float = attrs.field(default=15.0, validator=positive_number)
     #: Seconds a request's body may take to arrive -> 408.
-    body_timeout: float = 30.0
+    body_timeout: float = attrs.field(default=30.0, validator=positive_number)
     #: Open connections at once; one more is answered 503 and closed at once. None: half the
     #: process's file-descriptor limit (at least 16), so accepting is never what runs out.
-    max_connections: int | None = None
+    max_connections: int | None = attrs.field(default=None, validator=optional(positive_int))
 
     def connection_cap(self) -> int:
         if self.max_connections is not None:
@@ -78,9 +87,9 @@ class GatewayConfig:
         return max(16, soft // 2) if soft != resource.RLIM_INFINITY else 4096
 
     #: Seconds graceful shutdown waits for in-flight requests.
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = attrs.field(default=30.0, validator=positive_number)
     #: Seconds between probe attempts until the server is ready.
-    probe_interval: float = 1.0
+    probe_interval: float = attrs.field(default=1.0, validator=positive_number)
 
     def decode_budget(self) -> DecodeBudget:
         """What one body's decode may use: a ``request`` part and one part per asset."""

@@ -48,17 +48,22 @@ def json_response(
 
 
 #: SDK errors -> (status, detail type); the first match wins (subclasses before bases).
-_ERROR_STATUS: Final[tuple[tuple[type[BaseException], int, str], ...]] = (
-    (tv.UnsupportedTemplateError, 501, "unsupported_template"),
-    (tv.DeadlineExceededError, 504, "timeout"),
-    (tv.RequestTimeoutError, 504, "upstream_timeout"),
-    (tv.InvalidInputError, 422, "value_error"),
-    (tv.ServerError, 502, "upstream_error"),
-    (tv.TransportError, 502, "upstream_unreachable"),
-    (tv.ProtocolError, 502, "upstream_protocol_error"),
-    (tv.OffMenuError, 502, "off_menu"),
-    (tv.SessionStateError, 503, "unavailable"),
-)
+#: SDK errors -> (status, detail type, what a client is told of a 5xx: never the upstream's
+#: address or text, which the log keeps; a 422 shows the SDK's own message); the first match
+#: wins (subclasses before bases).
+_ERROR_STATUS: Final[tuple[tuple[type[BaseException], int, str, str], ...]] = (
+    (tv.UnsupportedTemplateError, 501, "unsupported_template",
+     "the model server's chat template cannot be judged"),
+    (tv.DeadlineExceededError, 504, "timeout", "the judgment outlived its deadline"),
+    (tv.RequestTimeoutError, 504, "upstream_timeout", "the model server did not answer in time"),
+    (tv.InvalidInputError, 422, "value_error", ""),
+    (tv.ServerError, 502, "upstream_error", "the model server answered with an error"),
+    (tv.TransportError, 502, "upstream_unreachable", "the model server could not be reached"),
+    (tv.ProtocolError, 502, "upstream_protocol_error",
+     "the model server's reply was not what its protocol says"),
+    (tv.OffMenuError, 502, "off_menu", "the model's answer fell off the question's options"),
+    (tv.SessionStateError, 503, "unavailable", "the gateway's session is not open"),
+)  # fmt: skip
 
 
 #: Upstream statuses that refuse the request as it was built from the client's input (vLLM:
@@ -90,7 +95,7 @@ def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Res
             f"{_upstream_message(error.body)}",
             "upstream_refused",
         )  # fmt: skip
-    for kind, status, detail_type in _ERROR_STATUS:
+    for kind, status, detail_type, told in _ERROR_STATUS:
         if isinstance(error, kind):
             loc: list[str | int] = ["body"] if status == 422 else ["upstream"]
             question_id = getattr(error, "question_id", None)
@@ -101,7 +106,10 @@ def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Res
                 # The details name the model server's address: the log has them, the client
                 # gets what failed and what it means for it.
                 log.warning("judgment failed: %s", message)
-                message = _upstream_failure(error, detail_type)
+                code = getattr(error, "status", None)
+                said = f" (HTTP {code})" if isinstance(code, int) else ""
+                retry = "retry later (details are in the gateway's log)"
+                message = f"{type(error).__name__}: {told}{said}; {retry}"
             return error_response(status, loc, message, detail_type)
     log.error("judgment failed: %s", type(error).__name__)
     return error_response(500, ["server"], "internal server error", "internal_error")
@@ -114,24 +122,6 @@ def extension(judgment: tv.Judgment) -> dict[str, Any]:
     for diagnostics in extension.get("diagnostics", {}).values():
         diagnostics.pop("endpoint", None)
     return extension
-
-
-def _upstream_failure(error: BaseException, detail_type: str) -> str:
-    """What a client is told of a failure behind the gateway: its kind, never the upstream's
-    address or its text (both are in the gateway's log)."""
-    status = getattr(error, "status", None)
-    said = f" (HTTP {status})" if isinstance(status, int) else ""
-    what = {
-        "upstream_error": f"the model server answered with an error{said}",
-        "upstream_unreachable": "the model server could not be reached",
-        "upstream_protocol_error": "the model server's reply was not what its protocol says",
-        "upstream_timeout": "the model server did not answer in time",
-        "off_menu": "the model's answer fell off the question's options",
-        "unsupported_template": "the model server's chat template cannot be judged",
-        "timeout": "the judgment outlived its deadline",
-        "unavailable": "the gateway's session is not open",
-    }.get(detail_type, "the judgment failed")
-    return f"{type(error).__name__}: {what}; retry later (details are in the gateway's log)"
 
 
 def model_alias(name: str | None) -> str | None:
