@@ -42,6 +42,14 @@ from typevet_async._core.labels import gold_indices, labelled_record
 from typevet_async._core.questions import Question, check_questions
 from typevet_async._core.systemone import question_to_system_one, questions_from_system_one
 from typevet_async._errors import InvalidInputError
+from typevet_async._jsonl import (
+    Resumable,
+    dumps,
+    error_fields,
+    open_to_continue,
+    read_resumable,
+    refuse_overwrite,
+)
 from typevet_async._judging import question_readings, served_pins
 from typevet_async._options import UNSET, Unset
 from typevet_async._session import Session
@@ -125,8 +133,7 @@ class Evaluation:
                 f"{facts_path} is not an eval run's facts (typevet-async eval writes it next "
                 f"to reads.jsonl): {error}"
             ) from None
-        lines, _ = _previous_lines(reads)
-        _add_lines(evaluation, lines, reads)
+        _read_lines(evaluation, reads, set())
         return evaluation
 
     def add_line(self, line: Mapping[str, Any]) -> None:
@@ -358,66 +365,19 @@ def run_facts(evaluation: Evaluation) -> dict[str, Any]:
     }
 
 
-def _add_lines(evaluation: Evaluation, lines: Sequence[tuple[int, Any]], path: Path) -> list[str]:
-    """Each reads line into ``evaluation``; the record keys they hold.
+def _read_lines(evaluation: Evaluation, path: Path, done: set[str]) -> Resumable:
+    """Each reads line of ``path`` into ``evaluation`` (its record key into ``done``), and
+    where the file continues (`typevet_async._jsonl.read_resumable`: a last line cut short by
+    a kill is judged again; any other bad line is refused, naming it, and the half-filled
+    evaluation is dropped with the command)."""
 
-    :raises InvalidInputError: a line that is JSON but not of the reads shape, naming it (the
-        command stops there: the evaluation half filled is dropped with it).
-    """
-    keys = []
-    for number, line in lines:
-        try:
-            if not isinstance(line, dict):
-                raise TypeError(f"a {type(line).__name__}, not an object")
-            evaluation.add_line(line)
-            keys.append(record_key(line["id"]))
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
-            raise InvalidInputError(
-                f"{path} line {number} is JSON but not a reads line ({type(error).__name__}: "
-                f"{error}): it is not a file eval wrote; fix or remove the line"
-            ) from None
-    return keys
+    def take(_: int, line: Any) -> None:
+        if not isinstance(line, dict):
+            raise TypeError(f"a {type(line).__name__}, not an object")
+        evaluation.add_line(line)
+        done.add(record_key(line["id"]))
 
-
-def _previous_lines(path: Path) -> tuple[list[tuple[int, Any]], int]:
-    """The reads lines a file holds, and the byte offset to continue from: a last line cut
-    short by a kill is dropped (and judged again), a complete last line without its line
-    break gets one; any other bad line is refused."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return [], 0
-    if raw and not raw.endswith(b"\n"):
-        try:
-            orjson.loads(raw[raw.rfind(b"\n") + 1 :])
-        except orjson.JSONDecodeError:
-            pass  # cut short: dropped below
-        else:
-            raw += b"\n"
-            with path.open("ab") as file:
-                file.write(b"\n")
-    lines: list[tuple[int, Any]] = []
-    start = 0
-    number = 0
-    while start < len(raw):
-        number += 1
-        end = raw.find(b"\n", start)
-        chunk = raw[start:] if end == -1 else raw[start:end]
-        try:
-            data = orjson.loads(chunk) if chunk.strip() else None
-        except orjson.JSONDecodeError:
-            if end == -1 or not raw[end + 1 :].strip():
-                return lines, start
-            raise InvalidInputError(
-                f"{path}: a line that is not JSON at byte {start}, not the last line: fix or "
-                "remove it, then resume again"
-            ) from None
-        if data is not None:
-            lines.append((number, data))
-        if end == -1:
-            break
-        start = end + 1
-    return lines, len(raw)
+    return read_resumable(path, take, shape="a reads line")
 
 
 async def evaluate(
@@ -467,7 +427,7 @@ async def evaluate(
     )
     path = None if out is None else Path(out)
     done: set[str] = set()
-    offset = 0
+    resumable = Resumable()
     if path is not None:
         facts_path = path.with_name(path.name + ".run.json")
         facts = run_facts(evaluation)
@@ -478,16 +438,14 @@ async def evaluate(
                     f"{path} was made with other questions, model, backend, template family, "
                     f"permutations or calibration ({facts_path}); evaluate into a new file"
                 )
-        elif path.exists() and path.stat().st_size:
+        elif resume and path.exists() and path.stat().st_size:
             raise InvalidInputError(
-                f"{path} exists and is not empty; pass resume=True"
-                if not resume
-                else f"{path} has no {facts_path.name} saying what it was made with: it "
-                "cannot be resumed; evaluate into a new file"
+                f"{path} has no {facts_path.name} saying what it was made with: it cannot be "
+                "resumed; evaluate into a new file"
             )
+        refuse_overwrite(path, resume=resume, named=str(path), how_to_resume="pass resume=True")
         if resume:
-            lines, offset = _previous_lines(path)
-            done.update(_add_lines(evaluation, lines, path))
+            resumable = _read_lines(evaluation, path, done)
         path.parent.mkdir(parents=True, exist_ok=True)
         facts_path.write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
 
@@ -519,18 +477,14 @@ async def evaluate(
         label_prior=options.label_prior,
         calibration=options.calibration,
     )
-    sink = None
-    if path is not None:
-        sink = path.open("r+b" if path.exists() else "wb", buffering=0)
-        sink.truncate(offset)
-        sink.seek(offset)
+    sink = None if path is None else open_to_continue(path, resumable)
     try:
         async with contextlib.aclosing(stream):
             async for item in stream:
                 line = _line(item, *labels_of.pop(item.index))
                 evaluation.add_line(line)
                 if sink is not None:
-                    sink.write(orjson.dumps(line) + b"\n")
+                    sink.write(dumps(line) + b"\n")
     finally:
         if sink is not None:
             sink.close()
@@ -549,6 +503,5 @@ async def _each(records: Iterable[Any] | AsyncIterable[Any]) -> Any:
 def _line(item: BatchItem, record_id: Any, labels: Mapping[str, Any]) -> dict[str, Any]:
     if item.judgment is None:
         assert item.error is not None
-        error = {"type": type(item.error).__name__, "message": str(item.error)}
-        return {"id": record_id, "labels": labels, "error": error}
+        return {"id": record_id, "labels": labels, "error": error_fields(item.error)}
     return {"id": record_id, "labels": labels, "answers": _answer_reads(item.judgment)}

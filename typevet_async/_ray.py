@@ -67,11 +67,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from typevet_async._core.questions import Choice, Noul, Question, Score, check_questions
+import typevet_async as tv
+from typevet_async._core.questions import check_questions
 from typevet_async._core.systemone import answer_to_system_one
-from typevet_async._errors import InvalidInputError
-from typevet_async._options import UNSET, Unset
-from typevet_async._session import Session
+from typevet_async._presenting import error_text
 
 try:
     import numpy as np
@@ -93,12 +92,12 @@ _CLOSE_TIMEOUT: Final = 10.0
 logger = logging.getLogger(__name__)
 
 
-def answer_type(question: Question) -> Any:
+def answer_type(question: tv.Question) -> Any:
     """The Arrow struct type of ``question``'s answers in the System One shape (its fields in
     `answer_to_system_one`'s key order)."""
-    if isinstance(question, Noul):
+    if isinstance(question, tv.Noul):
         return pa.struct([("type", pa.string()), ("noul", pa.float64())])
-    if isinstance(question, Choice):
+    if isinstance(question, tv.Choice):
         labels = [option.label for option in question.options()]
         return pa.struct(
             [
@@ -108,7 +107,7 @@ def answer_type(question: Question) -> Any:
                 ("probabilities", pa.struct([(label, pa.float64()) for label in labels])),
             ]
         )
-    assert isinstance(question, Score)
+    assert isinstance(question, tv.Score)
     levels = [str(level) for level in range(len(question.levels))]
     return pa.struct(
         [
@@ -157,10 +156,6 @@ def _column_values(table: Any, name: str, what: str) -> list[Any]:
     return values
 
 
-def _error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
 class RayJudge:
     """An async callable class for ``ray.data.Dataset.map_batches``: judges each row's state
     with every question and adds the answers and an ``error`` column (module docstring).
@@ -185,8 +180,8 @@ class RayJudge:
 
     def __init__(
         self,
-        session_factory: Callable[[], Session],
-        questions: Mapping[str, Question],
+        session_factory: Callable[[], tv.Session],
+        questions: Mapping[str, tv.Question],
         *,
         state_column: str = "state",
         id_column: str | None = None,
@@ -209,8 +204,8 @@ class RayJudge:
         self._factory = session_factory
         self._state_column = state_column
         self._id_column = id_column
-        self._max_in_flight: int | Unset = UNSET if max_in_flight is None else max_in_flight
-        self._session: Session | None = None
+        self._max_in_flight: int | tv.Unset = tv.UNSET if max_in_flight is None else max_in_flight
+        self._session: tv.Session | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
 
@@ -220,7 +215,7 @@ class RayJudge:
             f"session={self._session!r})"
         )
 
-    async def _open(self) -> Session:
+    async def _open(self) -> tv.Session:
         """The actor's session, built and opened by the first batch (the others wait)."""
         if self._session is not None:
             return self._session
@@ -229,7 +224,7 @@ class RayJudge:
         async with self._opening:
             if self._session is None:
                 session = self._factory()
-                if not isinstance(session, Session):
+                if not isinstance(session, tv.Session):
                     raise TypeError(
                         f"session_factory must return a tv.Session, got {type(session).__name__}"
                     )
@@ -256,8 +251,8 @@ class RayJudge:
         records: list[tuple[int, Any]] = []
         for row, state in enumerate(states):
             if state is None:
-                errors[row] = _error_text(
-                    InvalidInputError(
+                errors[row] = error_text(
+                    tv.InvalidInputError(
                         f"the {self._state_column!r} cell is null (a missing value): not judged"
                     )
                 )
@@ -273,7 +268,7 @@ class RayJudge:
                     row = item.record_id
                     if item.judgment is None:
                         assert item.error is not None
-                        errors[row] = _error_text(item.error)
+                        errors[row] = error_text(item.error)
                         continue
                     for qid, answer in item.judgment.answers.items():
                         cells[qid][row] = answer_to_system_one(answer)

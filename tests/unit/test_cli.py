@@ -22,7 +22,10 @@ import pytest
 
 import typevet_async as tv
 from typevet_async import _cli
-from typevet_async._backends import embedded
+from typevet_async._cli import batch as cli_batch
+from typevet_async._cli import help_texts, inputs
+from typevet_async._cli.parser import build_parser
+from typevet_async._cli import serve_local
 from typevet_async._cli import main
 from typevet_async._core.jsonvalues import parse_json
 
@@ -136,7 +139,7 @@ def test_many_error_lines_behind_a_slow_record_keep_their_order(
 ) -> None:
     # More error lines than the reader holds back while a record is being judged.
     stub.state_behaviours["slow"] = failing_after(0.2, tv.ServerError("x", status=500, body=""))
-    bad = ["{"] * (_cli._BACKLOG_LIMIT + 50)
+    bad = ["{"] * (cli_batch._BACKLOG_LIMIT + 50)
     source = jsonl(tmp_path / "in.jsonl", '"slow"', *bad, '"last"', raw=True)
     code, _, _ = run(capsys, *batch(tmp_path, source))
     assert code == 1
@@ -657,8 +660,8 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def test_every_option_has_help() -> None:
-    parsers = {"": _cli.build_parser(), **_subparsers(_cli.build_parser())}
-    parsers["serve-local --help"] = embedded.build_parser("typevet-async serve-local")
+    parsers = {"": build_parser(), **_subparsers(build_parser())}
+    parsers["serve-local --help"] = serve_local.build_parser("typevet-async serve-local")
     for name, parser in parsers.items():
         for action in parser._actions:
             if action.help != argparse.SUPPRESS:
@@ -674,7 +677,7 @@ def test_questions_help_gives_the_file_shape(capsys: pytest.CaptureFixture[str])
         assert '"criteria": ["can wait"' in shown  # a Score's levels, System One's way
         assert "exit codes: 0" in shown
     # The shape shown is the one questions_from_json reads.
-    example = _cli.QUESTIONS_SHAPE.split("e.g. ", 1)[1].split(".\n", 1)[0]
+    example = help_texts.QUESTIONS_SHAPE.split("e.g. ", 1)[1].split(".\n", 1)[0]
     assert list(tv.questions_from_json(json.loads(example))) == ["refund"]
 
 
@@ -698,10 +701,10 @@ def test_system_one_without_a_url_names_the_flag(capsys: pytest.CaptureFixture[s
 
 
 def test_system_one_is_a_backend_of_the_command_line() -> None:
-    args = _cli.build_parser().parse_args(
+    args = build_parser().parse_args(
         ["judge", "x", *QUESTION, "--backend", "system_one", "--base-url", "http://gw:8000"]
     )
-    session = _cli.session_from_args(args, {})
+    session = inputs.session_from_args(args, {})
     assert isinstance(session.backend, tv.AsyncSystemOne)
     assert session.backend.config.base_url == "http://gw:8000"
 
@@ -821,7 +824,7 @@ def test_the_example_schema_is_closed_and_small() -> None:
 
 def test_the_local_model_is_a_flag_and_a_variable(capsys: pytest.CaptureFixture[str]) -> None:
     def served(argv: list[str], environ: dict[str, str]) -> str:
-        session = _cli.session_from_args(_cli.build_parser().parse_args(argv), environ)
+        session = inputs.session_from_args(build_parser().parse_args(argv), environ)
         assert isinstance(session.backend, tv.AsyncLlamaCpp)
         assert session.backend.config.server is not None
         return session.backend.config.server.model

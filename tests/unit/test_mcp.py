@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -422,26 +421,6 @@ async def test_over_stdio_a_failing_server_is_a_tool_error_and_the_process_ends_
     assert "Traceback" not in stderr, stderr
     assert "closing the session" in stderr, stderr
     assert stderr.rstrip().endswith("stopped"), stderr
-
-
-@pytest.mark.asyncio
-async def test_stdin_lines_are_whole_lines_however_the_bytes_arrive() -> None:
-    read_end, write_end = os.pipe()
-    big = "x" * 200_000  # beyond a pipe's buffer and a read's 64 KiB
-    pieces = [b'{"a": 1}\n{"b"', b': "caf\xc3', b'\xa9"}\n', big.encode() + b"\n", b"last"]
-    try:
-        lines = _mcp.StdinLines(read_end)
-        for piece in pieces:
-            os.write(write_end, piece)
-            await anyio.sleep(0.02)  # the reader thread reads each piece on its own
-        os.close(write_end)
-        with anyio.fail_after(10):
-            received = [line async for line in lines]
-    finally:
-        with contextlib.suppress(OSError):  # closed above unless a write failed
-            os.close(write_end)
-        os.close(read_end)
-    assert received == ['{"a": 1}\n', '{"b": "café"}\n', big + "\n", "last"]
 
 
 INITIALIZE = {

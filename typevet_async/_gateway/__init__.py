@@ -51,9 +51,9 @@ from typevet_async._gateway.config import (
     load_keys,
 )
 from typevet_async._gateway.encoding import decompress
-from typevet_async._gateway.responses import model_alias
 from typevet_async._gateway.serving import app_runner, runner_options, running, serve, shutdown
 from typevet_async._gateway.state import SESSION, STATE
+from typevet_async._presenting import model_alias
 
 __all__ = [
     "DEFAULT_AUTO_QUEUE",

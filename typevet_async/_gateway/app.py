@@ -31,11 +31,10 @@ from typevet_async._gateway.responses import (
     error_response,
     extension,
     json_response,
-    model_alias,
     sdk_error_response,
-    served_model,
 )
 from typevet_async._gateway.state import SESSION, STATE, GatewayState, Metrics
+from typevet_async._presenting import served_model
 
 __all__ = ["build_app"]
 
@@ -292,9 +291,7 @@ async def _probe_until_ready(app: web.Application) -> None:
             await asyncio.sleep(wait)
             wait = min(wait * 2, max(_PROBE_BACKOFF_MAX, state.config.probe_interval))
             continue
-        state.served_model = model_alias(
-            session.backend.model or (probe.model_ids[0] if probe.model_ids else None)
-        )
+        state.served_model = served_model(session, probe)
         state.ready_date = datetime.datetime.now(datetime.UTC).date().isoformat()
         state.ready = True
         log.info("ready: serving model %r", state.served_model)

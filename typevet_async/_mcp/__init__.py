@@ -34,12 +34,12 @@ while it serves, so a stray write cannot corrupt the wire).
 
 **Stopping.** The client closing stdin, SIGTERM or Ctrl-C: each closes the session (and an
 embedded server with it) before the process ends. stdin is read by a daemon thread of our
-own (`_StdinLines`), so a signal never waits for a line that does not come.
+own (`typevet_async._jsonl.PipeLines`), so a signal never waits for a line that does not come.
 """
 
 from __future__ import annotations
 
-from typevet_async._mcp.stdio import MESSAGE_BUDGET, StdinLines, message_refusal, serve_stdio
+from typevet_async._mcp.stdio import MESSAGE_BUDGET, message_refusal, serve_stdio
 from typevet_async._mcp.tools import (
     INSTRUCTIONS,
     QUESTIONS_SCHEMA,
@@ -59,7 +59,6 @@ __all__ = [
     "ChoiceResult",
     "NoulResult",
     "ScoreResult",
-    "StdinLines",
     "SystemOneResponse",
     "build_server",
     "message_refusal",

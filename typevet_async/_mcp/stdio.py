@@ -4,11 +4,8 @@ error when the MCP SDK could not read it (so every request gets a reply), SIGTER
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import signal
-import threading
 from typing import Final, cast
 
 import anyio
@@ -22,71 +19,16 @@ from pydantic import ValidationError
 import typevet_async as tv
 from typevet_async._core.decoding import CpuClock, DecodeBudget, check_json_budget
 from typevet_async._errors import BudgetExceededError
+from typevet_async._jsonl import PipeLines
 from typevet_async._mcp.tools import build_server
 
-__all__ = ["MESSAGE_BUDGET", "StdinLines", "message_refusal", "serve_stdio"]
+__all__ = ["MESSAGE_BUDGET", "message_refusal", "serve_stdio"]
 
 log = logging.getLogger("typevet_async.mcp")
 
 
 #: Lines of stdin the reader thread may read ahead of the server.
 _READ_AHEAD: Final = 64
-
-
-class StdinLines:
-    """This process's stdin, line by line, read by a daemon thread (asyncio only).
-
-    The MCP SDK's own stdio reader blocks in an anyio worker thread, which a cancellation
-    must wait for: on Ctrl-C or SIGTERM the server would hang until the client closed stdin.
-    A daemon thread is never waited for, and awaiting its next line is cancellable. Raw
-    ``os.read`` calls: a thread blocked inside a file object's ``readline`` would hold the
-    file's lock, and closing the file at exit would wait for it.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
-        self._room = threading.Semaphore(_READ_AHEAD)
-        reader = threading.Thread(
-            target=self._read, args=(fd,), name="typevet-async mcp stdin", daemon=True
-        )
-        reader.start()
-
-    def _hand_over(self, line: str | None) -> bool:
-        self._room.acquire()
-        try:
-            self._loop.call_soon_threadsafe(self._lines.put_nowait, line)
-        except RuntimeError:  # the event loop has closed: nobody reads any more
-            return False
-        return True
-
-    def _read(self, fd: int) -> None:
-        pending = bytearray()  # the start of a line whose newline has not come yet
-        try:
-            while chunk := os.read(fd, 1 << 16):
-                *lines, rest = chunk.split(b"\n")  # only the new bytes are searched
-                if lines:
-                    lines[0] = bytes(pending) + lines[0]
-                    pending.clear()
-                for line in lines:  # the SDK's own reader decodes the same way
-                    if not self._hand_over(line.decode("utf-8", errors="replace") + "\n"):
-                        return
-                pending += rest
-        except OSError as error:
-            log.warning("stdin could not be read: %s", error)
-        if pending:  # a last line without a newline
-            self._hand_over(pending.decode("utf-8", errors="replace"))
-        self._hand_over(None)
-
-    def __aiter__(self) -> StdinLines:
-        return self
-
-    async def __anext__(self) -> str:
-        line = await self._lines.get()
-        self._room.release()
-        if line is None:
-            raise StopAsyncIteration
-        return line
 
 
 #: What one JSON-RPC message (one line of stdin) may use: past it, the request is answered
@@ -135,7 +77,7 @@ class _CheckedLines:
     refused is answered on the server's own write stream (so every request gets a reply) and
     not passed on; a blank line is skipped."""
 
-    def __init__(self, lines: StdinLines) -> None:
+    def __init__(self, lines: PipeLines) -> None:
         self._lines = lines
         self._replies: anyio.abc.ObjectSendStream[SessionMessage] | None = None
         self._ready = anyio.Event()
@@ -149,7 +91,12 @@ class _CheckedLines:
 
     async def __anext__(self) -> str:
         while True:
-            line = await self._lines.__anext__()
+            try:
+                raw = await self._lines.__anext__()
+            except OSError as error:
+                log.warning("stdin could not be read: %s", error)
+                raise StopAsyncIteration from None
+            line = raw.decode("utf-8", errors="replace")  # as the SDK's own reader decodes
             if not line.strip():
                 continue
             refusal = message_refusal(line)
@@ -176,7 +123,9 @@ async def serve_stdio(session: tv.Session) -> None:
     # (the SDK's in-memory transport reaches it the same way); this is run_stdio_async with
     # a stdin that a cancellation does not wait for.
     lowlevel = build_server(session)._lowlevel_server
-    lines = _CheckedLines(StdinLines(0))
+    # The MCP SDK's own stdio reader blocks in an anyio worker thread, which a cancellation
+    # must wait for: on Ctrl-C or SIGTERM the server would hang until the client closed stdin.
+    lines = _CheckedLines(PipeLines(0, read_ahead=_READ_AHEAD, name="typevet-async mcp stdin"))
     stdin = cast("anyio.AsyncFile[str]", lines)  # the SDK only iterates it
     async with anyio.create_task_group() as serving:
         serving.start_soon(_stop_on_sigterm, serving.cancel_scope)

@@ -22,6 +22,7 @@ from typevet_async._core.systemone import (
     request_from_system_one,
     response_to_system_one,
 )
+from typevet_async._presenting import error_text, served_model
 
 __all__ = [
     "INSTRUCTIONS",
@@ -199,7 +200,7 @@ def _tool_error(error: tv.TypevetError) -> ToolError:
             for entry in error.detail
         )
         return ToolError(f"{type(error).__name__}: {problems}")
-    return ToolError(f"{type(error).__name__}: {error}")
+    return ToolError(error_text(error))
 
 
 class _Tools:
@@ -305,15 +306,10 @@ class _Tools:
         return {"model": body["model"], "answers": body["answers"], "usage": body["usage"]}
 
     async def _served_model(self) -> str:
-        return _model_name(self.session, await self.session.probe())
+        return served_model(self.session, await self.session.probe()) or "default"
 
 
 _READ_ONLY: Final = ToolAnnotations(read_only_hint=True)
-
-
-def _model_name(session: tv.Session, probe: tv.Probe) -> str:
-    """The session's pinned model, else the first the server lists (as the gateway names it)."""
-    return session.backend.model or next(iter(probe.model_ids), "default")
 
 
 async def _probe_once(session: tv.Session) -> None:
@@ -328,7 +324,7 @@ async def _probe_once(session: tv.Session) -> None:
             error,
         )
         return
-    model = _model_name(session, probe)
+    model = served_model(session, probe) or "default"
     log.info("probed the model server: model %r, %s template", model, probe.family.value)
 
 

@@ -1,0 +1,82 @@
+"""The ``typevet-async`` command line: judge, batch, eval, calibrate, generate, serve, mcp,
+serve-local; one module per command.
+
+Backend, URL, model, API key and concurrency come from flags or the ``TYPEVET_*`` variables
+(flags win); with no URL the embedded llama.cpp server is started.
+
+Exit codes: 0 done; 1 a batch wrote an error line for some record (and went on); 2 the command
+itself failed (a flag, a file, the server, an SDK error): one line on stderr, starting
+``typevet-async: ``; 130 interrupted (Ctrl-C).
+
+Only `exits` is imported here: ``serve-local``'s child process (``python -m
+typevet_async._cli.serve_local``) starts without the other commands' modules.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from typevet_async._cli.exits import (
+    EXIT_ERROR,
+    EXIT_FAILED_RECORDS,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    PROG,
+    CommandLineError,
+    fail,
+    failure_message,
+)
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_FAILED_RECORDS",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "CommandLineError",
+    "main",
+]
+
+
+def _run(argv: list[str]) -> int:
+    import anyio
+
+    from typevet_async._cli import serve_local
+    from typevet_async._cli.help_texts import EXAMPLES
+
+    if argv[:1] == ["serve-local"]:  # its flags are the embedded server's own
+        serve_local.main(argv[1:], prog=f"{PROG} serve-local", epilog=EXAMPLES["serve-local"])
+        return EXIT_OK
+
+    import asyncio
+
+    from typevet_async._cli import batch, calibrate, evaluate, generate, judge, mcp, serve
+    from typevet_async._cli.parser import build_parser
+
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":  # aiohttp's server runs on asyncio
+        return asyncio.run(serve.run_serve(args, sys.stdout))
+    runners = {
+        "judge": judge.run_judge,
+        "batch": batch.run_batch,
+        "eval": evaluate.run_eval,
+        "calibrate": calibrate.run_calibrate,
+        "generate": generate.run_generate,
+        "mcp": mcp.run_mcp,
+    }
+    return anyio.run(runners[args.command], args, sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code (see the module's docstring)."""
+    try:
+        return _run(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as done:  # --help
+        return EXIT_OK if done.code is None else done.code if isinstance(done.code, int) else 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        message = failure_message(error)
+        if message is None:
+            raise
+        return fail(message)
