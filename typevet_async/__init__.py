@@ -22,9 +22,10 @@ import typing as _typing
 from typevet_async._backends.base import Backend, Capabilities, Framing, RemoteJudging
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.fleet import AsyncFleet
-from typevet_async._backends.http import HttpSettings, RetryPolicy
+from typevet_async._backends.http import HttpSettings
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
 from typevet_async._backends.local_models import LOCAL_MODELS, LocalModel, cache_dir, ensure_model
+from typevet_async._backends.retrying import RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
 from typevet_async._batch import BatchItem, BatchStream, Progress

@@ -40,6 +40,7 @@ from typevet_async._core.calibration import (
 from typevet_async._core.jsonvalues import record_key
 from typevet_async._core.labels import gold_indices, labelled_record
 from typevet_async._core.questions import Question, check_questions
+from typevet_async._core.reliability import Bin
 from typevet_async._core.systemone import question_to_system_one, questions_from_system_one
 from typevet_async._errors import InvalidInputError
 from typevet_async._jsonl import (
@@ -246,7 +247,7 @@ class Evaluation:
                 continue
             stem = _file_stem(question_id)
             entry = report["questions"][question_id]
-            bins_width = [metrics.Bin(**item) for item in entry["metrics"]["bins_width"]]
+            bins_width = [Bin(**item) for item in entry["metrics"]["bins_width"]]
             reliability, histogram = f"{stem}-reliability.png", f"{stem}-confidence.png"
             data = reads.labelled()
             confidence, correct = metrics.confidence_and_correct(data.probabilities, data.gold)

@@ -51,7 +51,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
-from typevet_async._core.metrics import Bin
+from typevet_async._core.reliability import Bin
 
 __all__ = [
     "confidence_png",

@@ -30,13 +30,9 @@ import attrs
 from typevet_async._backends.base import Backend
 from typevet_async._backends.embedded import ServerOptions, local_model_name
 from typevet_async._backends.fleet import AsyncFleet
-from typevet_async._backends.http import (
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_REQUEST_TIMEOUT,
-    HttpSettings,
-    RetryPolicy,
-)
+from typevet_async._backends.http import DEFAULT_REQUEST_TIMEOUT, HttpSettings
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
+from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES, RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
 from typevet_async._batch import BatchStream, Progress, judge_stream

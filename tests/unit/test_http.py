@@ -15,14 +15,9 @@ from aiohttp.client_proto import ResponseHandler
 
 import typevet_async as tv
 from typevet_async._backends import llama_cpp_wire as backend_wire
-from typevet_async._backends.http import (
-    SOCKET_READ_SIZE,
-    Attempts,
-    HttpClient,
-    is_transient,
-    retrying,
-)
+from typevet_async._backends.http import SOCKET_READ_SIZE, Attempts, HttpClient
 from typevet_async._backends.llama_cpp import OnMissing
+from typevet_async._backends.retrying import is_transient, retrying
 
 from .stubs import (
     IDS,

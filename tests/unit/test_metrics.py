@@ -1,4 +1,5 @@
-"""typevet_async._core.metrics against values worked out by hand on small fixed inputs."""
+"""typevet_async._core.metrics (and the losses, reliability, selective and bootstrap modules it
+gathers) against values worked out by hand on small fixed inputs."""
 
 from __future__ import annotations
 
@@ -9,15 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from typevet_async._core import metrics
-from typevet_async._core.metrics import (
-    COVERAGES,
-    Bin,
-    Interval,
-    evaluate,
-    order_sensitivity,
-    per_label,
-)
+from typevet_async._core import bootstrap, metrics
+from typevet_async._core.bootstrap import Interval
+from typevet_async._core.metrics import evaluate, order_sensitivity, per_label
+from typevet_async._core.reliability import Bin
+from typevet_async._core.selective import COVERAGES
 
 # Case A: 4 items, 2 options.
 #   item  p            gold  prediction  correct  confidence  p[gold]
@@ -382,7 +379,7 @@ def test_each_resample_is_the_metrics_of_the_resampled_items(
         def one_resample(*_: object, counts: np.ndarray = counts) -> Iterator[np.ndarray]:
             yield counts
 
-        monkeypatch.setattr(metrics, "_resample_counts", one_resample)
+        monkeypatch.setattr(bootstrap, "resample_counts", one_resample)
         replica = evaluate(probabilities, gold, bins=4, resamples=1)
         direct = evaluate(probabilities[drawn], gold[drawn], bins=4, resamples=0)
         for name in SCALARS:

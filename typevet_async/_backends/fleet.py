@@ -44,7 +44,7 @@ import attrs
 from tenacity import RetryCallState
 
 from typevet_async._backends.base import Backend, Capabilities, RemoteJudging
-from typevet_async._backends.http import (
+from typevet_async._backends.retrying import (
     RetryPolicy,
     is_transient,
     retrying,

@@ -1,4 +1,4 @@
-"""The HTTP shell every backend talks through: one aiohttp pool, errors mapped to the SDK's.
+"""The HTTP transport every backend talks through: one aiohttp pool per server.
 
 The client hands each reply's body to the caller as bytes: each backend decodes it with its
 own strict decoder (`typevet_async._backends.wire`), so no reply is parsed twice, or parsed
@@ -11,18 +11,14 @@ does not (chunked, or compressed) while it streams in.
 
 Socket reads: a connection reads at most `SOCKET_READ_SIZE` bytes a call (why: there).
 
-Secrets: `HttpSettings` registers its API key, and `HttpClient` its URL's user and password,
-with `typevet_async._core.redaction` (with the forms a server may echo them in), and every
-error redacts itself against them. The client's reprs and messages show the URL without its
-credentials, and no error it raises chains an aiohttp exception: aiohttp's carry the request's
-headers, the bearer token among them. Only a status the server sent is a `ServerError`; a reply
-aiohttp could not parse (a malformed or cut-off header block, a body it cannot decode) is a
-`ProtocolError` that says what was wrong.
+Secrets: a client registers its API key when built, and its URL's user and password when given
+the URL (`typevet_async._backends.http_secrets`); every error redacts itself against them. The
+client's reprs and messages show the URL without its credentials, and no error it raises
+chains an aiohttp exception (`typevet_async._backends.http_errors` maps them).
 
-Retries: the first attempt is sent directly; tenacity's `AsyncRetrying` is entered only after
-a first transient failure, which it then sees as its own first attempt, so the policy (stop,
-waits, ``Retry-After``) is tenacity's alone. Every HTTP attempt is counted in `Attempts`,
-the replay of a pooled connection the server had closed included.
+Retries: by `typevet_async._backends.retrying`, after a first attempt the client sends
+directly. Every HTTP attempt is counted in `Attempts`, the replay of a pooled connection the
+server had closed included.
 
 ``request_timeout`` bounds one HTTP request from sending it to the end of its body. Waiting
 for a free pooled connection does not count: the client hands out its ``max_connections``
@@ -37,41 +33,33 @@ wait between retries ends at once).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import email.utils
-import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 import aiohttp
 import attrs
 import orjson
 from aiohttp.connector import Connection
-from aiohttp.http import RawResponseMessage
-from aiohttp.http_exceptions import ContentEncodingError
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
-from tenacity.wait import wait_base, wait_exponential_jitter
 
-from typevet_async._core.redaction import SHORT, excerpt, redact, register_secret
-from typevet_async._errors import (
-    ConfigurationError,
-    ProtocolError,
-    RequestTimeoutError,
-    ServerError,
-    SessionStateError,
-    TransportError,
-    TypevetError,
+from typevet_async._backends.http_errors import is_stale_connection, map_client_error, server_error
+from typevet_async._backends.http_secrets import register_api_key, register_url_credentials
+from typevet_async._backends.retrying import (
+    RetryPolicy,
+    WaitRetryAfter,
+    is_transient,
+    retrying,
+    transient_but_no_timeout,
 )
+from typevet_async._core.redaction import redact
+from typevet_async._errors import ConfigurationError, ProtocolError, SessionStateError, TypevetError
 from typevet_async._options import (
     UNSET,
     Unset,
     api_key,
     boolean,
     instance_of,
-    non_negative_int,
-    non_negative_number,
     optional,
     positive_int,
     positive_number,
@@ -80,36 +68,21 @@ from typevet_async._options import (
 from typevet_async._slicing import SLICE, yield_if_busy
 
 __all__ = [
-    "DEFAULT_MAX_RETRIES",
     "DEFAULT_REQUEST_TIMEOUT",
     "SOCKET_READ_SIZE",
     "Attempts",
     "HttpClient",
     "HttpSettings",
-    "RetryPolicy",
-    "WaitRetryAfter",
-    "is_transient",
-    "map_client_error",
-    "retrying",
-    "transient_but_no_timeout",
 ]
-
-T = TypeVar("T")
 
 #: A whole-vocabulary llama.cpp read of a 262,144-token vocabulary is about 26 MB.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 #: Seconds one HTTP request may take; a whole-vocabulary read took 2.8 to 4.4 s here.
 DEFAULT_REQUEST_TIMEOUT = 120.0
-DEFAULT_MAX_RETRIES = 2
 #: llama.cpp closes idle keep-alive connections after about 5 s; keep ours for less.
 DEFAULT_KEEPALIVE = 2.0
 DEFAULT_MAX_CONNECTIONS = 64
 
-#: A pooled connection the server already closed fails like this on first use.
-_STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-#: Characters of an error reply's body kept in `ServerError.body`, and in its message.
-_BODY_EXCERPT = 2000
-_MESSAGE_EXCERPT = 300
 #: The most bytes one socket read asks for. asyncio's socket transport asks for 256 KiB
 #: (its ``max_size``) and ``recv`` allocates that much before it reads: past glibc's 128 KiB
 #: mmap threshold, so a small reply can cost an mmap, an mremap and a munmap per read, plus
@@ -132,22 +105,6 @@ class _HeapSizedReadsResponse(aiohttp.ClientResponse):
         return await super().start(connection)
 
 
-@attrs.frozen(kw_only=True)
-class RetryPolicy:
-    """Retries of transient failures: connection errors, timeouts, HTTP 408, 429 and 5xx.
-
-    Backoff is exponential with jitter (``initial`` doubling up to ``maximum``); a
-    ``Retry-After`` header is honoured, up to ``max_retry_after`` seconds. Validation failures,
-    other 4xx and template refusals are never retried. ``max_retries=0`` turns retries off.
-    """
-
-    max_retries: int = attrs.field(default=DEFAULT_MAX_RETRIES, validator=non_negative_int)
-    initial: float = attrs.field(default=0.25, validator=positive_number)
-    maximum: float = attrs.field(default=8.0, validator=positive_number)
-    jitter: float = attrs.field(default=0.25, validator=non_negative_number)
-    max_retry_after: float = attrs.field(default=30.0, validator=positive_number)
-
-
 def _trace_configs(value: Iterable[aiohttp.TraceConfig]) -> tuple[aiohttp.TraceConfig, ...]:
     configs = tuple(value) if isinstance(value, Iterable) else None
     if configs is None or not all(isinstance(item, aiohttp.TraceConfig) for item in configs):
@@ -157,36 +114,13 @@ def _trace_configs(value: Iterable[aiohttp.TraceConfig]) -> tuple[aiohttp.TraceC
     return configs
 
 
-def _key_forms(key: str) -> tuple[str, ...]:
-    """The forms a server may echo a key in: as sent, percent-encoded, JSON-escaped (with and
-    without ``/`` escaped)."""
-    escaped = orjson.dumps(key).decode()[1:-1]
-    return (key, urllib.parse.quote(key, safe=""), escaped, escaped.replace("/", "\\/"))
-
-
-def _register_url_secrets(parts: urllib.parse.SplitResult) -> None:
-    """Register a URL's user and password, as written and decoded, and the Basic-auth
-    credentials aiohttp sends from them."""
-    if parts.username is None and parts.password is None:
-        return
-    user, password = parts.username or "", parts.password or ""
-    decoded_user, decoded_password = urllib.parse.unquote(user), urllib.parse.unquote(password)
-    pair = f"{decoded_user}:{decoded_password}"
-    try:
-        basic = base64.b64encode(pair.encode("latin-1")).decode()
-    except UnicodeEncodeError:
-        basic = base64.b64encode(pair.encode()).decode()
-    register_secret(
-        user, password, decoded_user, decoded_password, f"{user}:{password}", pair, basic
-    )
-
-
 @attrs.frozen(kw_only=True)
 class HttpSettings:
     """How a backend's HTTP client talks to its server; checked when built."""
 
     #: Sent as ``Authorization: Bearer <api_key>``: visible ASCII, checked when built (a key
-    #: read from a file with its newline is refused here, not at the first request).
+    #: read from a file with its newline is refused here, not at the first request);
+    #: registered for redaction by the `HttpClient` built with it.
     api_key: str | None = attrs.field(default=None, repr=False, validator=api_key)
     #: Seconds for one HTTP request, from sending it to the end of its body (waiting for a
     #: pooled connection excluded).
@@ -212,14 +146,6 @@ class HttpSettings:
     #: CPU).
     time_slice: float | None = attrs.field(default=SLICE, validator=optional(positive_number))
 
-    def __attrs_post_init__(self) -> None:
-        if self.api_key is not None:
-            register_secret(*_key_forms(self.api_key))
-            if len(self.api_key) < SHORT:
-                # Too short to register on its own (`SHORT`): its header form is not. Not a
-                # fragment's source: the word "Bearer" is no secret.
-                register_secret(f"Bearer {self.api_key}", fragments=False)
-
 
 @attrs.define
 class Attempts:
@@ -229,143 +155,16 @@ class Attempts:
     count: int = 0
 
 
-def is_transient(error: BaseException) -> bool:
-    """Worth another attempt: the server or the network may answer next time."""
-    if isinstance(error, TransportError | RequestTimeoutError):
-        return True
-    if isinstance(error, ServerError):
-        # 501 Not Implemented is the server's lasting answer (a System One server that does
-        # not judge with this model), not a passing failure.
-        return error.status in (408, 429) or (error.status >= 500 and error.status != 501)
-    return False
-
-
-def transient_but_no_timeout(error: BaseException) -> bool:
-    """`is_transient`, for a request that would take as long again if sent again."""
-    return is_transient(error) and not isinstance(error, RequestTimeoutError)
-
-
-async def retrying(
-    attempt: Callable[[], Awaitable[T]],
-    *,
-    retries: int,
-    retryable: Callable[[BaseException], bool],
-    wait: Callable[[RetryCallState], float],
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    first: TypevetError | None = None,
-) -> T:
-    """``attempt()``, and up to ``retries`` more after each ``retryable`` failure; with
-    ``first``, the first attempt was already made and failed with it (raised as itself unless
-    it is retryable and ``retries`` allows another).
-
-    The first attempt runs directly: tenacity is entered only after a transient failure, and
-    its first attempt re-raises that failure instead of running again, so its stop and wait
-    rules see exactly the attempts they would have seen had it been entered from the start.
-    """
-    if first is None:
-        try:
-            return await attempt()
-        except TypevetError as error:
-            first = error
-    if retries == 0 or not retryable(first):
-        raise first
-    failure: TypevetError | None = first
-    async for tenacity_attempt in AsyncRetrying(
-        stop=stop_after_attempt(retries + 1),
-        wait=wait,
-        retry=retry_if_exception(retryable),
-        reraise=True,
-        sleep=sleep,
-    ):
-        with tenacity_attempt:
-            if failure is not None:
-                raised, failure = failure, None
-                raise raised
-            return await attempt()
-    raise AssertionError("unreachable: tenacity reraises the last error")
-
-
-class WaitRetryAfter(wait_base):
-    """Exponential backoff with jitter, unless the server said how long to wait."""
-
-    def __init__(self, policy: RetryPolicy) -> None:
-        self.policy = policy
-        self.backoff = wait_exponential_jitter(
-            multiplier=policy.initial, max=policy.maximum, jitter=policy.jitter
-        )
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        error = retry_state.outcome.exception() if retry_state.outcome else None
-        if isinstance(error, ServerError) and error.retry_after is not None:
-            return min(error.retry_after, self.policy.max_retry_after)
-        return float(self.backoff(retry_state))
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header: delay-seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def map_client_error(
-    error: BaseException, method: str, url: str, *, timeout: float | None = None
-) -> TypevetError:
-    """The most specific SDK error for an aiohttp or OS error.
-
-    It copies what the caller needs into its message and keeps no reference to ``error``
-    (aiohttp's errors carry the request's headers); raise it outside the ``except`` block, so
-    that it does not chain ``error`` as its context either. ``url`` is shown redacted.
-    """
-    where = f"{method} {redact(url)}"
-    if isinstance(error, TimeoutError | aiohttp.ServerTimeoutError):
-        limit = f" after {timeout:g} s (request_timeout)" if timeout is not None else ""
-        return RequestTimeoutError(f"{where}: timed out{limit}")
-    if isinstance(error, aiohttp.ClientPayloadError):
-        if isinstance(error.__cause__, ContentEncodingError):
-            detail = _one_line(str(error))
-            return ProtocolError(f"{where}: the reply's body could not be decoded ({detail})")
-        return TransportError(f"{where}: response body cut off ({_one_line(str(error))})")
-    if isinstance(error, aiohttp.ClientResponseError):
-        # Never a status the server sent: redirects are not followed and no status is raised
-        # for, so aiohttp raises this only when it cannot parse the reply (its ``status`` is
-        # the parser's own 400).
-        return ProtocolError(f"{where}: malformed reply: {_one_line(error.message)}")
-    if isinstance(error, aiohttp.ServerDisconnectedError) and isinstance(
-        error.message, RawResponseMessage
-    ):
-        head = f"HTTP/{error.message.version[0]}.{error.message.version[1]} {error.message.code}"
-        return ProtocolError(f"{where}: the reply's header block was cut off after {head!r}")
-    if isinstance(error, aiohttp.ClientError | OSError):
-        return TransportError(f"{where}: {type(error).__name__}: {_one_line(str(error))}")
-    return TransportError(f"{where}: {type(error).__name__}")
-
-
-def _is_stale_connection(error: BaseException) -> bool:
-    """How a pooled connection the server closed while idle fails on first use (no byte of a
-    reply came back: a cut-off header block is the server's answer, not a stale connection)."""
-    if isinstance(error, aiohttp.ServerDisconnectedError):
-        return not isinstance(error.message, RawResponseMessage)
-    return isinstance(error, _STALE_CONNECTION_ERRORS)
-
-
 class HttpClient:
     """A pooled JSON-over-HTTP client for one server (lifecycle: unopened, open, closed)."""
 
     def __init__(self, base_url: str | None, settings: HttpSettings | None = None) -> None:
         """``base_url`` None: given to `open` (an embedded server's URL is known only then)."""
         self.settings = settings or HttpSettings()
+        # Registered by the client that sends it, not when the settings are built: building
+        # settings leaves the process's redaction state alone.
+        if self.settings.api_key is not None:
+            register_api_key(self.settings.api_key)
         self.base_url: str | None = None
         if base_url is not None:
             self._set_base_url(base_url)
@@ -387,7 +186,7 @@ class HttpClient:
             parts = urllib.parse.urlsplit(base_url)
         except ValueError as error:
             raise ConfigurationError(f"base_url is not a valid URL ({error})") from None
-        _register_url_secrets(parts)
+        register_url_credentials(parts)
         if self.settings.api_key is not None and (parts.username or parts.password):
             # aiohttp would refuse it at the first request, with a raw ValueError.
             raise ConfigurationError(
@@ -547,7 +346,7 @@ class HttpClient:
                         else:
                             raw = await _read_streamed(response, cap, method, url)
                         if response.status >= 300:
-                            raise _server_error(response, raw, method, url)
+                            raise server_error(response, raw, method, url)
                         return raw
                 except TypevetError:
                     raise  # the server's answer, already typed (a status, a body too large)
@@ -558,7 +357,7 @@ class HttpClient:
                         raise
                     if self._closed:
                         failure: TypevetError = self._closed_meanwhile(method, url)
-                    elif not replay and _is_stale_connection(error):
+                    elif not replay and is_stale_connection(error):
                         continue
                     else:
                         failure = map_client_error(
@@ -596,26 +395,6 @@ def _length_is_known(response: aiohttp.ClientResponse, cap: int, method: str, ur
             f"{method} {redact(url)}: response of {length} bytes exceeds the {cap}-byte cap"
         )
     return _identity(response.headers.get("Content-Encoding"))
-
-
-def _server_error(
-    response: aiohttp.ClientResponse, raw: bytes, method: str, url: str
-) -> ServerError:
-    """The status the server sent, with a redacted excerpt of its body (and, for a redirect,
-    where it pointed). Neither the reason phrase nor any other header is kept."""
-    # Twice the excerpt's bytes: room for a multi-byte character, or a secret, at the cut.
-    body = excerpt(raw[: 2 * _BODY_EXCERPT].decode("utf-8", "replace"), _BODY_EXCERPT)
-    detail = body[:_MESSAGE_EXCERPT]
-    location = response.headers.get("Location")
-    if 300 <= response.status < 400 and location:
-        shown = excerpt(location, _MESSAGE_EXCERPT)
-        detail = f"redirect to {shown!r} not followed" + (f": {detail}" if detail else "")
-    return ServerError(
-        f"{method} {redact(url)}: HTTP {response.status}: {detail}",
-        status=response.status,
-        body=body,
-        retry_after=parse_retry_after(response.headers.get("Retry-After")),
-    )
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}

@@ -9,10 +9,11 @@ What is redacted:
 - a URL's user and password (``http://user:pass@host`` -> ``http://***@host``), wherever a
   URL appears;
 - every secret registered with `register_secret`, wherever it appears, case-insensitively.
-  `HttpSettings` registers its API key, `HttpClient` its URL's user and password, each with
-  the other forms a server may echo (``Bearer <key>``, percent-encoded, JSON-escaped,
-  ``user:password``, the Basic-auth header's base64). A secret stays registered for the life
-  of the process: an error raised, or printed, after its session closed is still redacted.
+  An `HttpClient` registers its API key and its URL's user and password
+  (`typevet_async._backends.http_secrets`), each with the other forms a server may echo
+  (``Bearer <key>``, percent-encoded, JSON-escaped, ``user:password``, the Basic-auth
+  header's base64). A secret stays registered for the life of the process: an error raised,
+  or printed, after its session closed is still redacted.
 
 A form shorter than `SHORT` characters is not registered: masked everywhere, so short a string
 would garble unrelated text in every error of the process (the unit tests' key ``"k"`` turned

@@ -218,52 +218,72 @@ def request_for(
         prompt can end in a token.
     """
     if images and plan.lead:
-        error = QuestionError(
-            f"its controls ({''.join(plan.controls)}) need a lead token at the answer position "
-            "on this tokenizer, and no server's image prompt can end in a token; "
-            "controls='letters' need none on most such tokenizers"
-        )
-        error.question_id = question_id
-        raise error
+        raise _lead_with_images_error(question_id, plan)
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
-    controls, token_ids, question = plan.controls, plan.token_ids, plan.question
     if plan.field_block is None:
-        messages = jev_messages(plan.layout, state_text, question, plan.bound, images, is_special)
-        if markers:
-            first = messages[1]
-            messages = (
-                messages[0],
-                Message(first.role, markers + first.content, first.images),
-                *messages[2:],
-            )
+        messages = jev_messages(
+            plan.layout, state_text, plan.question, plan.bound, images, is_special
+        )
         prefill = frame.prefill if frame is not None else ""
-        return ScoringRequest(
+        return _planned_request(
             question_id,
-            question,
-            messages,
+            plan,
+            _with_markers(messages, markers),
             None,
-            controls,
-            token_ids,
             plan.variant_ids,
             prefill,
             judgment,
-            plan.order,
-            plan.lead,
-            plan.option_groups,
-            plan.read_ids,
         )
     content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
     messages = (Message("user", content, tuple(images)),)
     prompt = frame.prefix(content) if frame is not None else None
+    return _planned_request(question_id, plan, messages, prompt, (), "", judgment)
+
+
+def _lead_with_images_error(question_id: str, plan: QuestionPlan) -> QuestionError:
+    """Controls that need a lead token, asked with images: neither server's image prompt can
+    end in a token."""
+    error = QuestionError(
+        f"its controls ({''.join(plan.controls)}) need a lead token at the answer position "
+        "on this tokenizer, and no server's image prompt can end in a token; "
+        "controls='letters' need none on most such tokenizers"
+    )
+    error.question_id = question_id
+    return error
+
+
+def _with_markers(messages: tuple[Message, ...], markers: str) -> tuple[Message, ...]:
+    """A Jev layout's messages with the media markers before the state text (its second
+    message); as they are without markers."""
+    if not markers:
+        return messages
+    first = messages[1]
+    return (
+        messages[0],
+        Message(first.role, markers + first.content, first.images),
+        *messages[2:],
+    )
+
+
+def _planned_request(
+    question_id: str,
+    plan: QuestionPlan,
+    messages: tuple[Message, ...],
+    prompt: str | None,
+    variant_ids: tuple[tuple[int, ...], ...],
+    answer_prefill: str,
+    judgment: int,
+) -> ScoringRequest:
+    """The scoring request of ``plan`` with these messages, its candidates the plan's."""
     return ScoringRequest(
         question_id,
-        question,
+        plan.question,
         messages,
         prompt,
-        controls,
-        token_ids,
-        (),
-        "",
+        plan.controls,
+        plan.token_ids,
+        variant_ids,
+        answer_prefill,
         judgment,
         plan.order,
         plan.lead,

@@ -164,13 +164,45 @@ def request_from_system_one_multipart(
         anything `request_from_system_one` refuses; ``detail`` lists every problem found.
     :raises BudgetExceededError: past ``budget``.
     """
-    by_name: dict[str, MultipartPart] = {}
     max_parts = budget.max_parts if budget is not None else None
-    for part in parse_multipart(body, content_type, max_parts=max_parts):
+    by_name = _parts_by_name(parse_multipart(body, content_type, max_parts=max_parts))
+    data = _request_part_json(by_name.pop("request", None), budget, clock)
+    detail: list[dict[str, Any]] = []
+    claimed: dict[str, str] = {}  # part name -> the asset that claims it
+    assets = data.get("assets") if isinstance(data, dict) else None
+    if isinstance(assets, dict):
+        data = {**data, "assets": _inline_assets(assets, by_name, claimed, detail)}
+    detail.extend(_unclaimed_parts(by_name, claimed))
+    try:
+        call = request_from_system_one(data, max_assets=max_assets, max_questions=max_questions)
+    except SystemOneValidationError as error:
+        raise SystemOneValidationError(detail + error.detail) from None
+    if detail:
+        raise SystemOneValidationError(detail)
+    return call
+
+
+def _parts_by_name(parts: list[MultipartPart]) -> dict[str, MultipartPart]:
+    """The parts keyed by name, in order.
+
+    :raises SystemOneValidationError: two parts of one name.
+    """
+    by_name: dict[str, MultipartPart] = {}
+    for part in parts:
         if part.name in by_name:
             raise _multipart_error(f"two parts are named {part.name!r}", ["body", part.name])
         by_name[part.name] = part
-    request = by_name.pop("request", None)
+    return by_name
+
+
+def _request_part_json(
+    request: MultipartPart | None, budget: DecodeBudget | None, clock: CpuClock | None
+) -> Any:
+    """The ``request`` part's JSON, checked against ``budget`` if there is one.
+
+    :raises SystemOneValidationError: no ``request`` part, or one that is not JSON.
+    :raises BudgetExceededError: past ``budget``.
+    """
     if request is None:
         raise SystemOneValidationError(
             [
@@ -189,37 +221,44 @@ def request_from_system_one_multipart(
         ) from None
     if budget is not None:
         check_json_budget(data, budget, clock or CpuClock(budget.cpu_seconds), "the request part")
-    detail: list[dict[str, Any]] = []
-    claimed: dict[str, str] = {}  # part name -> the asset that claims it
-    assets = data.get("assets") if isinstance(data, dict) else None
-    if isinstance(assets, dict):
-        inlined: dict[str, Any] = {}
-        for name, asset in assets.items():
-            if not isinstance(asset, dict) or asset.get("part") is None:
-                inlined[name] = asset
-                continue
-            image = _claim_part(str(name), asset, by_name, claimed)
-            if isinstance(image, dict) and "loc" in image:
-                detail.append(image)  # the asset is left out: its placeholder stays text
-            else:
-                inlined[name] = image
-        data = {**data, "assets": inlined}
-    for part_name in by_name:
-        if part_name not in claimed:
-            detail.append(
-                validation_detail(
-                    ["body", part_name],
-                    "no asset claims this part: each part is claimed by exactly one asset",
-                    "value_error",
-                )
-            )
-    try:
-        call = request_from_system_one(data, max_assets=max_assets, max_questions=max_questions)
-    except SystemOneValidationError as error:
-        raise SystemOneValidationError(detail + error.detail) from None
-    if detail:
-        raise SystemOneValidationError(detail)
-    return call
+    return data
+
+
+def _inline_assets(
+    assets: dict[Any, Any],
+    parts: Mapping[str, MultipartPart],
+    claimed: dict[str, str],
+    detail: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """``assets`` with each one that names a ``part`` replaced by that part's bytes (each
+    claim recorded in ``claimed``); an asset whose part is refused is left out and its detail
+    entry added to ``detail`` (its placeholder then stays text)."""
+    inlined: dict[str, Any] = {}
+    for name, asset in assets.items():
+        if not isinstance(asset, dict) or asset.get("part") is None:
+            inlined[name] = asset
+            continue
+        image = _claim_part(str(name), asset, parts, claimed)
+        if isinstance(image, dict) and "loc" in image:
+            detail.append(image)
+        else:
+            inlined[name] = image
+    return inlined
+
+
+def _unclaimed_parts(
+    parts: Mapping[str, MultipartPart], claimed: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """A detail entry for each part no asset claims."""
+    return [
+        validation_detail(
+            ["body", part_name],
+            "no asset claims this part: each part is claimed by exactly one asset",
+            "value_error",
+        )
+        for part_name in parts
+        if part_name not in claimed
+    ]
 
 
 def _claim_part(
