@@ -10,11 +10,13 @@ from __future__ import annotations
 import enum
 import math
 import typing
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import attrs
 
+from typevet_async._core.redaction import redact
 from typevet_async._errors import ConfigurationError
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "resolve",
     "sequence_of",
     "unset_or",
+    "url",
 ]
 
 T = TypeVar("T")
@@ -118,6 +121,24 @@ def _is_text(value: Any) -> bool:
 def non_empty_text(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not _is_text(value):
         _refuse(attribute, "a non-empty string (with no lone surrogate)", value)
+
+
+def url(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A server's http(s) URL: the one rule every backend config and a fleet's URL list use
+    (the transport then adds its own: no credentials in it beside an API key)."""
+    if not _is_text(value):
+        _refuse(attribute, "an http(s) URL (a non-empty string)", value)
+    try:
+        parts = urllib.parse.urlsplit(value.strip())
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as error:
+        raise ConfigurationError(
+            f"{attribute.name} is not a valid URL ({error}): {redact(value)!r}"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(
+            f"{attribute.name} must be an http(s) URL with a host, got {redact(value)!r}"
+        )
 
 
 #: What an HTTP header value may carry unquoted: visible ASCII, no spaces, no line breaks.

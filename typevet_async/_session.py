@@ -25,17 +25,16 @@ from typing import Any, Literal, TypedDict, Unpack, overload
 
 import aiohttp
 import anyio
-import attrs
 
+from typevet_async import _connect as connect
 from typevet_async._backends.base import Backend
-from typevet_async._backends.embedded import ServerOptions, local_model_name
-from typevet_async._backends.fleet import AsyncFleet
-from typevet_async._backends.http import DEFAULT_REQUEST_TIMEOUT, HttpSettings
-from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
-from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES, RetryPolicy
-from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
-from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
+from typevet_async._backends.embedded import ServerOptions
+from typevet_async._backends.http import DEFAULT_REQUEST_TIMEOUT
+from typevet_async._backends.llama_cpp import OnMissing
+from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES
+from typevet_async._backends.vllm import LogprobsMode
 from typevet_async._batch import BatchStream, Progress, judge_stream
+from typevet_async._connect import HttpKeywords
 from typevet_async._core.answers import Judgment
 from typevet_async._core.calibration import CalibrationMap
 from typevet_async._core.generation import Generation
@@ -43,7 +42,6 @@ from typevet_async._core.jsonvalues import check_text, render_state
 from typevet_async._core.layouts import jev_option_descriptions
 from typevet_async._core.probe import Probe, check_requested_model
 from typevet_async._core.questions import Question, check_questions, refuse_lookalike_options
-from typevet_async._core.redaction import redact
 from typevet_async._errors import (
     ConfigurationError,
     DeadlineExceededError,
@@ -58,15 +56,8 @@ from typevet_async._judging import Planner, judge
 from typevet_async._options import (
     UNSET,
     Unset,
-    api_key,
-    instance_of,
-    non_empty_text,
-    optional,
-    positive_int,
-    sequence_of,
 )
 from typevet_async._settings import (
-    DEFAULT_MAX_CONCURRENCY,
     BatchOptions,
     GenerationOptions,
     Permutations,
@@ -76,77 +67,6 @@ from typevet_async._settings import (
 from typevet_async._slicing import SLICE
 
 __all__ = ["Session"]
-
-
-@attrs.frozen(kw_only=True)
-class _FactoryArguments:
-    """The factories' own arguments that no backend record checks, checked the same way (a
-    key with a trailing newline, a model that is not a string, a ``server`` that is not a
-    `ServerOptions` would otherwise fail as a raw error at ``open`` or at the first request).
-    The numeric ones are checked by `HttpSettings` and `RetryPolicy`."""
-
-    api_key: str | None = attrs.field(validator=api_key)
-    trace_configs: Sequence[aiohttp.TraceConfig] = attrs.field(
-        validator=sequence_of(aiohttp.TraceConfig, "a list or tuple of aiohttp.TraceConfig")
-    )
-    model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
-    server: ServerOptions | None = attrs.field(
-        default=None,
-        validator=optional(instance_of(ServerOptions, "a tv.ServerOptions or None")),
-    )
-    endpoint_slots: int | None = attrs.field(default=None, validator=optional(positive_int))
-
-
-def _http(
-    api_key: str | None,
-    request_timeout: float,
-    max_retries: int,
-    trace_configs: Sequence[aiohttp.TraceConfig],
-    time_slice: float | None,
-) -> HttpSettings:
-    return HttpSettings(
-        api_key=api_key,
-        request_timeout=request_timeout,
-        retry=RetryPolicy(max_retries=max_retries),
-        trace_configs=trace_configs,
-        time_slice=time_slice,
-    )
-
-
-def _one_or_fleet(
-    base_url: str | Sequence[str],
-    build: Callable[[str], Backend],
-    http: HttpSettings,
-    endpoint_slots: int | None,
-) -> Backend:
-    """One backend at ``base_url``, or, for a list of URLs, an `AsyncFleet` over one backend
-    per URL (each built by ``build``, all with the same settings).
-
-    :raises ConfigurationError: an empty or repeated URL list, a URL that is not a string,
-        ``endpoint_slots`` for a single endpoint (its type is `_FactoryArguments`' check).
-    """
-    if isinstance(base_url, str):
-        _one_endpoint(endpoint_slots)
-        return build(base_url)
-    if not isinstance(base_url, Sequence) or not base_url:
-        raise ConfigurationError(
-            f"base_url must be a URL or a non-empty list of URLs, got {base_url!r}"
-        )
-    urls = list(base_url)
-    for url in urls:
-        if not isinstance(url, str) or not url.strip():
-            raise ConfigurationError(f"each base_url must be a non-empty string, got {url!r}")
-    if len({url.rstrip("/") for url in urls}) != len(urls):
-        raise ConfigurationError(f"base_url lists an endpoint twice: {[redact(u) for u in urls]}")
-    if len(urls) == 1:
-        return _one_or_fleet(urls[0], build, http, endpoint_slots)
-    members = [(redact(url.rstrip("/")), build(url)) for url in urls]
-    return AsyncFleet(members, retry=http.retry, slots=endpoint_slots)
-
-
-def _one_endpoint(endpoint_slots: int | None) -> None:
-    if endpoint_slots is not None:
-        raise ConfigurationError("endpoint_slots applies to a session over several URLs")
 
 
 def _checked_prompts(prompts: Any) -> Sequence[str]:
@@ -285,32 +205,13 @@ class Session:
         :raises ConfigurationError: an option of the wrong type or value, or an unknown one,
             named.
         """
-        _FactoryArguments(
-            api_key=api_key,
-            trace_configs=trace_configs,
-            model=model,
-            server=server,
-            endpoint_slots=endpoint_slots,
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
-        http = _http(api_key, request_timeout, max_retries, trace_configs, time_slice)
-
-        def build(url: str | None) -> AsyncLlamaCpp:
-            config = LlamaCppConfig(
-                base_url=url,
-                server=server,
-                model=model,
-                http=http,
-                top_k=top_k,
-                on_missing=on_missing,
-                reproducible=reproducible,
-            )
-            return AsyncLlamaCpp(config)
-
-        if base_url is None:  # the embedded server: one endpoint
-            _one_endpoint(endpoint_slots)
-            backend: Backend = build(None)
-        else:
-            backend = _one_or_fleet(base_url, build, http, endpoint_slots)
+        backend = connect.llama_cpp(
+            base_url, http, model=model, top_k=top_k, on_missing=on_missing,
+            reproducible=reproducible, server=server,
+        )  # fmt: skip
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
@@ -332,17 +233,10 @@ class Session:
 
         ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
         """
-        _FactoryArguments(
-            api_key=api_key, trace_configs=trace_configs, endpoint_slots=endpoint_slots
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
-        http = _http(api_key, request_timeout, max_retries, trace_configs, time_slice)
-
-        def build(url: str) -> AsyncVllm:
-            return AsyncVllm(
-                VllmConfig(base_url=url, model=model, logprobs_mode=logprobs_mode, http=http)
-            )
-
-        backend = _one_or_fleet(base_url, build, http, endpoint_slots)
+        backend = connect.vllm(base_url, http, model=model, logprobs_mode=logprobs_mode)
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
@@ -377,21 +271,10 @@ class Session:
         :raises ConfigurationError: ``layout``, ``prefix_reuse`` or ``off_menu_threshold``
             given: the server frames and reads the questions, so they could not apply.
         """
-        _FactoryArguments(
-            api_key=api_key, trace_configs=trace_configs, model=model, endpoint_slots=endpoint_slots
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
-        framing = sorted(set(settings) & {"layout", "prefix_reuse", "off_menu_threshold"})
-        if framing:
-            raise ConfigurationError(
-                f"{', '.join(framing)} cannot be set on a System One session: the server "
-                "frames and reads the questions itself"
-            )
-        http = _http(api_key, request_timeout, max_retries, trace_configs, time_slice)
-
-        def build(url: str) -> AsyncSystemOne:
-            return AsyncSystemOne(SystemOneConfig(base_url=url, model=model, http=http))
-
-        backend = _one_or_fleet(base_url, build, http, endpoint_slots)
+        backend = connect.system_one(base_url, http, model=model, session_settings=settings)
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
@@ -409,14 +292,12 @@ class Session:
         The server starts when the session opens and stops when it closes. ``options`` are
         those of `Session.llama_cpp`.
         """
-        if server is None:
-            server = ServerOptions(model=model or local_model_name(os.environ))
-        elif model is not None:
-            raise ConfigurationError("give the local model as model= or in server=, not both")
-        return cls.llama_cpp(None, server=server, **options)
+        return cls.llama_cpp(None, server=connect.local_server(model, server), **options)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Session:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, flags: Mapping[str, Any] | None = None
+    ) -> Session:
         """A session configured by ``TYPEVET_*`` variables.
 
         ``TYPEVET_BACKEND`` (``llama_cpp``, the default, ``vllm`` or ``system_one``),
@@ -424,39 +305,15 @@ class Session:
         ``TYPEVET_MODEL`` (required for vllm), ``TYPEVET_LOCAL_MODEL`` (the embedded server's
         model, by name),
         ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
+
+        :param environ: the variables (default: ``os.environ``).
+        :param flags: a command line's values of the same settings, by name (``backend``,
+            ``base_url``, ``local_model``, ``model``, ``api_key``, ``max_concurrency``; None:
+            not given): each wins over its variable, and a refusal names the flag with it.
+        :raises ConfigurationError: naming the setting that is missing or wrong.
         """
-        env = os.environ if environ is None else environ
-        backend = env.get("TYPEVET_BACKEND", "llama_cpp").strip() or "llama_cpp"
-        raw_concurrency = env.get("TYPEVET_MAX_CONCURRENCY", str(DEFAULT_MAX_CONCURRENCY))
-        try:
-            concurrency = int(raw_concurrency)
-        except ValueError:
-            raise ConfigurationError(
-                f"TYPEVET_MAX_CONCURRENCY must be a positive integer, got {raw_concurrency!r}"
-            ) from None
-        model = env.get("TYPEVET_MODEL") or None
-        api_key = env.get("TYPEVET_API_KEY") or None
-        base_url = env.get("TYPEVET_BASE_URL") or None
-        if backend == "vllm":
-            if base_url is None or model is None:
-                raise ConfigurationError(
-                    "TYPEVET_BACKEND=vllm needs TYPEVET_BASE_URL and TYPEVET_MODEL"
-                )
-            return cls.vllm(base_url, model=model, max_concurrency=concurrency, api_key=api_key)
-        if backend == "system_one":
-            if base_url is None:
-                raise ConfigurationError("TYPEVET_BACKEND=system_one needs TYPEVET_BASE_URL")
-            return cls.system_one(
-                base_url, model=model, max_concurrency=concurrency, api_key=api_key
-            )
-        if backend != "llama_cpp":
-            raise ConfigurationError(
-                f"TYPEVET_BACKEND must be 'llama_cpp', 'vllm' or 'system_one', got {backend!r}"
-            )
-        server = ServerOptions(model=local_model_name(env)) if base_url is None else None
-        return cls.llama_cpp(
-            base_url, server=server, max_concurrency=concurrency, model=model, api_key=api_key
-        )
+        environ = os.environ if environ is None else environ
+        return cls(*connect.from_env(environ, flags))
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> InMemoryStubBackend:
     """Every session the CLI builds (after its own flag checks) judges on this stub."""
     backend = InMemoryStubBackend()
 
-    def from_env(cls: type[tv.Session], environ: Any = None) -> tv.Session:
+    def from_env(cls: type[tv.Session], environ: Any = None, *, flags: Any = None) -> tv.Session:
         return tv.Session(backend, tv.SessionSettings(max_concurrency=4))
 
     monkeypatch.setattr(tv.Session, "from_env", classmethod(from_env))

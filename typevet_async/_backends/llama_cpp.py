@@ -14,7 +14,7 @@ embedded server's lifecycle (`typevet_async._backends.embedded`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import attrs
@@ -66,7 +66,16 @@ from typevet_async._errors import (
     ServerError,
 )
 from typevet_async._fanout import gather_in_order
-from typevet_async._options import Unset, boolean, one_of, optional, positive_int
+from typevet_async._options import (
+    Unset,
+    boolean,
+    instance_of,
+    non_empty_text,
+    one_of,
+    optional,
+    positive_int,
+    url,
+)
 
 __all__ = [
     "DEFAULT_CLAMP_TOP_K",
@@ -103,11 +112,6 @@ ESCALATION_FACTOR = 32
 OnMissing = Literal["exact", "clamp", "error"]
 
 
-def _url_or_none(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or "://" not in value):
-        raise ConfigurationError(f"{attribute.name} must be an http(s) URL, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class LlamaCppConfig:
     """A llama.cpp backend's settings; checked when built.
@@ -127,13 +131,15 @@ class LlamaCppConfig:
     :param server: how to start the embedded server, when ``base_url`` is None.
     """
 
-    base_url: str | None = attrs.field(default=None, validator=_url_or_none, repr=redacted_repr)
-    model: str | None = None
+    base_url: str | None = attrs.field(default=None, validator=optional(url), repr=redacted_repr)
+    model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
     top_k: int | None = attrs.field(default=None, validator=optional(positive_int))
     on_missing: OnMissing = attrs.field(default="exact", validator=one_of(OnMissing))
     reproducible: bool = attrs.field(default=False, validator=boolean)
     http: HttpSettings = attrs.field(factory=HttpSettings)
-    server: ServerOptions | None = None
+    server: ServerOptions | None = attrs.field(
+        default=None, validator=optional(instance_of(ServerOptions, "a tv.ServerOptions or None"))
+    )
 
     def __attrs_post_init__(self) -> None:
         if (self.base_url is None) == (self.server is None):

@@ -25,7 +25,7 @@ What differs from a logprob backend, by design:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import attrs
 
@@ -53,9 +53,13 @@ from typevet_async._errors import (
     ServerError,
     UnsupportedTemplateError,
 )
-from typevet_async._options import Unset, non_empty_text, optional
+from typevet_async._options import Unset, non_empty_text, optional, url
 
-__all__ = ["AsyncSystemOne", "SystemOneConfig"]
+__all__ = ["SESSION_SETTINGS_REFUSED", "AsyncSystemOne", "SystemOneConfig"]
+
+#: Session settings a System One session refuses: the server frames and reads the questions
+#: itself, so they could not apply.
+SESSION_SETTINGS_REFUSED: Final = frozenset({"layout", "prefix_reuse", "off_menu_threshold"})
 
 _CAPABILITIES = Capabilities(
     server="system-one",
@@ -74,7 +78,7 @@ class SystemOneConfig:
     :param model: the model every request names; None: the first the server lists.
     """
 
-    base_url: str = attrs.field(validator=non_empty_text, repr=redacted_repr)
+    base_url: str = attrs.field(validator=url, repr=redacted_repr)
     model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
     http: HttpSettings = attrs.field(factory=HttpSettings)
 

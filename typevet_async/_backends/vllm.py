@@ -54,7 +54,7 @@ from typevet_async._errors import (
     ServerError,
 )
 from typevet_async._fanout import gather_in_order
-from typevet_async._options import Unset, one_of
+from typevet_async._options import Unset, one_of, url
 
 __all__ = [
     "MAX_LOGPROB_TOKEN_IDS",
@@ -97,7 +97,7 @@ class VllmConfig:
         with a ``*_logits`` mode it is reported as unknown (None).
     """
 
-    base_url: str = attrs.field(validator=_non_empty, repr=redacted_repr)
+    base_url: str = attrs.field(validator=url, repr=redacted_repr)
     model: str = attrs.field(validator=_non_empty)
     logprobs_mode: LogprobsMode = attrs.field(
         default="raw_logprobs", validator=one_of(LogprobsMode)

@@ -71,40 +71,15 @@ def questions_from_args(args: argparse.Namespace) -> dict[str, tv.Question]:
 
 
 def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> tv.Session:
-    """The session the flags and variables describe; nothing is opened or started.
+    """The session the flags and variables describe (flags win); nothing is opened or started.
 
     :raises ConfigurationError: naming the flag (and its variable) that is missing or wrong.
     """
-    env = dict(environ)
-    for flag, variable in (
-        ("backend", "TYPEVET_BACKEND"),
-        ("base_url", "TYPEVET_BASE_URL"),
-        ("local_model", "TYPEVET_LOCAL_MODEL"),
-        ("model", "TYPEVET_MODEL"),
-        ("api_key", "TYPEVET_API_KEY"),
-        ("max_concurrency", "TYPEVET_MAX_CONCURRENCY"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            env[variable] = str(value)
-    backend = env.get("TYPEVET_BACKEND", "").strip()
-    required = {
-        "vllm": (
-            ("--base-url URL", "TYPEVET_BASE_URL", "vLLM has no embedded server"),
-            ("--model MODEL", "TYPEVET_MODEL", "the name the vLLM server serves the model by"),
-        ),
-        "system_one": (
-            ("--base-url URL", "TYPEVET_BASE_URL", "a System One server has no embedded one"),
-        ),
+    flags = {
+        name: getattr(args, name, None)
+        for name in ("backend", "base_url", "local_model", "model", "api_key", "max_concurrency")
     }
-    for flag, variable, why in required.get(backend, ()):
-        if not env.get(variable):
-            chosen_by = f"--backend {backend}" if args.backend else f"TYPEVET_BACKEND={backend}"
-            raise tv.ConfigurationError(f"{chosen_by} needs {flag} (or {variable}): {why}")
-    return tv.Session.from_env(env)
-
-
-# -- JSON ------------------------------------------------------------------------------------
+    return tv.Session.from_env(environ, flags=flags)
 
 
 def _refuse_constant(name: str) -> Any:
