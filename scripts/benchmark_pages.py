@@ -254,10 +254,12 @@ def top_k_tables(data: Mapping[str, Any]) -> Iterator[str]:
     yield "## Each K against the whole-vocabulary read\n\n" + table(header, rows)
     rows = [
         [
-            number(entry.get("first_k")), str(entry.get("questions")),
+            number(entry.get("first_k")),
+            str(entry.get("questions")),
             f"{entry.get('escalated')} of {entry.get('pairs')}",
-            number(entry.get("mean_reads"), 2), number(entry.get("mean_kb"), 0),
-        ]  # fmt: skip
+            number(entry.get("mean_reads"), 2),
+            number(entry.get("mean_kb"), 0),
+        ]
         for entry in data.get("first_read", [])
     ]
     if rows:
@@ -313,9 +315,7 @@ def marked(section: str) -> str:
     if not heading.startswith("#") or not sep:
         return section
     name = section_name(heading.lstrip("#").strip())
-    return (
-        f"{heading}\n\n<!-- --8<-- [start:{name}] -->\n{body}\n<!-- --8<-- [end:{name}] -->"
-    )
+    return f"{heading}\n\n<!-- --8<-- [start:{name}] -->\n{body}\n<!-- --8<-- [end:{name}] -->"
 
 
 def index(results: Sequence[Path]) -> str:
