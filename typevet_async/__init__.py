@@ -28,7 +28,7 @@ from typevet_async._backends.local_models import LOCAL_MODELS, LocalModel, cache
 from typevet_async._backends.retrying import RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
-from typevet_async._batch import BatchItem, BatchStream, Progress
+from typevet_async._batch import BatchStream
 from typevet_async._convert import (
     converter,
     judgment_from_json,
@@ -44,6 +44,7 @@ from typevet_async._core.answers import (
     ScoreAnswer,
     Usage,
 )
+from typevet_async._core.batch_records import BatchItem, Progress
 from typevet_async._core.calibration import CalibrationMap
 from typevet_async._core.framing import TemplateFamily
 from typevet_async._core.generation import ChatOutput, Generation, GenerationRequest

@@ -1,15 +1,14 @@
-"""Building what a `Session` talks to: one endpoint or a fleet of them, for each backend, and
-the one mapping from ``TYPEVET_*`` variables (and a command line's flags) to it.
-
-`Session`'s factories (``llama_cpp``, ``vllm``, ``system_one``, ``local``, ``from_env``) are
-this module's functions with their documentation; the session itself only orchestrates.
+"""Building what a `Session` talks to: one endpoint or a fleet of them for each backend, the
+one mapping from ``TYPEVET_*`` variables (and a command line's flags) to a session, and
+`SessionFactories`, the session's ways in (``llama_cpp``, ``vllm``, ``system_one``, ``local``,
+``from_env``), so the session's own module holds only what a session does.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import aiohttp
 import attrs
@@ -36,6 +35,7 @@ __all__ = [
     "ENV_SETTINGS",
     "EnvSetting",
     "HttpKeywords",
+    "SessionFactories",
     "from_env",
     "llama_cpp",
     "local_server",
@@ -267,3 +267,163 @@ def from_env(
     local = {"TYPEVET_LOCAL_MODEL": given["local_model"] or ""}
     server = None if base_url is not None else ServerOptions(model=local_model_name(local))
     return llama_cpp(base_url, http, model=model, server=server), settings
+
+
+class SessionFactories:
+    """`Session`'s ways in: a session on llama.cpp, vLLM or a System One server (one endpoint
+    or a fleet), on the embedded server, or from the ``TYPEVET_*`` variables. A mixin, so the
+    session's own module holds only what a session does."""
+
+    if TYPE_CHECKING:
+
+        def __init__(self, backend: Backend, settings: SessionSettings | None = None) -> None: ...
+
+    @classmethod
+    def llama_cpp(
+        cls,
+        base_url: str | Sequence[str] | None,
+        *,
+        model: str | None = None,
+        top_k: int | None = None,
+        on_missing: OnMissing = "exact",
+        reproducible: bool = False,
+        server: ServerOptions | None = None,
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
+        **settings: Any,
+    ) -> Self:
+        """A session on a llama.cpp server at ``base_url`` (None: the embedded ``server``), or
+        on several replicas of one model (a list of URLs: see "At scale" in the README).
+
+        ``model``, ``top_k``, ``on_missing``, ``reproducible`` and ``server``: see
+        `LlamaCppConfig`. ``reproducible`` reads one question at a time whatever
+        ``max_concurrency`` says.
+
+        :param request_timeout: seconds for one HTTP request (waiting for a pooled connection
+            excluded).
+        :param max_retries: retries of a transient failure (connection errors, timeouts,
+            HTTP 408, 429, 5xx), with exponential backoff and jitter, honouring Retry-After;
+            0 turns retries off; a call may override it.
+        :param trace_configs: aiohttp trace hooks.
+        :param time_slice: seconds of the SDK's own CPU work one event-loop iteration may run
+            before its reads yield to the loop's other tasks and timers (default 1 ms: an async
+            web app's handlers keep running while it judges); None never yields, for a loop
+            that runs nothing else (a batch pipeline saves the slices' little CPU).
+        :param settings: `SessionSettings` by name (``max_concurrency``, ``layout``, the
+            off-menu guard, image caps, ``prefix_reuse``, ``max_tokens``).
+        :raises ConfigurationError: an option of the wrong type or value, or an unknown one,
+            named.
+        """
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
+        )
+        backend = llama_cpp(
+            base_url, http, model=model, top_k=top_k, on_missing=on_missing,
+            reproducible=reproducible, server=server,
+        )  # fmt: skip
+        return cls(backend, SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def vllm(
+        cls,
+        base_url: str | Sequence[str],
+        *,
+        model: str,
+        logprobs_mode: LogprobsMode = "raw_logprobs",
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
+        **settings: Any,
+    ) -> Self:
+        """A session on a vLLM server, pinned to ``model`` (every request names it).
+
+        ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
+        """
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
+        )
+        backend = vllm(base_url, http, model=model, logprobs_mode=logprobs_mode)
+        return cls(backend, SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def system_one(
+        cls,
+        base_url: str | Sequence[str],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
+        **settings: Any,
+    ) -> Self:
+        """A session on a System One server (``POST /v1/systemone``): ``typevet-async serve``,
+        vLLM's for its decision models, the hosted API.
+
+        The server judges: each judgment is one request carrying the state and every question,
+        and the answers are rebuilt from the probabilities it returns, after checking them.
+        ``judge``, ``judge_many``, the typed answers, errors and retries work as on any
+        backend; generation and images are refused unsent; diagnostics are those our own
+        gateway sends (none from another server).
+
+        :param base_url: the server's root URL.
+        :param model: the model each request names (None: the first ``GET /v1/models``
+            lists); checked against that list at the probe.
+        :param api_key: sent as ``Authorization: Bearer``.
+        :param settings: `SessionSettings` by name (``max_concurrency`` bounds the requests
+            in flight).
+        :raises ConfigurationError: ``layout``, ``prefix_reuse`` or ``off_menu_threshold``
+            given: the server frames and reads the questions, so they could not apply.
+        """
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
+        )
+        backend = system_one(base_url, http, model=model, session_settings=settings)
+        return cls(backend, SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def local(
+        cls, model: str | None = None, *, server: ServerOptions | None = None, **options: Any
+    ) -> Self:
+        """A session on the embedded llama.cpp server with a local model.
+
+        :param model: a local model's name (``tv.LOCAL_MODELS``): ``"gemma3-270m"`` (small and
+            fast, a base model: answers near chance) or ``"qwen2.5-coder-1.5b"`` (a real
+            instruction model, the ``qwen`` extra); default: ``TYPEVET_LOCAL_MODEL``, else
+            ``"gemma3-270m"``. Assembled into the cache folder on first use.
+        :param server: how to start the server (its ``model`` is the one served; not both).
+
+        The server starts when the session opens and stops when it closes. ``options`` are
+        those of `Session.llama_cpp`.
+        """
+        return cls.llama_cpp(None, server=local_server(model, server), **options)
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, flags: Mapping[str, Any] | None = None
+    ) -> Self:
+        """A session configured by ``TYPEVET_*`` variables.
+
+        ``TYPEVET_BACKEND`` (``llama_cpp``, the default, ``vllm`` or ``system_one``),
+        ``TYPEVET_BASE_URL`` (unset with llama_cpp: the embedded server; required otherwise),
+        ``TYPEVET_MODEL`` (required for vllm), ``TYPEVET_LOCAL_MODEL`` (the embedded server's
+        model, by name),
+        ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
+
+        :param environ: the variables (default: ``os.environ``).
+        :param flags: a command line's values of the same settings, by name (``backend``,
+            ``base_url``, ``local_model``, ``model``, ``api_key``, ``max_concurrency``; None:
+            not given): each wins over its variable, and a refusal names the flag with it.
+        :raises ConfigurationError: naming the setting that is missing or wrong.
+        """
+        environ = os.environ if environ is None else environ
+        return cls(*from_env(environ, flags))

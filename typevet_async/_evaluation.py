@@ -27,9 +27,9 @@ import attrs
 import numpy as np
 import orjson
 
-from typevet_async._batch import BatchItem, Progress
 from typevet_async._core import fitting, metrics
 from typevet_async._core.answers import Judgment
+from typevet_async._core.batch_records import BatchItem, Progress
 from typevet_async._core.calibration import (
     CalibrationMap,
     Pins,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import types
 import typing
 import urllib.parse
 from collections.abc import Callable
@@ -25,6 +26,7 @@ __all__ = [
     "api_key",
     "boolean",
     "callable_or_none",
+    "check_argument",
     "instance_of",
     "non_empty_text",
     "non_negative_int",
@@ -55,6 +57,12 @@ class Unset(enum.Enum):
 
 #: The default of every per-call override: fall back to the session's (or backend's) setting.
 UNSET: Final = Unset.UNSET
+
+
+def check_argument(name: str, value: Any, validator: Validator) -> None:
+    """Hold one call argument to a record's validator, refused under its own ``name`` (a
+    call's ``record_timeout`` becomes its reads' ``timeout``)."""
+    validator(None, typing.cast("attrs.Attribute[Any]", types.SimpleNamespace(name=name)), value)
 
 
 def resolve(value: T | Unset, default: T) -> T:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import (
     AsyncIterable,
     Callable,
@@ -23,19 +22,13 @@ from collections.abc import (
 from types import TracebackType
 from typing import Any, Literal, TypedDict, Unpack, overload
 
-import aiohttp
 import anyio
 
-from typevet_async import _connect as connect
 from typevet_async._backends.base import Backend
-from typevet_async._backends.embedded import ServerOptions
-from typevet_async._backends.http import DEFAULT_REQUEST_TIMEOUT
-from typevet_async._backends.llama_cpp import OnMissing
-from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES
-from typevet_async._backends.vllm import LogprobsMode
-from typevet_async._batch import BatchStream, Progress, judge_stream
-from typevet_async._connect import HttpKeywords
+from typevet_async._batch import BatchStream, judge_stream
+from typevet_async._connect import SessionFactories
 from typevet_async._core.answers import Judgment
+from typevet_async._core.batch_records import Progress
 from typevet_async._core.calibration import CalibrationMap
 from typevet_async._core.generation import Generation
 from typevet_async._core.jsonvalues import check_text, render_state
@@ -56,6 +49,9 @@ from typevet_async._judging import Planner, judge
 from typevet_async._options import (
     UNSET,
     Unset,
+    check_argument,
+    optional,
+    positive_number,
 )
 from typevet_async._settings import (
     BatchOptions,
@@ -64,7 +60,6 @@ from typevet_async._settings import (
     ReadOptions,
     SessionSettings,
 )
-from typevet_async._slicing import SLICE
 
 __all__ = ["Session"]
 
@@ -121,7 +116,7 @@ def _deadline(timeout: float | None, what: str) -> Iterator[None]:
         ) from None
 
 
-class Session:
+class Session(SessionFactories):
     """An open connection to one model server, for judgments and schema-bound generations.
 
     Build one with `Session.llama_cpp`, `Session.vllm`, `Session.local` or `Session.from_env`
@@ -162,158 +157,6 @@ class Session:
     @property
     def settings(self) -> SessionSettings:
         return self._settings
-
-    # -- the ways in -------------------------------------------------------------------------
-
-    @classmethod
-    def llama_cpp(
-        cls,
-        base_url: str | Sequence[str] | None,
-        *,
-        model: str | None = None,
-        top_k: int | None = None,
-        on_missing: OnMissing = "exact",
-        reproducible: bool = False,
-        server: ServerOptions | None = None,
-        api_key: str | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
-        endpoint_slots: int | None = None,
-        time_slice: float | None = SLICE,
-        **settings: Any,
-    ) -> Session:
-        """A session on a llama.cpp server at ``base_url`` (None: the embedded ``server``), or
-        on several replicas of one model (a list of URLs: see "At scale" in the README).
-
-        ``model``, ``top_k``, ``on_missing``, ``reproducible`` and ``server``: see
-        `LlamaCppConfig`. ``reproducible`` reads one question at a time whatever
-        ``max_concurrency`` says.
-
-        :param request_timeout: seconds for one HTTP request (waiting for a pooled connection
-            excluded).
-        :param max_retries: retries of a transient failure (connection errors, timeouts,
-            HTTP 408, 429, 5xx), with exponential backoff and jitter, honouring Retry-After;
-            0 turns retries off; a call may override it.
-        :param trace_configs: aiohttp trace hooks.
-        :param time_slice: seconds of the SDK's own CPU work one event-loop iteration may run
-            before its reads yield to the loop's other tasks and timers (default 1 ms: an async
-            web app's handlers keep running while it judges); None never yields, for a loop
-            that runs nothing else (a batch pipeline saves the slices' little CPU).
-        :param settings: `SessionSettings` by name (``max_concurrency``, ``layout``, the
-            off-menu guard, image caps, ``prefix_reuse``, ``max_tokens``).
-        :raises ConfigurationError: an option of the wrong type or value, or an unknown one,
-            named.
-        """
-        http = HttpKeywords(
-            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
-        )
-        backend = connect.llama_cpp(
-            base_url, http, model=model, top_k=top_k, on_missing=on_missing,
-            reproducible=reproducible, server=server,
-        )  # fmt: skip
-        return cls(backend, SessionSettings.from_keywords(settings))
-
-    @classmethod
-    def vllm(
-        cls,
-        base_url: str | Sequence[str],
-        *,
-        model: str,
-        logprobs_mode: LogprobsMode = "raw_logprobs",
-        api_key: str | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
-        endpoint_slots: int | None = None,
-        time_slice: float | None = SLICE,
-        **settings: Any,
-    ) -> Session:
-        """A session on a vLLM server, pinned to ``model`` (every request names it).
-
-        ``logprobs_mode``: see `VllmConfig`; the rest as in `Session.llama_cpp`.
-        """
-        http = HttpKeywords(
-            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
-        )
-        backend = connect.vllm(base_url, http, model=model, logprobs_mode=logprobs_mode)
-        return cls(backend, SessionSettings.from_keywords(settings))
-
-    @classmethod
-    def system_one(
-        cls,
-        base_url: str | Sequence[str],
-        *,
-        model: str | None = None,
-        api_key: str | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
-        endpoint_slots: int | None = None,
-        time_slice: float | None = SLICE,
-        **settings: Any,
-    ) -> Session:
-        """A session on a System One server (``POST /v1/systemone``): ``typevet-async serve``,
-        vLLM's for its decision models, the hosted API.
-
-        The server judges: each judgment is one request carrying the state and every question,
-        and the answers are rebuilt from the probabilities it returns, after checking them.
-        ``judge``, ``judge_many``, the typed answers, errors and retries work as on any
-        backend; generation and images are refused unsent; diagnostics are those our own
-        gateway sends (none from another server).
-
-        :param base_url: the server's root URL.
-        :param model: the model each request names (None: the first ``GET /v1/models``
-            lists); checked against that list at the probe.
-        :param api_key: sent as ``Authorization: Bearer``.
-        :param settings: `SessionSettings` by name (``max_concurrency`` bounds the requests
-            in flight).
-        :raises ConfigurationError: ``layout``, ``prefix_reuse`` or ``off_menu_threshold``
-            given: the server frames and reads the questions, so they could not apply.
-        """
-        http = HttpKeywords(
-            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
-        )
-        backend = connect.system_one(base_url, http, model=model, session_settings=settings)
-        return cls(backend, SessionSettings.from_keywords(settings))
-
-    @classmethod
-    def local(
-        cls, model: str | None = None, *, server: ServerOptions | None = None, **options: Any
-    ) -> Session:
-        """A session on the embedded llama.cpp server with a local model.
-
-        :param model: a local model's name (``tv.LOCAL_MODELS``): ``"gemma3-270m"`` (small and
-            fast, a base model: answers near chance) or ``"qwen2.5-coder-1.5b"`` (a real
-            instruction model, the ``qwen`` extra); default: ``TYPEVET_LOCAL_MODEL``, else
-            ``"gemma3-270m"``. Assembled into the cache folder on first use.
-        :param server: how to start the server (its ``model`` is the one served; not both).
-
-        The server starts when the session opens and stops when it closes. ``options`` are
-        those of `Session.llama_cpp`.
-        """
-        return cls.llama_cpp(None, server=connect.local_server(model, server), **options)
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, flags: Mapping[str, Any] | None = None
-    ) -> Session:
-        """A session configured by ``TYPEVET_*`` variables.
-
-        ``TYPEVET_BACKEND`` (``llama_cpp``, the default, ``vllm`` or ``system_one``),
-        ``TYPEVET_BASE_URL`` (unset with llama_cpp: the embedded server; required otherwise),
-        ``TYPEVET_MODEL`` (required for vllm), ``TYPEVET_LOCAL_MODEL`` (the embedded server's
-        model, by name),
-        ``TYPEVET_API_KEY``, ``TYPEVET_MAX_CONCURRENCY``.
-
-        :param environ: the variables (default: ``os.environ``).
-        :param flags: a command line's values of the same settings, by name (``backend``,
-            ``base_url``, ``local_model``, ``model``, ``api_key``, ``max_concurrency``; None:
-            not given): each wins over its variable, and a refusal names the flag with it.
-        :raises ConfigurationError: naming the setting that is missing or wrong.
-        """
-        environ = os.environ if environ is None else environ
-        return cls(*connect.from_env(environ, flags))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -429,10 +272,8 @@ class Session:
         """
         self._require_open()
         check_requested_model(self._backend.model, model)
-        checked = check_questions(questions)
+        checked = self._checked_questions(questions)
         settings = self._settings
-        if settings.layout.is_jev:
-            _refuse_jev_lookalikes(checked)
         state_text = render_state(state)
         images = check_images(
             images, max_images=settings.max_images, max_bytes=settings.max_image_bytes
@@ -477,7 +318,10 @@ class Session:
         max_in_flight: int | Unset = UNSET,
         window: int | Unset = UNSET,
         on_progress: Callable[[Progress], None] | None = None,
-        timeout: float | None = None,
+        record_timeout: float | None = None,
+        model: str | None = None,
+        off_menu_threshold: float | Unset | None = UNSET,
+        raise_off_menu: bool | Unset = UNSET,
         max_retries: int | Unset = UNSET,
         permutations: Permutations | Unset = UNSET,
         label_prior: bool | Unset = UNSET,
@@ -512,35 +356,28 @@ class Session:
             ``max_in_flight``).
         :param on_progress: called with a `Progress` after every record (in the batch's own
             task).
-        :param timeout: seconds per record's judgment, and for the probe the batch starts with.
-        :param permutations: as `judge`; ``label_prior`` and ``calibration`` likewise (a map
-            that does not fit is raised once, from the first ``anext``).
+        :param record_timeout: seconds for each record's judgment, and for the probe the
+            batch starts with (None: no deadline).
+        :param model: as `judge` (checked once, at the call); so are ``off_menu_threshold``,
+            ``raise_off_menu``, ``max_retries``, ``permutations``, ``label_prior`` and
+            ``calibration`` (a map that does not fit is raised once, from the first ``anext``).
         :raises InvalidInputError: bad questions, options or ``records`` (a string, bytes, a
             mapping, not iterable), at the call (nothing was sent).
         """
         self._require_open(in_loop=False)
-        checked = check_questions(questions)
-        if self._settings.layout.is_jev:
-            _refuse_jev_lookalikes(checked)
+        check_requested_model(self._backend.model, model)
+        checked = self._checked_questions(questions)
         batch = BatchOptions.for_call(
-            self._settings,
-            max_in_flight=max_in_flight,
-            window=window,
-            ordered=ordered,
-            fail_fast=fail_fast,
-            on_progress=on_progress,
-        )
-        # Checked here, at the call, not at the first record, nor again for every record.
+            self._settings, max_in_flight=max_in_flight, window=window, ordered=ordered,
+            fail_fast=fail_fast, on_progress=on_progress,
+        )  # fmt: skip
+        check_argument("record_timeout", record_timeout, optional(positive_number))
+        # Resolved here, at the call, once: not at the first record, nor for every record.
         options = ReadOptions.for_call(
-            self._settings,
-            off_menu_threshold=UNSET,
-            raise_off_menu=UNSET,
-            max_retries=max_retries,
-            timeout=timeout,
-            permutations=permutations,
-            label_prior=label_prior,
-            calibration=calibration,
-        )
+            self._settings, off_menu_threshold=off_menu_threshold, raise_off_menu=raise_off_menu,
+            max_retries=max_retries, timeout=record_timeout, permutations=permutations,
+            label_prior=label_prior, calibration=calibration,
+        )  # fmt: skip
 
         async def probe_once() -> None:
             with _deadline(options.timeout, "the batch's probe"):
@@ -551,14 +388,18 @@ class Session:
             return await self._judge_checked(state, render_state(state), checked, (), options)
 
         return judge_stream(
-            records,
-            judge_one,
-            batch,
-            ordered=batch.ordered,
-            fail_fast=batch.fail_fast,
-            on_progress=batch.on_progress,
-            prepare=probe_once,
-        )
+            records, judge_one, batch, ordered=batch.ordered, fail_fast=batch.fail_fast,
+            on_progress=batch.on_progress, prepare=probe_once,
+        )  # fmt: skip
+
+    def _checked_questions(
+        self, questions: Mapping[str, Question]
+    ) -> tuple[tuple[str, Question], ...]:
+        """The questions checked, and under a Jev layout no two options that read alike."""
+        checked = check_questions(questions)
+        if self._settings.layout.is_jev:
+            _refuse_jev_lookalikes(checked)
+        return checked
 
     # -- schema-bound generation ---------------------------------------------------------
 

@@ -14,7 +14,8 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._batch import EXCERPT_LIMIT, judge_stream
+from typevet_async._batch import judge_stream
+from typevet_async._core.kept_errors import EXCERPT_LIMIT
 from typevet_async._settings import BatchOptions
 
 from .stubs import InMemoryStubBackend, ProbeRefusingStubBackend, failing_after, sleeping
@@ -190,7 +191,7 @@ async def test_judge_many_on_an_unopened_session_is_refused_at_the_call() -> Non
         ({"window": 2}, "window must be >= max_in_flight"),  # the session's cap is 4
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"max_retries": -1}, "max_retries"),
-        ({"timeout": 0}, "timeout"),
+        ({"record_timeout": 0}, "record_timeout must be a positive, finite number"),
     ],
 )
 async def test_bad_batch_settings_are_refused_at_the_call(

@@ -21,12 +21,9 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async import _cli
 from typevet_async._cli import batch as cli_batch
-from typevet_async._cli import help_texts, inputs
+from typevet_async._cli import help_texts, inputs, main, serve_local
 from typevet_async._cli.parser import build_parser
-from typevet_async._cli import serve_local
-from typevet_async._cli import main
 from typevet_async._core.jsonvalues import parse_json
 
 from .stubs import InMemoryStubBackend, failing_after, state_of

@@ -232,6 +232,24 @@ async def test_per_call_overrides_are_unset_by_default_and_none_turns_the_guard_
     assert backend.retries_seen == [tv.UNSET, tv.UNSET, tv.UNSET, 0]
 
 
+async def test_judge_many_takes_judges_read_options_and_model_pin() -> None:
+    # The same guard as above, overridden for a whole batch at the call.
+    backend = InMemoryStubBackend()
+    async with session(backend, off_menu_threshold=0.1, raise_off_menu=True) as s:
+        raised = [item async for item in s.judge_many(["a"], {"q": noul()})]
+        flagged = [
+            item async for item in s.judge_many(["a", "b"], {"q": noul()}, raise_off_menu=False)
+        ]
+        off = [item async for item in s.judge_many(["a"], {"q": noul()}, off_menu_threshold=None)]
+        with pytest.raises(tv.InvalidInputError, match="model"):
+            s.judge_many(["a"], {"q": noul()}, model="another-model")
+    assert isinstance(raised[0].error, tv.OffMenuError)
+    assert [item.judgment is not None for item in flagged] == [True, True]
+    assert all(item.judgment.diagnostics["q"].off_menu_flagged for item in flagged if item.judgment)
+    assert off[0].judgment is not None
+    assert not off[0].judgment.diagnostics["q"].off_menu_flagged
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
