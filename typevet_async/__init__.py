@@ -45,7 +45,7 @@ from typevet_async._core.answers import (
     Usage,
 )
 from typevet_async._core.batch_records import BatchItem, Progress
-from typevet_async._core.calibration import CalibrationMap
+from typevet_async._core.calibration import CalibrationMap, Pins, Reading, ReadPlan
 from typevet_async._core.framing import TemplateFamily
 from typevet_async._core.generation import ChatOutput, Generation, GenerationRequest
 from typevet_async._core.layouts import JEV_SYSTEM_PROMPT, Layout, Message
@@ -90,8 +90,8 @@ from typevet_async._session import Session
 from typevet_async._settings import SessionSettings
 
 if _typing.TYPE_CHECKING:
+    from typevet_async._evaluate import evaluate as evaluate
     from typevet_async._evaluation import Evaluation as Evaluation
-    from typevet_async._evaluation import evaluate as evaluate
     from typevet_async._ray import RayJudge as RayJudge
 
 __version__ = "0.1.0"
@@ -100,7 +100,7 @@ __version__ = "0.1.0"
 #: Public names loaded when first named, from the module of an optional extra.
 _LAZY = {
     "RayJudge": ("typevet_async._ray", "ray"),
-    "evaluate": ("typevet_async._evaluation", "eval"),
+    "evaluate": ("typevet_async._evaluate", "eval"),
     "Evaluation": ("typevet_async._evaluation", "eval"),
 }
 
@@ -170,11 +170,14 @@ __all__ = [
     "NoulAnswer",
     "OffMenuError",
     "OutputValidationError",
+    "Pins",
     "Probe",
     "Progress",
     "ProtocolError",
     "Question",
     "QuestionError",
+    "ReadPlan",
+    "Reading",
     "RemoteJudging",
     "RequestTimeoutError",
     "RetryPolicy",

@@ -13,13 +13,12 @@ does not import it.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import hashlib
 import logging
 import os
-from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,6 @@ import numpy as np
 import orjson
 
 from typevet_async._core import fitting, metrics
-from typevet_async._core.answers import Judgment
-from typevet_async._core.batch_records import BatchItem, Progress
 from typevet_async._core.calibration import (
     CalibrationMap,
     Pins,
@@ -38,27 +35,19 @@ from typevet_async._core.calibration import (
     question_hash,
 )
 from typevet_async._core.jsonvalues import record_key
-from typevet_async._core.labels import gold_indices, labelled_record
-from typevet_async._core.questions import Question, check_questions
+from typevet_async._core.labels import gold_indices
+from typevet_async._core.questions import Question
 from typevet_async._core.reliability import Bin
-from typevet_async._core.systemone import question_to_system_one, questions_from_system_one
+from typevet_async._core.systemone import questions_from_system_one
 from typevet_async._errors import InvalidInputError
 from typevet_async._jsonl import (
     Resumable,
-    dumps,
-    error_fields,
-    open_to_continue,
     read_resumable,
-    refuse_overwrite,
 )
-from typevet_async._judging import question_readings, served_pins
-from typevet_async._options import UNSET, Unset
-from typevet_async._session import Session
-from typevet_async._settings import Permutations, ReadOptions
 
 log = logging.getLogger("typevet_async.eval")
 
-__all__ = ["Evaluation", "QuestionReads", "evaluate", "question_entry"]
+__all__ = ["Evaluation", "QuestionReads", "question_entry", "read_lines"]
 
 #: Bootstrap resamples of the report's intervals, unless the call says otherwise.
 DEFAULT_RESAMPLES = 1000
@@ -81,19 +70,6 @@ class QuestionReads:
     def labelled(self, *, raw: bool = False) -> fitting.Labelled:
         rows = self.raw if raw else self.probabilities
         return fitting.Labelled(np.array(rows, dtype=np.float64), np.array(self.gold))
-
-
-def _answer_reads(judgment: Judgment) -> dict[str, dict[str, Any]]:
-    reads: dict[str, dict[str, Any]] = {}
-    for question_id, answer in judgment.answers.items():
-        diagnostics = judgment.diagnostics.get(question_id)
-        raw = diagnostics.raw_probabilities if diagnostics is not None else None
-        reads[question_id] = {
-            "probabilities": list(answer.probabilities.values()),
-            "raw": None if raw is None else list(raw),
-            "rotations": [] if diagnostics is None else [list(r) for r in diagnostics.rotations],
-        }
-    return reads
 
 
 @attrs.define
@@ -134,7 +110,7 @@ class Evaluation:
                 f"{facts_path} is not an eval run's facts (typevet-async eval writes it next "
                 f"to reads.jsonl): {error}"
             ) from None
-        _read_lines(evaluation, reads, set())
+        read_lines(evaluation, reads, set())
         return evaluation
 
     def add_line(self, line: Mapping[str, Any]) -> None:
@@ -354,19 +330,7 @@ def question_entry(
     }
 
 
-def run_facts(evaluation: Evaluation) -> dict[str, Any]:
-    """What a reads file was made with: a resumed run must match it."""
-    return {
-        "format": "typevet_async.eval-run",
-        "version": 1,
-        "pins": attrs.asdict(evaluation.pins),
-        "readings": {qid: attrs.asdict(reading) for qid, reading in evaluation.readings.items()},
-        "calibration": None if evaluation.calibration is None else evaluation.calibration.sha256,
-        "questions": {qid: question_to_system_one(q) for qid, q in evaluation.questions},
-    }
-
-
-def _read_lines(evaluation: Evaluation, path: Path, done: set[str]) -> Resumable:
+def read_lines(evaluation: Evaluation, path: Path, done: set[str]) -> Resumable:
     """Each reads line of ``path`` into ``evaluation`` (its record key into ``done``), and
     where the file continues (`typevet_async._jsonl.read_resumable`: a last line cut short by
     a kill is judged again; any other bad line is refused, naming it, and the half-filled
@@ -379,130 +343,3 @@ def _read_lines(evaluation: Evaluation, path: Path, done: set[str]) -> Resumable
         done.add(record_key(line["id"]))
 
     return read_resumable(path, take, shape="a reads line")
-
-
-async def evaluate(
-    session: Session,
-    records: Iterable[Any] | AsyncIterable[Any],
-    questions: Mapping[str, Question],
-    *,
-    out: str | os.PathLike[str] | None = None,
-    resume: bool = False,
-    permutations: Permutations | Unset = UNSET,
-    label_prior: bool | Unset = UNSET,
-    calibration: CalibrationMap | Unset | None = UNSET,
-    max_in_flight: int | Unset = UNSET,
-    on_progress: Callable[[Progress], None] | None = None,
-) -> Evaluation:
-    """Judge labelled records and gather each question's reads with its gold option.
-
-    :param records: ``{"id": ..., "state": ..., "labels": {question id: gold}}`` mappings (a
-        Noul's gold is true/false, a Choice's a label, a Score's its 0-based level); ids
-        unique.
-    :param out: a JSONL file each record's reads are appended to as they come (flushed).
-    :param resume: continue ``out``: its records are loaded, not judged again (a last line
-        cut short is judged again); it must have been made with the same questions, model,
-        backend, template family, permutations and calibration.
-    :param permutations: as `Session.judge` (``label_prior`` and ``calibration`` too).
-    :raises InvalidInputError: a bad record or label (the records before it are judged and,
-        with ``out``, kept), or an ``out`` that cannot be resumed.
-    :raises CalibrationError: ``calibration`` was not fitted for this session's reads.
-    """
-    checked = check_questions(questions)
-    options = ReadOptions.for_call(
-        session.settings,
-        off_menu_threshold=UNSET,
-        raise_off_menu=UNSET,
-        permutations=permutations,
-        label_prior=label_prior,
-        calibration=calibration,
-    )
-    readings = question_readings(checked, options)
-    probe = await session.probe()
-    evaluation = Evaluation(
-        checked,
-        served_pins(session.backend, probe, checked, session.settings),
-        readings,
-        options.calibration,
-        {question_id: QuestionReads() for question_id, _ in checked},
-    )
-    path = None if out is None else Path(out)
-    done: set[str] = set()
-    resumable = Resumable()
-    if path is not None:
-        facts_path = path.with_name(path.name + ".run.json")
-        facts = run_facts(evaluation)
-        if resume and facts_path.exists():
-            previous = orjson.loads(facts_path.read_bytes())
-            if previous != orjson.loads(orjson.dumps(facts)):
-                raise InvalidInputError(
-                    f"{path} was made with other questions, model, backend, template family, "
-                    f"permutations or calibration ({facts_path}); evaluate into a new file"
-                )
-        elif resume and path.exists() and path.stat().st_size:
-            raise InvalidInputError(
-                f"{path} has no {facts_path.name} saying what it was made with: it cannot be "
-                "resumed; evaluate into a new file"
-            )
-        refuse_overwrite(path, resume=resume, named=str(path), how_to_resume="pass resume=True")
-        if resume:
-            resumable = _read_lines(evaluation, path, done)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        facts_path.write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
-
-    labels_of: dict[int, tuple[Any, Mapping[str, Any]]] = {}
-    seen: set[str] = set()
-    pulled = 0
-
-    async def pending() -> Any:
-        nonlocal pulled
-        async for data in _each(records):
-            record_id, state, labels = labelled_record(data)
-            gold_indices(labels, checked)  # a bad label is refused before its record is sent
-            key = record_key(record_id)
-            if key in seen:
-                raise InvalidInputError(f"the record id {record_id!r} appears twice")
-            seen.add(key)
-            if key in done:
-                continue
-            labels_of[pulled] = (record_id, labels)
-            pulled += 1
-            yield record_id, state
-
-    stream = session.judge_many(
-        pending(),
-        questions,
-        max_in_flight=max_in_flight,
-        on_progress=on_progress,
-        permutations=options.permutations,
-        label_prior=options.label_prior,
-        calibration=options.calibration,
-    )
-    sink = None if path is None else open_to_continue(path, resumable)
-    try:
-        async with contextlib.aclosing(stream):
-            async for item in stream:
-                line = _line(item, *labels_of.pop(item.index))
-                evaluation.add_line(line)
-                if sink is not None:
-                    sink.write(dumps(line) + b"\n")
-    finally:
-        if sink is not None:
-            sink.close()
-    return evaluation
-
-
-async def _each(records: Iterable[Any] | AsyncIterable[Any]) -> Any:
-    if isinstance(records, AsyncIterable):
-        async for record in records:
-            yield record
-    else:
-        for record in records:
-            yield record
-
-
-def _line(item: BatchItem, record_id: Any, labels: Mapping[str, Any]) -> dict[str, Any]:
-    if item.judgment is None:
-        assert item.error is not None
-        return {"id": record_id, "labels": labels, "error": error_fields(item.error)}
-    return {"id": record_id, "labels": labels, "answers": _answer_reads(item.judgment)}

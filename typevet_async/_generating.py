@@ -10,13 +10,14 @@ retried as a scoring read's are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
 from typevet_async._backends.base import Backend
 from typevet_async._core.generation import Generation, GenerationRequest, interpret_output
+from typevet_async._core.jsonvalues import check_text
 from typevet_async._core.schemas import check_schema
 from typevet_async._errors import InvalidInputError, RequestTimeoutError, TypevetError
 from typevet_async._fair_slots import SlotShare
@@ -24,7 +25,7 @@ from typevet_async._fanout import gather_in_order, gather_settled
 from typevet_async._images import Image, check_images
 from typevet_async._settings import GenerationOptions, SessionSettings
 
-__all__ = ["generate_in_order", "generate_settled", "plan_generations"]
+__all__ = ["checked_prompts", "generate_in_order", "generate_settled", "plan_generations"]
 
 
 def plan_generations(
@@ -120,3 +121,19 @@ async def generate_settled(
     """As `generate_in_order`, but every request runs and each failure takes its place."""
     one = _generator(backend, slots, validator, options)
     return await gather_settled(requests, one, tag=_tag)
+
+
+def checked_prompts(prompts: Any) -> Sequence[str]:
+    """``prompts`` as a list once each string in it can be sent (the rest of the checks are
+    `plan_generations`'); nothing is sent before this passes."""
+    if isinstance(prompts, str):
+        raise InvalidInputError("prompts must be a sequence of strings, not one string")
+    if not isinstance(prompts, Iterable):
+        raise InvalidInputError(
+            f"prompts must be a sequence of strings, got {type(prompts).__name__}"
+        )
+    listed = list(prompts)
+    for index, prompt in enumerate(listed):
+        if isinstance(prompt, str):
+            check_text(prompt, f"prompt {index}")
+    return listed

@@ -10,12 +10,10 @@ semaphore every read and generation of the session shares. Judgments run through
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import (
     AsyncIterable,
     Callable,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -29,23 +27,27 @@ from typevet_async._batch import BatchStream, judge_stream
 from typevet_async._connect import SessionFactories
 from typevet_async._core.answers import Judgment
 from typevet_async._core.batch_records import Progress
-from typevet_async._core.calibration import CalibrationMap
+from typevet_async._core.calibration import CalibrationMap, ReadPlan
 from typevet_async._core.generation import Generation
-from typevet_async._core.jsonvalues import check_text, render_state
-from typevet_async._core.layouts import jev_option_descriptions
+from typevet_async._core.jsonvalues import render_state
+from typevet_async._core.layouts import refuse_jev_lookalikes
 from typevet_async._core.probe import Probe, check_requested_model
-from typevet_async._core.questions import Question, check_questions, refuse_lookalike_options
+from typevet_async._core.questions import Question, check_questions
+from typevet_async._deadlines import call_deadline
 from typevet_async._errors import (
     ConfigurationError,
-    DeadlineExceededError,
-    InvalidInputError,
     SessionStateError,
     TypevetError,
 )
 from typevet_async._fair_slots import FairSlots
-from typevet_async._generating import generate_in_order, generate_settled, plan_generations
+from typevet_async._generating import (
+    checked_prompts,
+    generate_in_order,
+    generate_settled,
+    plan_generations,
+)
 from typevet_async._images import Image, check_images
-from typevet_async._judging import Planner, judge
+from typevet_async._judging import Planner, judge, question_readings, served_pins
 from typevet_async._options import (
     UNSET,
     Unset,
@@ -64,29 +66,6 @@ from typevet_async._settings import (
 __all__ = ["Session"]
 
 
-def _checked_prompts(prompts: Any) -> Sequence[str]:
-    """``prompts`` as a list once each string in it can be sent (the rest of the checks are
-    `plan_generations`'); nothing is sent before this passes."""
-    if isinstance(prompts, str):
-        raise InvalidInputError("prompts must be a sequence of strings, not one string")
-    if not isinstance(prompts, Iterable):
-        raise InvalidInputError(
-            f"prompts must be a sequence of strings, got {type(prompts).__name__}"
-        )
-    listed = list(prompts)
-    for index, prompt in enumerate(listed):
-        if isinstance(prompt, str):
-            check_text(prompt, f"prompt {index}")
-    return listed
-
-
-def _refuse_jev_lookalikes(checked: Sequence[tuple[str, Question]]) -> None:
-    """The Jev layouts show an option's description in place of its label: two options must
-    not read the same there either."""
-    for question_id, question in checked:
-        refuse_lookalike_options(question_id, question, jev_option_descriptions(question))
-
-
 class _GenerationKeywords(TypedDict, total=False):
     """The keywords of `Session.generate_many` besides ``schema`` and ``return_exceptions``."""
 
@@ -96,24 +75,6 @@ class _GenerationKeywords(TypedDict, total=False):
     timeout: float | None
     model: str | None
     max_retries: int | Unset
-
-
-@contextlib.contextmanager
-def _deadline(timeout: float | None, what: str) -> Iterator[None]:
-    """``timeout`` seconds for a whole call; past it, `DeadlineExceededError`. No timeout, no
-    cancel scope."""
-    if timeout is None:
-        yield
-        return
-    try:
-        with anyio.fail_after(timeout):
-            yield
-    except TypevetError:
-        raise  # a RequestTimeoutError is a TimeoutError too: it stays what it is
-    except TimeoutError:
-        raise DeadlineExceededError(
-            f"{what} did not finish within {timeout} s; its requests were cancelled"
-        ) from None
 
 
 class Session(SessionFactories):
@@ -224,6 +185,33 @@ class Session(SessionFactories):
                 self._probe = probe
             return self._probe
 
+    async def read_plan(
+        self,
+        questions: Mapping[str, Question],
+        *,
+        permutations: Permutations | Unset = UNSET,
+        label_prior: bool | Unset = UNSET,
+        calibration: CalibrationMap | Unset | None = UNSET,
+    ) -> ReadPlan:
+        """How `judge` reads ``questions`` under these options (as `judge` takes them), and
+        what a calibration map fitted on those reads is pinned to. Probes the server (once
+        per session); reads nothing.
+
+        :raises QuestionError: bad questions, or options they cannot be read under.
+        :raises ConfigurationError: an option of the wrong type or value.
+        """
+        checked = self._checked_questions(questions)
+        options = ReadOptions.for_call(
+            self._settings, off_menu_threshold=UNSET, raise_off_menu=UNSET,
+            permutations=permutations, label_prior=label_prior, calibration=calibration,
+        )  # fmt: skip
+        readings = question_readings(checked, options)
+        probe = await self.probe()
+        pins = served_pins(self._backend, probe, checked, self._settings)
+        return ReadPlan(
+            readings, pins, options.permutations, options.label_prior, options.calibration
+        )
+
     async def _ready_planner(self) -> tuple[Probe, Planner]:
         probe = await self.probe()
         assert self._planner is not None  # set with the probe
@@ -304,7 +292,7 @@ class Session(SessionFactories):
         planner = self._planner  # set with the probe: once probed, no lock and no await
         if planner is not None and options.timeout is None:  # the hot path: no context either
             return await judge(planner, *arguments, reuse, options)
-        with _deadline(options.timeout, "the judgment"):
+        with call_deadline(options.timeout, "the judgment"):
             _, planner = await self._ready_planner()
             return await judge(planner, *arguments, reuse, options)
 
@@ -329,20 +317,14 @@ class Session(SessionFactories):
     ) -> BatchStream:
         """Judge every record, streaming `BatchItem`s: an async iterator (`BatchStream`).
 
-        Before the first record it reads the session's probe (once per session); if that
-        fails (a wrong model pin, an unreachable server), its error is raised from the first
-        ``anext`` and nothing is judged. Then any exception while judging a record becomes
-        that record's item and the batch goes on: an SDK error as itself, anything else (a
-        bug) as a `BatchRecordError` whose ``__cause__`` it is. An error that would be the
-        same for every record (`UnsupportedTemplateError`, `ConfigurationError`,
-        `QuestionError`, `SessionStateError`) is raised once instead, and the rest is
-        cancelled. An exception raised by ``records`` itself is raised as itself, after the
-        items of every record already pulled; so is one from ``on_progress`` (at once).
-
-        Stopping early is safe without ``contextlib.aclosing``: the caller's task is never
-        part of the batch's task group. ``aclose()`` cancels the in-flight reads at once;
-        without it they are cancelled when the iterator is garbage-collected (in CPython, as
-        soon as its last reference goes). A cancelled ``anext`` cancels them too.
+        The session's probe is read before the first record; its error (a wrong model pin, an
+        unreachable server) is raised from the first ``anext``. A record's exception becomes
+        its item and the batch goes on (an SDK error as itself, a bug as a `BatchRecordError`);
+        an error the same for every record (the template, the configuration, the
+        questions, the session's state) is raised once and the rest cancelled; so is an error
+        of ``records`` itself (after the items already pulled) or of ``on_progress``.
+        Stopping early is safe without ``aclosing``: ``aclose()``, garbage collection or a
+        cancelled ``anext`` cancel the reads in flight (see the batch guide).
 
         :param records: states, or ``(id, state)`` tuples; any iterable or async iterable
             (not a string, bytes or mapping). Nothing materialises the input: at most
@@ -378,9 +360,20 @@ class Session(SessionFactories):
             max_retries=max_retries, timeout=record_timeout, permutations=permutations,
             label_prior=label_prior, calibration=calibration,
         )  # fmt: skip
+        return self._stream(records, checked, batch, options)
+
+    def _stream(
+        self,
+        records: Iterable[Any] | AsyncIterable[Any],
+        checked: tuple[tuple[str, Question], ...],
+        batch: BatchOptions,
+        options: ReadOptions,
+    ) -> BatchStream:
+        """`judge_many`'s stream once its arguments are checked: the probe first, then each
+        record judged with the questions and options checked once."""
 
         async def probe_once() -> None:
-            with _deadline(options.timeout, "the batch's probe"):
+            with call_deadline(options.timeout, "the batch's probe"):
                 await self.probe()
 
         async def judge_one(state: Any) -> Judgment:
@@ -398,7 +391,7 @@ class Session(SessionFactories):
         """The questions checked, and under a Jev layout no two options that read alike."""
         checked = check_questions(questions)
         if self._settings.layout.is_jev:
-            _refuse_jev_lookalikes(checked)
+            refuse_jev_lookalikes(checked)
         return checked
 
     # -- schema-bound generation ---------------------------------------------------------
@@ -490,9 +483,9 @@ class Session(SessionFactories):
             return_exceptions=return_exceptions,
         )
         requests, validator = plan_generations(
-            self._backend, self._settings, _checked_prompts(prompts), schema, images, options
+            self._backend, self._settings, checked_prompts(prompts), schema, images, options
         )
-        with _deadline(options.timeout, "the generations"):
+        with call_deadline(options.timeout, "the generations"):
             await self.probe()
             if options.return_exceptions:
                 return await generate_settled(

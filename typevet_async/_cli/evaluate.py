@@ -64,13 +64,19 @@ def add_parser(command: AddCommand) -> None:
 
 
 def evaluation_module() -> Any:
+    """`tv` once its ``eval`` extra's names (``tv.evaluate``, ``tv.Evaluation``) load.
+
+    :raises CommandLineError: the extra is not installed, naming what is missing.
+    """
     try:
-        from typevet_async import _evaluation
-    except ModuleNotFoundError as error:
+        tv.Evaluation  # noqa: B018 (loaded when first named)
+    except ImportError as error:
+        missing = error.__cause__.name if isinstance(error.__cause__, ImportError) else None
         raise CommandLineError(
-            f"eval and calibrate need {error.name}: pip install 'typevet_async[eval]'"
+            f"eval and calibrate need {missing or 'the eval extra'}: "
+            "pip install 'typevet_async[eval]'"
         ) from None
-    return _evaluation
+    return tv
 
 
 def _labelled_lines(path: Path) -> Iterator[tuple[int, Any]]:

@@ -11,7 +11,6 @@ from typing import Any, TextIO
 
 import typevet_async as tv
 from typevet_async._cli.exits import CommandLineError, reason
-from typevet_async._convert import questions_from_json
 from typevet_async._core.jsonvalues import parse_json
 
 __all__ = [
@@ -53,7 +52,7 @@ def questions_from_args(args: argparse.Namespace) -> dict[str, tv.Question]:
     given_by: dict[str, str] = {}
     if args.questions is not None:
         data = read_json_file(args.questions, "--questions")
-        questions.update(questions_from_json(data))
+        questions.update(tv.questions_from_json(data))
         given_by = dict.fromkeys(questions, f"--questions {args.questions}")
     for flag, spec in args.question_specs:
         question_id, question = _question_from_spec(flag, spec)

@@ -29,6 +29,12 @@ def add_parser(command: AddCommand) -> None:
         "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
     )
     serve.add_argument("--port", type=port, default=8000, help="the port (default: 8000)")
+    _auth_flags(serve)
+    _limit_flags(serve)
+    connection_flags(serve)
+
+
+def _auth_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--keys-file",
         type=Path,
@@ -48,6 +54,9 @@ def add_parser(command: AddCommand) -> None:
         help="serve without bearer keys: anyone who reaches the port can use the model. "
         "Without keys and without this flag, serve refuses to start (exit 2)",
     )
+
+
+def _limit_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--max-connections",
         type=positive_int,
@@ -101,7 +110,6 @@ def add_parser(command: AddCommand) -> None:
         metavar="SECONDS",
         help="seconds a shutdown waits for in-flight requests (default: 30)",
     )
-    connection_flags(serve)
 
 
 async def run_serve(args: argparse.Namespace, out: TextIO) -> int:

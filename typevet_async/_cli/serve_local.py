@@ -134,6 +134,13 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
         metavar="SLOTS",
         help="server slots: requests served at once (default: %(default)s)",
     )
+    _template_and_cache_flags(parser, defaults)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _template_and_cache_flags(parser: argparse.ArgumentParser, defaults: ServerOptions) -> None:
+    """The chat template the server applies, its cache and its metrics."""
     parser.add_argument(
         "--template",
         default=None,
@@ -160,8 +167,6 @@ def build_parser(prog: str | None = None, epilog: str | None = None) -> argparse
         action="store_true",
         help="the GGUF's own embedded (jinja) template, instead of --template",
     )
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    return parser
 
 
 def _check_listenable(host: str, port: int) -> None:

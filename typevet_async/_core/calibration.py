@@ -45,6 +45,7 @@ __all__ = [
     "Pins",
     "Platt",
     "QuestionMap",
+    "ReadPlan",
     "Reading",
     "Temperature",
     "Transform",
@@ -240,6 +241,21 @@ class Pins:
     #: the default layout its controls and field block): another prompt reads otherwise. Empty
     #: in a map an SDK wrote before it pinned the framing.
     framing: str = ""
+
+
+@attrs.frozen
+class ReadPlan:
+    """How a session reads a set of questions under a call's options, and what a calibration
+    map fitted on those reads is pinned to (`Session.read_plan`; what ``evaluate`` records)."""
+
+    #: How each question's probabilities are read, by question id.
+    readings: Mapping[str, Reading]
+    #: What a map fitted on these reads carries, and a judgment's map must match.
+    pins: Pins
+    #: The options as resolved against the session's settings.
+    permutations: int | Mapping[str, int]
+    label_prior: bool
+    calibration: CalibrationMap | None
 
 
 @attrs.frozen

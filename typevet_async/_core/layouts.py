@@ -21,7 +21,7 @@ import attrs
 from typevet_async._core.controls import BoundOption
 from typevet_async._core.jsonvalues import compact_json
 from typevet_async._core.markers import ALL_RUNS, IsSpecial, neutralise, neutralise_line
-from typevet_async._core.questions import Noul, Option, Question
+from typevet_async._core.questions import Noul, Option, Question, refuse_lookalike_options
 
 __all__ = [
     "JEV_SYSTEM_PROMPT",
@@ -30,6 +30,7 @@ __all__ = [
     "Message",
     "jev_messages",
     "jev_option_descriptions",
+    "refuse_jev_lookalikes",
 ]
 
 #: The one system message of both Jev layouts: the same for every question type, so cacheable.
@@ -107,3 +108,10 @@ def jev_messages(
             Message("user", compact_json({"criterion": criterion, "options": options})),
         )
     raise ValueError(f"{layout.value!r} is not a Jev layout")
+
+
+def refuse_jev_lookalikes(checked: Sequence[tuple[str, Question]]) -> None:
+    """The Jev layouts show an option's description in place of its label: two options must
+    not read the same there either."""
+    for question_id, question in checked:
+        refuse_lookalike_options(question_id, question, jev_option_descriptions(question))
