@@ -1,4 +1,7 @@
-"""One cattrs converter between judgments and JSON, in the System One answer shape::
+"""One cattrs converter between judgments and the SDK's own JSON: every field of the answer,
+usage and diagnostics records (`tv.judgment_to_json`, the command line's judge output). It is
+not System One's wire, whose answer shape is declared once in
+`typevet_async._core.systemone.schema` and rendered there::
 
     {"answers": {"route": {"type": "choice", "choice": "billing",
                            "probabilities": {"billing": 0.7, ...}, "confidence": 0.4}, ...},

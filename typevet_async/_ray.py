@@ -69,7 +69,7 @@ from typing import Any, Final
 
 import typevet_async as tv
 from typevet_async._core.questions import check_questions
-from typevet_async._core.systemone import answer_to_system_one
+from typevet_async._core.systemone import Value, answer_to_system_one, wire_fields
 from typevet_async._presenting import error_text
 
 try:
@@ -93,31 +93,28 @@ logger = logging.getLogger(__name__)
 
 
 def answer_type(question: tv.Question) -> Any:
-    """The Arrow struct type of ``question``'s answers in the System One shape (its fields in
-    `answer_to_system_one`'s key order)."""
-    if isinstance(question, tv.Noul):
-        return pa.struct([("type", pa.string()), ("noul", pa.float64())])
-    if isinstance(question, tv.Choice):
-        labels = [option.label for option in question.options()]
-        return pa.struct(
-            [
-                ("type", pa.string()),
-                ("choice", pa.string()),
-                ("confidence", pa.float64()),
-                ("probabilities", pa.struct([(label, pa.float64()) for label in labels])),
-            ]
-        )
-    assert isinstance(question, tv.Score)
-    levels = [str(level) for level in range(len(question.levels))]
-    return pa.struct(
-        [
-            ("type", pa.string()),
-            ("score", pa.float64()),
-            ("confidence", pa.float64()),
-            ("legend", pa.struct([(level, pa.string()) for level in levels])),
-            ("probabilities", pa.struct([(level, pa.float64()) for level in levels])),
-        ]
+    """The Arrow struct type of ``question``'s answers in the System One shape: its answer
+    type's declared wire fields in order (`typevet_async._core.systemone.schema`), a Choice's
+    and a Score's probabilities and legend a struct over the question's own options."""
+    kind = (
+        "noul"
+        if isinstance(question, tv.Noul)
+        else "choice"
+        if isinstance(question, tv.Choice)
+        else "score"
     )
+    keys = (
+        [option.label for option in question.options()]
+        if isinstance(question, tv.Choice)
+        else [str(level) for level in range(len(question.options()))]
+    )
+    scalars = {
+        Value.TAG: pa.string(), Value.LABEL: pa.string(),
+        Value.PROBABILITY: pa.float64(), Value.NUMBER: pa.float64(),
+        Value.PROBABILITIES: pa.struct([(key, pa.float64()) for key in keys]),
+        Value.LEGEND: pa.struct([(key, pa.string()) for key in keys]),
+    }  # fmt: skip
+    return pa.struct([(field.name, scalars[field.value]) for field in wire_fields(kind)])
 
 
 def _plain(value: Any) -> Any:

@@ -205,3 +205,34 @@ def test_an_empty_asset_name_is_refused_not_matched_everywhere() -> None:
     with pytest.raises(SystemOneValidationError) as caught:
         request_from_system_one(body)
     assert caught.value.detail[0]["loc"] == ["body", "assets", ""]
+
+
+# -- one declared answer schema -------------------------------------------------------------
+
+
+def test_every_answer_shape_is_built_from_the_one_declared_schema() -> None:
+    """The renderer, the backend's decoders, MCP's result types and Ray's Arrow types all
+    follow `typevet_async._core.systemone.schema`: change a field there, and each follows."""
+    from typevet_async._backends import system_one_wire
+    from typevet_async._core.answers import build_answer
+    from typevet_async._core.systemone import ANSWER_FIELDS, answer_to_system_one, wire_fields
+    from typevet_async._mcp import tools
+    from typevet_async._ray import answer_type
+
+    questions = {
+        "noul": tv.Noul(instructions="q"),
+        "choice": tv.Choice(["a", "b", "c"], instructions="q"),
+        "score": tv.Score(["low", "high"], instructions="q"),
+    }
+    results = {"noul": tools.NoulResult, "choice": tools.ChoiceResult, "score": tools.ScoreResult}
+    for kind, question in questions.items():
+        declared = [field.name for field in ANSWER_FIELDS[kind]]
+        on_wire = [field.name for field in wire_fields(kind)]
+        answer = build_answer(question, [1 / len(question.options())] * len(question.options()))
+        assert list(answer_to_system_one(answer)) == on_wire
+        assert list(results[kind].__annotations__) == declared
+        assert answer_type(question).names == on_wire
+        struct = system_one_wire._ANSWER_STRUCTS[kind]
+        read = [f.name for f in ANSWER_FIELDS[kind] if f.read and f.name != "type"]
+        assert list(struct.__struct_fields__) == read
+        assert struct.__struct_config__.tag == kind

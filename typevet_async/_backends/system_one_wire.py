@@ -29,8 +29,8 @@ that agrees with itself) is `typevet_async._core.systemone.answers_from_system_o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, Union
 
 import attrs
 import msgspec
@@ -39,7 +39,9 @@ from typevet_async._backends import wire
 from typevet_async._core.answers import Diagnostics, Judgment, Usage
 from typevet_async._core.questions import Question
 from typevet_async._core.systemone import (
+    ANSWER_FIELDS,
     SystemOneAnswer,
+    Value,
     answers_from_system_one,
     request_to_system_one,
 )
@@ -65,18 +67,37 @@ class _Answer(wire.Reply, tag_field="type"):
     pass
 
 
-class _Noul(_Answer, tag="noul"):
-    noul: Probability
+#: How each declared answer field the backend reads back is decoded (strictly: a probability
+#: within [0, 1], a label a string).
+_DECODED_AS: Final[Mapping[Value, Any]] = {
+    Value.PROBABILITY: Probability,
+    Value.NUMBER: float,
+    Value.LABEL: str,
+    Value.PROBABILITIES: dict[str, Probability],
+}
 
 
-class _Choice(_Answer, tag="choice"):
-    choice: str
-    probabilities: dict[str, Probability]
+def _answer_struct(kind: str) -> type[_Answer]:
+    """The decoder's shape of an answer type: its declared fields marked ``read``
+    (`typevet_async._core.systemone.schema`), the tag ``type`` their union's."""
+    fields = [
+        (field.name, _DECODED_AS[field.value])
+        for field in ANSWER_FIELDS[kind]
+        if field.read and field.value is not Value.TAG
+    ]
+    struct = msgspec.defstruct(f"_{kind.title()}", fields, bases=(_Answer,), tag=kind)
+    assert issubclass(struct, _Answer)
+    return struct
 
 
-class _Score(_Answer, tag="score"):
-    score: float
-    probabilities: dict[str, Probability]
+#: Answer type -> its decoder shape, and back.
+_ANSWER_STRUCTS: Final = {kind: _answer_struct(kind) for kind in ANSWER_FIELDS}
+_KIND_OF: Final = {struct: kind for kind, struct in _ANSWER_STRUCTS.items()}
+
+if TYPE_CHECKING:
+    _AnyAnswer: TypeAlias = _Answer
+else:
+    _AnyAnswer = Union[tuple(_ANSWER_STRUCTS.values())]  # noqa: UP007 (built at run time)
 
 
 class _Usage(wire.Reply):
@@ -136,7 +157,7 @@ def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
 
 
 class _Judged(wire.Reply):
-    answers: dict[str, _Noul | _Choice | _Score]
+    answers: dict[str, _AnyAnswer]
     usage: _Usage
     #: Our own gateway's richer record (`typevet_async._core.systemone.EXTENSION`).
     typevet: _Extension | None = None
@@ -145,12 +166,18 @@ class _Judged(wire.Reply):
 _JUDGED = wire.decoder_for(_Judged)
 
 
-def _sent(answer: _Noul | _Choice | _Score) -> SystemOneAnswer:
-    if isinstance(answer, _Noul):
-        return SystemOneAnswer("noul", {"false": 1.0 - answer.noul, "true": answer.noul})
-    if isinstance(answer, _Choice):
-        return SystemOneAnswer("choice", answer.probabilities, choice=answer.choice)
-    return SystemOneAnswer("score", answer.probabilities, score=answer.score)
+def _sent(answer: _AnyAnswer) -> SystemOneAnswer:
+    kind = _KIND_OF[type(answer)]
+    if kind == "noul":
+        noul: float = getattr(answer, "noul")  # noqa: B009 (a field built from the schema)
+        return SystemOneAnswer("noul", {"false": 1.0 - noul, "true": noul})
+    probabilities: Mapping[str, float] = getattr(answer, "probabilities")  # noqa: B009
+    return SystemOneAnswer(
+        kind,
+        probabilities,
+        choice=getattr(answer, "choice", None),
+        score=getattr(answer, "score", None),
+    )
 
 
 def decode_judgment(raw: bytes, questions: Sequence[tuple[str, Question]]) -> Judgment:
@@ -165,7 +192,8 @@ def decode_judgment(raw: bytes, questions: Sequence[tuple[str, Question]]) -> Ju
     """
     reply = wire.decode(_JUDGED, raw, PATH)
     for question_id, answer in reply.answers.items():
-        if isinstance(answer, _Score) and not math.isfinite(answer.score):
+        score = getattr(answer, "score", None)
+        if score is not None and not math.isfinite(score):
             raise wire.protocol_error(PATH, f"answer {question_id!r}: score is not finite", raw)
     answers = answers_from_system_one(
         questions, {question_id: _sent(answer) for question_id, answer in reply.answers.items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
 
 import anyio
 import anyio.abc
@@ -18,9 +18,14 @@ from typing_extensions import TypedDict  # pydantic reads a TypedDict from typin
 
 import typevet_async as tv
 from typevet_async._core.systemone import (
+    ANSWER_FIELDS,
+    USAGE_FIELDS,
     SystemOneValidationError,
+    Value,
+    answer_fields,
     request_from_system_one,
     response_to_system_one,
+    wire_fields,
 )
 from typevet_async._presenting import error_text, served_model
 
@@ -116,75 +121,67 @@ Questions = Annotated[dict[str, Any], WithJsonSchema(QUESTIONS_SCHEMA)]
 
 # -- results ----------------------------------------------------------------------------------
 
-_CONFIDENCE = "1 - the normalised entropy of probabilities: 1 all on one option, 0 even"
-_OFF_MENU = (
-    "the next-token probability on none of the options (1 - their summed probability); "
-    "null when the server cannot tell"
+#: Each declared field's Python type (`typevet_async._core.systemone.schema`; the tag is a
+#: Literal of its answer's type).
+_PYTHON_TYPES: Final[Mapping[Value, Any]] = {
+    Value.PROBABILITY: float,
+    Value.PROBABILITY_OR_NULL: float | None,
+    Value.NUMBER: float,
+    Value.LABEL: str,
+    Value.PROBABILITIES: dict[str, float],
+    Value.LEGEND: dict[str, str],
+    Value.COUNT: int,
+}
+
+
+def _result_type(name: str, kind: str, doc: str) -> Any:
+    """The tool result of an answer type: every declared field (the wire's and MCP's extras),
+    with its description (the tool's output schema)."""
+    fields = {
+        field.name: Literal[kind]
+        if field.value is Value.TAG
+        else Annotated[_PYTHON_TYPES[field.value], Field(description=field.description)]
+        for field in ANSWER_FIELDS[kind]
+    }
+    result = TypedDict(name, fields)  # type: ignore[misc]
+    result.__doc__ = doc
+    return result
+
+
+if TYPE_CHECKING:  # built at run time from the one declared answer schema
+    NoulResult: TypeAlias = dict[str, Any]
+    ChoiceResult: TypeAlias = dict[str, Any]
+    ScoreResult: TypeAlias = dict[str, Any]
+else:
+    NoulResult = _result_type("NoulResult", "noul", "A yes/no answer.")
+    ChoiceResult = _result_type("ChoiceResult", "choice", "One label of several.")
+    ScoreResult = _result_type("ScoreResult", "score", "A level on a rubric.")
+
+
+if TYPE_CHECKING:
+    SystemOneUsage: TypeAlias = dict[str, int]
+else:
+    SystemOneUsage = TypedDict(
+        "SystemOneUsage",
+        {
+            field.name: Annotated[_PYTHON_TYPES[field.value], Field(description=field.description)]
+            for field in USAGE_FIELDS
+        },
+    )
+    SystemOneUsage.__doc__ = "What the answers cost."
+
+
+#: The answers' description, from the declared wire fields of each answer type.
+_ANSWERS: Final = "question id -> answer, by its type: " + "; ".join(
+    f"{kind} {{{', '.join(field.name for field in wire_fields(kind))}}}" for kind in ANSWER_FIELDS
 )
-
-
-class NoulResult(TypedDict):
-    """A yes/no answer."""
-
-    type: Literal["noul"]
-    noul: Annotated[float, Field(description="P(true): the probability that the answer is yes")]
-    confidence: Annotated[float, Field(description=_CONFIDENCE)]
-    probabilities: Annotated[
-        dict[str, float], Field(description='{"false": p, "true": p}, summing to 1')
-    ]
-    off_menu_mass: Annotated[float | None, Field(description=_OFF_MENU)]
-
-
-class ChoiceResult(TypedDict):
-    """One label of several."""
-
-    type: Literal["choice"]
-    choice: Annotated[str, Field(description="the most probable label (ties: the first)")]
-    confidence: Annotated[float, Field(description=_CONFIDENCE)]
-    probabilities: Annotated[
-        dict[str, float],
-        Field(description="every label's probability, in the options' order, summing to 1"),
-    ]
-    off_menu_mass: Annotated[float | None, Field(description=_OFF_MENU)]
-
-
-class ScoreResult(TypedDict):
-    """A level on a rubric."""
-
-    type: Literal["score"]
-    score: Annotated[
-        float,
-        Field(description="the expected level, sum of i * p(i): 0 is the first level"),
-    ]
-    confidence: Annotated[float, Field(description=_CONFIDENCE)]
-    legend: Annotated[dict[str, str], Field(description='level index ("0", "1", ...) -> level')]
-    probabilities: Annotated[
-        dict[str, float],
-        Field(description='each level\'s probability by index ("0", "1", ...), summing to 1'),
-    ]
-    off_menu_mass: Annotated[float | None, Field(description=_OFF_MENU)]
-
-
-class SystemOneUsage(TypedDict):
-    """What the answers cost."""
-
-    input_tokens: Annotated[int, Field(description="prompt tokens evaluated for every read")]
-    output_tokens: Annotated[int, Field(description="always 0: no token is generated")]
 
 
 class SystemOneResponse(TypedDict):
     """A System One response: the answers by question id, in the questions' order."""
 
     model: Annotated[str, Field(description="the model that answered")]
-    answers: Annotated[
-        dict[str, dict[str, Any]],
-        Field(
-            description='question id -> answer: {"type": "noul", "noul": P(true)}, {"type": '
-            '"choice", "choice", "confidence", "probabilities": {label: p}} or {"type": '
-            '"score", "score", "confidence", "legend": {"0": level}, "probabilities": '
-            '{"0": p}}'
-        ),
-    ]
+    answers: Annotated[dict[str, dict[str, Any]], Field(description=_ANSWERS)]
     usage: SystemOneUsage
 
 
@@ -230,14 +227,7 @@ class _Tools:
             answer, off_menu = await self._judge_one(state, tv.Noul(instructions=instructions))
         except tv.TypevetError as error:
             raise _tool_error(error) from None
-        assert isinstance(answer, tv.NoulAnswer)
-        return {
-            "type": "noul",
-            "noul": answer.noul,
-            "confidence": answer.confidence,
-            "probabilities": dict(answer.probabilities),
-            "off_menu_mass": off_menu,
-        }
+        return answer_fields(answer, off_menu_mass=off_menu)
 
     async def ask_choice(
         self, state: State, instructions: Instructions, options: Options
@@ -252,14 +242,7 @@ class _Tools:
             answer, off_menu = await self._judge_one(state, question)
         except tv.TypevetError as error:
             raise _tool_error(error) from None
-        assert isinstance(answer, tv.ChoiceAnswer)
-        return {
-            "type": "choice",
-            "choice": answer.choice,
-            "confidence": answer.confidence,
-            "probabilities": dict(answer.probabilities),
-            "off_menu_mass": off_menu,
-        }
+        return answer_fields(answer, off_menu_mass=off_menu)
 
     async def ask_score(
         self, state: State, instructions: Instructions, levels: Levels
@@ -275,15 +258,7 @@ class _Tools:
             )
         except tv.TypevetError as error:
             raise _tool_error(error) from None
-        assert isinstance(answer, tv.ScoreAnswer)
-        return {
-            "type": "score",
-            "score": answer.score,
-            "confidence": answer.confidence,
-            "legend": {str(index): level for index, level in enumerate(answer.legend)},
-            "probabilities": {str(level): p for level, p in answer.probabilities.items()},
-            "off_menu_mass": off_menu,
-        }
+        return answer_fields(answer, off_menu_mass=off_menu)
 
     async def ask(self, state: State, questions: Questions) -> SystemOneResponse:
         """Ask several typed questions about the state at once, in the System One shape.

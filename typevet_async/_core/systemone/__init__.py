@@ -1,0 +1,90 @@
+"""The System One wire (``POST /v1/systemone``), both directions: requests, responses, errors.
+
+Shapes as the official client's models define them (``typesafe_sdk._schemas.models``):
+
+- request ``{"model", "state", "questions", "assets"?}``: ``state`` a string, object or array;
+  ``questions`` id -> ``{"type": "noul" | "choice" | "score", "instructions"?, "criteria"?}``
+  (a Noul's criteria ``{"true"?, "false"?}``, a Choice's name -> description, a Score's an
+  ordered list of level descriptions); ``assets`` placeholder -> ``{"type": "image",
+  "format", "data_base64"}``.
+- response ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}``, each answer
+  the System One answer of its type. Our richer record rides along under ``"typevet"``
+  (`EXTENSION`: our usage and each answer's diagnostics), which System One clients ignore.
+- validation failure: HTTP 422 with ``{"detail": [{"loc", "msg", "type", "input", "ctx"}]}``.
+
+**Structured text.** Instructions and criteria may be a string, an object or an array. A string
+is used as it is; any other value is rendered as compact JSON, its keys in the order given,
+non-ASCII kept (`render_structured`): the same value always gives the same prompt text. A
+Score's legend in the response carries the criteria as they were sent.
+
+**Usage.** ``input_tokens`` is the prompt tokens the server evaluated for every read, cached or
+not (what a read costs); ``output_tokens`` is 0: no token is generated, each read is one
+forward pass over the prompt.
+
+**Assets.** Each image asset becomes an image of the judgment, in the order its placeholder
+first appears (state, then each question's instructions and criteria); the placeholder text
+itself is replaced by ``[image N]``. The SDK puts a judgment's images before its state, so an
+image is not placed inline where its placeholder stood. An asset no placeholder uses is
+refused. A ``multipart/form-data`` request (how the official client sends images: a
+``request`` part holding the JSON, whose assets name their ``part``, then one part per image)
+is HTTP work, the gateway's (`typevet_async._gateway.multipart`): it turns the parts into JSON
+assets and hands the request to `request_from_system_one`.
+"""
+
+from __future__ import annotations
+
+from typevet_async._core.systemone.answers import (
+    SYSTEM_ONE_SLACK,
+    SystemOneAnswer,
+    answers_from_system_one,
+)
+from typevet_async._core.systemone.questions import (
+    EXTENSION,
+    question_from_system_one,
+    question_to_system_one,
+    questions_from_system_one,
+    render_structured,
+)
+from typevet_async._core.systemone.requests import (
+    SystemOneCall,
+    request_from_system_one,
+    request_to_system_one,
+    validation_detail,
+)
+from typevet_async._core.systemone.responses import (
+    answer_fields,
+    answer_to_system_one,
+    response_to_system_one,
+)
+from typevet_async._core.systemone.schema import (
+    ANSWER_FIELDS,
+    USAGE_FIELDS,
+    AnswerField,
+    Value,
+    wire_fields,
+)
+from typevet_async._errors import SystemOneValidationError
+
+__all__ = [
+    "ANSWER_FIELDS",
+    "EXTENSION",
+    "SYSTEM_ONE_SLACK",
+    "USAGE_FIELDS",
+    "AnswerField",
+    "SystemOneAnswer",
+    "SystemOneCall",
+    "SystemOneValidationError",
+    "Value",
+    "answer_fields",
+    "answer_to_system_one",
+    "answers_from_system_one",
+    "question_from_system_one",
+    "question_to_system_one",
+    "questions_from_system_one",
+    "render_structured",
+    "request_from_system_one",
+    "request_to_system_one",
+    "response_to_system_one",
+    "validation_detail",
+    "wire_fields",
+]
