@@ -25,9 +25,9 @@ from typevet_async._backends.system_one import (
     SystemOneConfig,
 )
 from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
-from typevet_async._core.redaction import redact
 from typevet_async._errors import ConfigurationError
 from typevet_async._options import api_key, optional, positive_int, sequence_of
+from typevet_async._redaction import redact
 from typevet_async._settings import DEFAULT_MAX_CONCURRENCY, SessionSettings
 from typevet_async._slicing import SLICE
 
@@ -96,7 +96,7 @@ def _endpoints(
         return _endpoints(urls[0], build, http)
     members = [(redact(each.rstrip("/")), build(each)) for each in urls]
     return AsyncFleet(
-        members, retry=RetryPolicy(max_retries=http.max_retries), slots=http.endpoint_slots
+        members, retry=RetryPolicy(max_retries=http.max_retries), endpoint_slots=http.endpoint_slots
     )
 
 

@@ -38,7 +38,7 @@ question carry its id in ``question_id``; errors of one prompt of a generation c
 prompt's index in ``prompt_index``.
 
 Every error redacts itself as it is built: its message, every attribute it is given (a body,
-a payload, the raw output) and every note pass through `typevet_async._core.redaction`, so no
+a payload, the raw output) and every note pass through `typevet_async._redaction`, so no
 API key or URL password reaches ``str``, ``repr``, a traceback or a batch's answers file,
 whichever part of the SDK raised it.
 """
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from typevet_async._core.redaction import redact, redact_value
+from typevet_async._redaction import redact, redact_value
 
 __all__ = [
     "BackendError",

@@ -17,8 +17,8 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
-from typevet_async._core.redaction import redact
 from typevet_async._errors import ConfigurationError
+from typevet_async._redaction import redact
 
 __all__ = [
     "UNSET",

@@ -48,7 +48,7 @@ def fleet_of(
     return tv.AsyncFleet(
         members,
         retry=tv.RetryPolicy(max_retries=max_retries),
-        slots=slots,
+        endpoint_slots=slots,
         cooldown=0.05,
         max_cooldown=0.2,
     )

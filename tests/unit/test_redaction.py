@@ -22,7 +22,7 @@ import pytest_asyncio
 import typevet_async as tv
 from typevet_async._backends.http import HttpClient
 from typevet_async._core.kept_errors import error_chain
-from typevet_async._core.redaction import (
+from typevet_async._redaction import (
     MASK,
     excerpt,
     redact,

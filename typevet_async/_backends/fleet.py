@@ -139,13 +139,13 @@ class AsyncFleet:
         members: Sequence[tuple[str, Backend]],
         *,
         retry: RetryPolicy,
-        slots: int | None = None,
+        endpoint_slots: int | None = None,
         cooldown: float = 1.0,
         max_cooldown: float = 30.0,
     ) -> None:
         """:param members: (name, backend) per endpoint, the name shown in errors and
         diagnostics (the redacted base URL); at least two, of one kind.
-        :param slots: the most reads one endpoint takes at once (None: what it declares).
+        :param endpoint_slots: the most reads one endpoint takes at once (None: what it declares).
         """
         if len(members) < 2:
             raise ConfigurationError("a fleet needs at least two endpoints")
@@ -154,7 +154,7 @@ class AsyncFleet:
             raise ConfigurationError("every endpoint of a fleet must be of one kind")
         self._endpoints = [_Endpoint(n, name, backend) for n, (name, backend) in enumerate(members)]
         self._retry = retry
-        self._slots = slots
+        self._slots = endpoint_slots
         self._cooldown = (cooldown, max_cooldown)
         first = members[0][1].capabilities
         limits = [backend.capabilities.max_concurrency for _, backend in members]

@@ -52,7 +52,6 @@ from typevet_async._backends.retrying import (
     retrying,
     transient_but_no_timeout,
 )
-from typevet_async._core.redaction import redact
 from typevet_async._errors import ConfigurationError, ProtocolError, SessionStateError, TypevetError
 from typevet_async._options import (
     UNSET,
@@ -65,6 +64,7 @@ from typevet_async._options import (
     positive_number,
     resolve,
 )
+from typevet_async._redaction import redact
 from typevet_async._slicing import SLICE, yield_if_busy
 
 __all__ = [

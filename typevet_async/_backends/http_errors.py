@@ -16,7 +16,6 @@ import aiohttp
 from aiohttp.http import RawResponseMessage
 from aiohttp.http_exceptions import ContentEncodingError
 
-from typevet_async._core.redaction import excerpt, redact
 from typevet_async._errors import (
     ProtocolError,
     RequestTimeoutError,
@@ -24,6 +23,7 @@ from typevet_async._errors import (
     TransportError,
     TypevetError,
 )
+from typevet_async._redaction import excerpt, redact
 
 __all__ = ["is_stale_connection", "map_client_error", "parse_retry_after", "server_error"]
 

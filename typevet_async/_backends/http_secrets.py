@@ -2,7 +2,7 @@
 
 A client (`typevet_async._backends.http.HttpClient`) registers its API key when it is built,
 and its URL's user and password when it is given the URL (built, or opened with it), with
-`typevet_async._core.redaction`, in the forms a server may echo them in; every error then
+`typevet_async._redaction`, in the forms a server may echo them in; every error then
 redacts itself against them. Building an `HttpSettings` registers nothing: a key is
 registered once a client that sends it exists.
 """
@@ -14,7 +14,7 @@ import urllib.parse
 
 import orjson
 
-from typevet_async._core.redaction import SHORT, register_secret
+from typevet_async._redaction import SHORT, register_secret
 
 __all__ = ["register_api_key", "register_url_credentials"]
 

@@ -57,7 +57,6 @@ from typevet_async._core.readings import (
     present_candidates,
     read_entries,
 )
-from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     CandidateMissingError,
@@ -76,6 +75,7 @@ from typevet_async._options import (
     positive_int,
     url,
 )
+from typevet_async._redaction import redact, redacted_repr
 
 __all__ = [
     "DEFAULT_CLAMP_TOP_K",

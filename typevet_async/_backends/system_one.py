@@ -44,7 +44,6 @@ from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model
 from typevet_async._core.questions import Question
 from typevet_async._core.readings import CandidateRead
-from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     ConfigurationError,
@@ -54,6 +53,7 @@ from typevet_async._errors import (
     UnsupportedTemplateError,
 )
 from typevet_async._options import Unset, non_empty_text, optional, url
+from typevet_async._redaction import redact, redacted_repr
 
 __all__ = ["SESSION_SETTINGS_REFUSED", "AsyncSystemOne", "SystemOneConfig"]
 

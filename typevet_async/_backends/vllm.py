@@ -46,7 +46,6 @@ from typevet_async._core.framing import classify_template
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model
 from typevet_async._core.readings import CandidateRead, missing_options, validated_logprobs
-from typevet_async._core.redaction import redact, redacted_repr
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     ConfigurationError,
@@ -55,6 +54,7 @@ from typevet_async._errors import (
 )
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, one_of, url
+from typevet_async._redaction import redact, redacted_repr
 
 __all__ = [
     "MAX_LOGPROB_TOKEN_IDS",
