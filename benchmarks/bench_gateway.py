@@ -7,7 +7,7 @@ Each client sends one Noul question per fresh ticket, ``--requests`` per pass, a
 (a) ``direct``: ``await session.judge(ticket, {"refund": Noul})`` on one long-lived
     ``tv.Session.llama_cpp(url, max_concurrency=32)``;
 (b) ``gateway aiohttp``: ``POST /v1/systemone`` with a plain aiohttp client (orjson bodies) to
-    ``typevet-async serve --base-url URL --max-concurrency 32 --max-in-flight 32 --max-queue
+    ``typevet-async serve --base-url URL --max-concurrency 32 --max-active-requests 32 --max-queue
     32``, run as a child process (as it is deployed: its CPU is not the client's);
 (c) ``gateway official``: the official async client (``typesafe_sdk.AsyncTypeSafeClient``,
     retries off) to the same gateway;
@@ -99,8 +99,8 @@ class Gateway:
         command = [
             sys.executable, "-m", "typevet_async._cli", "serve", "--base-url", url,
             "--port", "0", "--keys-env", "BENCH_GATEWAY_KEYS",
-            "--max-concurrency", str(CONCURRENCY), "--max-in-flight", str(CONCURRENCY),
-            "--max-queue", str(CONCURRENCY), "--timeout", "600",
+            "--max-concurrency", str(CONCURRENCY), "--max-active-requests", str(CONCURRENCY),
+            "--max-queue", str(CONCURRENCY), "--request-deadline", "600",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
         self.log = Path(tempfile.mkdtemp(prefix="bench-gateway-")) / "gateway.log"
@@ -222,7 +222,7 @@ class Clients:
 async def in_process_gateway(url: str) -> AsyncIterator[str]:
     """The gateway app in this process, over its own session of the same settings: its URL."""
     config = GatewayConfig(
-        keys=(KEY,), max_in_flight=CONCURRENCY, max_queue=CONCURRENCY, timeout=600
+        keys=(KEY,), max_active_requests=CONCURRENCY, max_queue=CONCURRENCY, request_deadline=600
     )
     async with gateway.running(
         tv.Session.llama_cpp(url, max_concurrency=CONCURRENCY), config

@@ -33,7 +33,7 @@ LAG_BOUND = 0.25
 @pytest_asyncio.fixture
 async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
     session = tv.Session.llama_cpp(gemma3_url)
-    async with running(session, GatewayConfig(keys=(KEY,), timeout=120)) as url:
+    async with running(session, GatewayConfig(keys=(KEY,), request_deadline=120)) as url:
         async with aiohttp.ClientSession() as http:
             for _ in range(1200):
                 async with http.get(f"{url}/readyz") as response:

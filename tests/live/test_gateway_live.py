@@ -299,8 +299,8 @@ async def test_sigterm_drains_the_requests_in_flight_and_refuses_new_connections
     gateway_process: Callable[..., GatewayProcess], gemma3_url: str
 ) -> None:
     gateway = gateway_process(
-        "--max-in-flight", str(IN_FLIGHT), "--max-concurrency", "1",
-        "--shutdown-timeout", str(DRAIN_TIMEOUT), "--timeout", "300",
+        "--max-active-requests", str(IN_FLIGHT), "--max-concurrency", "1",
+        "--shutdown-timeout", str(DRAIN_TIMEOUT), "--request-deadline", "300",
     )  # fmt: skip
     # A fresh connection per request: none is a pooled one the shutdown closes while idle.
     connector = aiohttp.TCPConnector(force_close=True)
@@ -362,8 +362,8 @@ async def test_past_the_shutdown_timeout_the_judgments_left_answer_503(
 ) -> None:
     cut_off = 1.5
     gateway = gateway_process(
-        "--max-in-flight", str(IN_FLIGHT), "--max-concurrency", "1",
-        "--shutdown-timeout", str(cut_off), "--timeout", "300",
+        "--max-active-requests", str(IN_FLIGHT), "--max-concurrency", "1",
+        "--shutdown-timeout", str(cut_off), "--request-deadline", "300",
     )  # fmt: skip
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
         asked = [

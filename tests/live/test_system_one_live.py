@@ -49,7 +49,7 @@ TICKETS = [
 @pytest_asyncio.fixture
 async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
     session = tv.Session.llama_cpp(gemma3_url, reproducible=True)
-    async with gateway.running(session, GatewayConfig(keys=(KEY,), timeout=120)) as url:
+    async with gateway.running(session, GatewayConfig(keys=(KEY,), request_deadline=120)) as url:
         await wait_until_ready(url)
         yield url
 

@@ -256,7 +256,7 @@ def test_a_zip_bomb_stops_at_the_cap() -> None:
 async def test_a_full_gateway_answers_429_with_retry_after() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours["refund"] = sleeping(0.5)
-    client, _ = await start(backend, max_in_flight=1, max_queue=1)
+    client, _ = await start(backend, max_active_requests=1, max_queue=1)
     try:
         first = [
             asyncio.create_task(client.post("/v1/systemone", json=request_body(), headers=AUTH))
@@ -277,7 +277,7 @@ async def test_a_full_gateway_answers_429_with_retry_after() -> None:
 async def test_the_default_queue_and_retry_after_follow_the_measured_drain_rate() -> None:
     # The queue stopped at 8 + 16 (below a common client pool) with a constant Retry-After of 1.
     backend = InMemoryStubBackend()
-    client, _ = await start(backend, max_in_flight=2, timeout=60.0)
+    client, _ = await start(backend, max_active_requests=2, request_deadline=60.0)
     state = client.app[STATE]
     try:
         assert state.queue_limit() == DEFAULT_AUTO_QUEUE  # nothing measured yet
@@ -307,7 +307,7 @@ async def test_the_default_queue_and_retry_after_follow_the_measured_drain_rate(
 async def test_a_request_past_its_timeout_is_a_504() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours["refund"] = sleeping(5)
-    client, _ = await start(backend, timeout=0.2)
+    client, _ = await start(backend, request_deadline=0.2)
     try:
         response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
         assert response.status == 504
@@ -335,7 +335,7 @@ async def test_upstream_errors_map_to_statuses(error: Exception, status: int) ->
         raise error
 
     backend.behaviours["refund"] = fail
-    client, _ = await start(backend, max_in_flight=1)
+    client, _ = await start(backend, max_active_requests=1)
     try:
         response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
         assert response.status == status
@@ -721,7 +721,7 @@ async def test_a_shutdown_refuses_new_connections_and_finishes_the_requests_in_f
     backend = InMemoryStubBackend()
     backend.behaviours["refund"] = sleeping(1.0)
     stop = asyncio.Event()
-    task, url = await serving(backend, stop, max_in_flight=2, shutdown_timeout=10)
+    task, url = await serving(backend, stop, max_active_requests=2, shutdown_timeout=10)
     async with aiohttp.ClientSession() as http:
 
         async def ask() -> tuple[int, Any]:
@@ -748,7 +748,7 @@ async def test_judgments_past_the_shutdown_timeout_answer_503() -> None:
     backend = InMemoryStubBackend()
     backend.behaviours["refund"] = sleeping(60)
     stop = asyncio.Event()
-    task, url = await serving(backend, stop, max_in_flight=1, shutdown_timeout=0.5)
+    task, url = await serving(backend, stop, max_active_requests=1, shutdown_timeout=0.5)
     async with aiohttp.ClientSession() as http:
 
         async def ask() -> tuple[int, Any, str | None]:
@@ -860,7 +860,7 @@ async def test_a_client_that_goes_away_cancels_its_judgment_and_frees_its_slot(
 ) -> None:
     backend = InMemoryStubBackend()
     backend.state_behaviours[STATE_TEXT] = sleeping(30)
-    client, _ = await start(backend, max_in_flight=1, max_queue=0)
+    client, _ = await start(backend, max_active_requests=1, max_queue=0)
     try:
         with caplog.at_level(logging.INFO, logger="typevet_async.gateway.access"):
             with pytest.raises(asyncio.TimeoutError):
@@ -992,7 +992,8 @@ def test_the_default_connection_cap_is_half_the_descriptor_limit() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("max_in_flight", 0), ("max_queue", -1), ("timeout", 0.0), ("max_body_bytes", 0),
+        ("max_active_requests", 0), ("max_queue", -1), ("request_deadline", 0.0),
+        ("max_body_bytes", 0),
         ("max_questions", 0), ("max_assets", -3), ("max_items", 0), ("max_depth", 0),
         ("decode_cpu_seconds", float("nan")), ("decode_threads", 0), ("idle_timeout", -1.0),
         ("body_timeout", float("inf")), ("max_connections", 0), ("shutdown_timeout", 0),

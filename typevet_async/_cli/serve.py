@@ -73,7 +73,7 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         help="questions a request may ask; past it a 422 naming the limit (default: 400)",
     )
     serve.add_argument(
-        "--max-in-flight",
+        "--max-active-requests",
         type=positive_int,
         default=8,
         metavar="N",
@@ -85,11 +85,11 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="requests that may wait for a slot; one more is a 429 with Retry-After (default: "
-        "as many as the measured drain rate serves within --timeout, at least "
+        "as many as the measured drain rate serves within --request-deadline, at least "
         f"{gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before anything is measured)",
     )
     serve.add_argument(
-        "--timeout",
+        "--request-deadline",
         type=positive_float,
         default=60.0,
         metavar="SECONDS",
@@ -134,9 +134,9 @@ async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
         keys=keys,
         max_questions=args.max_questions,
         max_connections=args.max_connections,
-        max_in_flight=args.max_in_flight,
+        max_active_requests=args.max_active_requests,
         max_queue=args.max_queue,
-        timeout=args.timeout,
+        request_deadline=args.request_deadline,
         max_body_bytes=args.max_body_bytes,
         shutdown_timeout=args.shutdown_timeout,
     )

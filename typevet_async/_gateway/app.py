@@ -129,7 +129,7 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     if isinstance(decoded, web.Response):
         return decoded
     call, images = decoded
-    if state.admitted >= state.config.max_in_flight + state.queue_limit():
+    if state.admitted >= state.config.max_active_requests + state.queue_limit():
         wait = state.retry_after()
         retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
         return error_response(
@@ -189,7 +189,7 @@ async def _judged(
     if task is not None:
         state.judging.add(task)
     try:
-        async with asyncio.timeout(config.timeout), state.slots:
+        async with asyncio.timeout(config.request_deadline), state.slots:
             if state.metrics is not None:
                 state.metrics.in_flight.inc()
             try:
@@ -215,7 +215,8 @@ async def _judged(
         if state.metrics is not None:
             state.metrics.errors.labels("Timeout").inc()
         return error_response(
-            504, ["server"], f"the request outlived the gateway's {config.timeout}s timeout",
+            504, ["server"],
+            f"the request outlived the gateway's {config.request_deadline}s deadline",
             "timeout",
         )  # fmt: skip
     except tv.TypevetError as error:
@@ -320,7 +321,7 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     app[SESSION] = session
     app[STATE] = GatewayState(
         config,
-        asyncio.Semaphore(config.max_in_flight),
+        asyncio.Semaphore(config.max_active_requests),
         anyio.CapacityLimiter(config.decode_threads),
         Metrics.create(),
     )

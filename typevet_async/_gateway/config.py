@@ -49,14 +49,14 @@ class GatewayConfig:
         default=(), validator=sequence_of(str, "a tuple of key strings")
     )
     #: Requests judged at once.
-    max_in_flight: int = attrs.field(default=8, validator=positive_int)
+    max_active_requests: int = attrs.field(default=8, validator=positive_int)
     #: Requests that may wait for a slot; one more is a 429. None (the default): as many as the
-    #: measured drain rate serves within ``timeout`` (at least `MIN_AUTO_QUEUE`, and
+    #: measured drain rate serves within ``request_deadline`` (at least `MIN_AUTO_QUEUE`, and
     #: `DEFAULT_AUTO_QUEUE` before anything has been measured): a request is shed only when it
-    #: would wait past its timeout anyway.
+    #: would wait past its deadline anyway.
     max_queue: int | None = attrs.field(default=None, validator=optional(non_negative_int))
     #: Seconds per request, waiting for a slot included (None: no limit) -> 504.
-    timeout: float | None = attrs.field(default=60.0, validator=optional(positive_number))
+    request_deadline: float | None = attrs.field(default=60.0, validator=optional(positive_number))
     #: The largest body, compressed or not (decompressed bytes count too) -> 413.
     max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=positive_int)
     #: Questions a request may ask -> 422 (OpenAI's Decisions API allows 400).

@@ -111,9 +111,9 @@ class GatewayState:
         if self.config.max_queue is not None:
             return self.config.max_queue
         rate = self.drain_rate()
-        if rate is None or self.config.timeout is None:
+        if rate is None or self.config.request_deadline is None:
             return DEFAULT_AUTO_QUEUE
-        return int(min(MAX_AUTO_QUEUE, max(MIN_AUTO_QUEUE, rate * self.config.timeout)))
+        return int(min(MAX_AUTO_QUEUE, max(MIN_AUTO_QUEUE, rate * self.config.request_deadline)))
 
     def retry_after(self) -> float:
         """Seconds until a place in the queue is likely free, from the drain rate (1 s before
@@ -121,7 +121,7 @@ class GatewayState:
         rate = self.drain_rate()
         if rate is None:
             return 1.0
-        excess = self.admitted - (self.config.max_in_flight + self.queue_limit()) + 1
+        excess = self.admitted - (self.config.max_active_requests + self.queue_limit()) + 1
         return min(60.0, max(1.0, excess / rate))
 
 
