@@ -25,6 +25,7 @@ from mcp.types import CallToolResult, TextContent
 
 import typevet_async as tv
 from typevet_async._core.systemone import request_from_system_one, response_to_system_one
+from typevet_async._presenting import model_alias
 
 from .helpers import assert_close_json
 
@@ -142,7 +143,10 @@ async def test_every_tool_answers_as_a_direct_judgment(gemma3_url: str, spawned:
     call = request_from_system_one({"model": "any", "state": STATE, "questions": QUESTIONS})
     several = await direct(gemma3_url, STATE, call.questions)
     async with tv.Session.llama_cpp(gemma3_url) as session:
-        model = (await session.probe()).model_ids[0]
+        # Named as the gateway names it: a local GGUF's path by its file name.
+        model = model_alias((await session.probe()).model_ids[0])
+        assert model is not None
+        assert "/" not in model
 
     async with mcp_server(gemma3_url, spawned) as client:
         listed = (await client.list_tools()).tools
