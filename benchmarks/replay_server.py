@@ -33,10 +33,10 @@ SDK sends; ``POST /_replay/reset`` zeroes the counters (between two measured run
 values in it then derived from the prompt the request carried, so that a client can tie each
 read it got back to the prompt it sent, with no model: ``tokens_evaluated`` becomes the prompt's
 size (`prompt_size`: its text's UTF-8 bytes, plus one per token id after the text) and
-``timings/cache_n`` 0, and every entry of the first position's ``top_logprobs`` is lowered by
-the size over 10,000 (`DERIVED_SHIFT`; order and differences between entries unchanged, so the
-answer read from them is the recorded one). It is a stub, and proves only what is *not* the
-model: that each read's reply reached the request that asked for it.
+``timings/cache_n`` 0, and each entry of the first position's ``top_logprobs`` is lowered by
+the size times `DERIVED_SHIFT` times ``1 + id % 5`` (`derived_logprob`; then sorted again), so
+the answer read from them moves with the prompt's size too. It is a stub, and proves only what
+is *not* the model: that each read's reply reached the request that asked for it.
 
 **The simulation** (``--service-time SECONDS --slots N``, or
 ``ReplayServerProcess(service_time=..., slots=...)``): a server whose capacity is fixed and
@@ -112,8 +112,16 @@ def _messages_key(messages: Any) -> str:
     return json.dumps(messages, sort_keys=True, ensure_ascii=False)
 
 
-#: ``--derive``: each logprob of a read is lowered by its prompt's size times this.
+#: ``--derive``: each logprob of a read is lowered by its prompt's size times this, times
+#: ``1 + id % 5`` (`derived_logprob`).
 DERIVED_SHIFT = 1e-4
+
+
+def derived_logprob(recorded: float, token_id: int, size: int) -> float:
+    """``--derive``'s logprob of ``token_id`` for a prompt of ``size`` (`prompt_size`): the
+    recorded one lowered by ``size * DERIVED_SHIFT * (1 + token_id % 5)``; the digits' ids
+    (0, 1, 2) differ mod 5 in Gemma 3's vocabulary, so their softmax moves with the size."""
+    return recorded - size * DERIVED_SHIFT * (1 + token_id % 5)
 
 
 def prompt_size(prompt: Any) -> int:
@@ -129,8 +137,8 @@ def prompt_size(prompt: Any) -> int:
 
 def derived_reply(recorded: dict[str, Any], prompt: Any) -> bytes:
     """``recorded`` (a parsed ``/completion`` body, left as it is) marked by ``prompt``:
-    ``tokens_evaluated`` its size, nothing cached, the first position's logprobs lowered by
-    ``size * DERIVED_SHIFT``."""
+    ``tokens_evaluated`` its size, nothing cached, the first position's logprobs each
+    `derived_logprob`, most likely first as llama.cpp sends them."""
     size = prompt_size(prompt)
     reply = dict(recorded)
     reply["tokens_evaluated"] = size
@@ -139,8 +147,11 @@ def derived_reply(recorded: dict[str, Any], prompt: Any) -> bytes:
     if isinstance(reply.get("timings"), dict):
         reply["timings"] = {**reply["timings"], "cache_n": 0}
     first, *rest = reply["completion_probabilities"]
-    shift = size * DERIVED_SHIFT
-    entries = [{**entry, "logprob": entry["logprob"] - shift} for entry in first["top_logprobs"]]
+    entries = [
+        {**entry, "logprob": derived_logprob(entry["logprob"], entry["id"], size)}
+        for entry in first["top_logprobs"]
+    ]
+    entries.sort(key=lambda entry: -entry["logprob"])
     reply["completion_probabilities"] = [{**first, "top_logprobs": entries}, *rest]
     return orjson.dumps(reply)
 

@@ -4,7 +4,8 @@ each, sent with a plain aiohttp client, over a REPLAYING upstream (a stub, named
 The upstream is `benchmarks.replay_server` run with ``--derive`` in a child process: a llama.cpp
 server that answers every read at once with a body recorded from the real server, two values
 in it derived from the prompt the read carried (its size: UTF-8 bytes): ``tokens_evaluated``
-is that size, and every logprob is lowered by size x `DERIVED_SHIFT`. What it proves is the
+is that size, and each logprob is lowered by an amount proportional to it (`derived_logprob`),
+so each request's answer is its own. What it proves is the
 gateway's, not the model's: the model's server is proven elsewhere (``test_gateway_live``: the
 gateway's answers equal a direct session's over real llama.cpp and vLLM, 200 requests at
 concurrency 32 lost none; ``test_qwen_live``: the prompt tokens a judgment reports are the
@@ -21,8 +22,8 @@ Every request is told apart, so that an answer matched to the wrong request fail
   length must be one constant across all requests (the question around the state is the
   same), so each of the 1,000 answers carries the one size its own request's state gives;
 - the logprobs the answer was read from are its own read's: each lowered by its own prompt's
-  size (one constant across all requests once the shift is added back), and the noul is their
-  softmax.
+  size (one recorded value per control across all requests once the shift is undone), the noul
+  is their softmax, and no two requests got the same noul.
 
 Every read the upstream served is one a request asked for (reads counted both sides, none
 unanswered). Then nothing is left: no connection the gateway still holds once the client
@@ -48,9 +49,9 @@ from benchmarks.bench_gateway_load import (
     through_gateway,
 )
 from benchmarks.replay_server import (
-    DERIVED_SHIFT,
     RECORDED_SETTINGS,
     ReplayServerProcess,
+    derived_logprob,
     prompt_size,
 )
 
@@ -85,14 +86,14 @@ async def test_1000_requests_at_concurrency_32_through_the_gateway() -> None:
     }
     # ... and that size is the request's own state's, around one rendering of the question.
     around_state = {billed[n] // reads[n] - len(state(n).encode()) for n in prompts}
-    # The logprobs: each lowered by its own prompt's size; added back, one value per control.
-    restored = {
-        tuple(
-            round(logprob + prompt_size(prompt) * DERIVED_SHIFT, 9)
-            for logprob in outcomes[n].body["typevet"]["diagnostics"][f"r{n}"]["logprobs"]
-        )
-        for n, prompt in prompts.items()
-    }
+    # The logprobs: each lowered by its own prompt's size; undone, one value per control.
+    restored = set()
+    for n, prompt in prompts.items():
+        diagnostics = outcomes[n].body["typevet"]["diagnostics"][f"r{n}"]
+        size = prompt_size(prompt)
+        pairs = zip(diagnostics["token_ids"], diagnostics["logprobs"], strict=True)
+        restored.add(tuple(round(lp - derived_logprob(0.0, token, size), 9) for token, lp in pairs))
+    nouls = {outcomes[n].body["answers"][f"r{n}"]["noul"] for n in prompts}
     figures: dict[str, Any] = {
         "requests": REQUESTS,
         "concurrency": CONCURRENCY,
@@ -103,6 +104,7 @@ async def test_1000_requests_at_concurrency_32_through_the_gateway() -> None:
         "answers_not_their_requests": len(wrong),
         "reads_not_their_prompts": len(wrong_reads),
         "distinct_billed_sizes": len(set(billed.values())),
+        "distinct_nouls": len(nouls),
         "reads": sum(reads.values()),
         "reads_served": served["requests"].get("/completion", 0),
         "connections_left": left.connections,
@@ -125,6 +127,7 @@ async def test_1000_requests_at_concurrency_32_through_the_gateway() -> None:
     assert len(around_state) == 1, sorted(around_state)[:5]
     assert len(set(billed.values())) == REQUESTS  # every answer's size names one request
     assert len(restored) == 1, sorted(restored)[:5]
+    assert len(nouls) == REQUESTS  # every answer is its own request's
     assert served["unanswered"] == []
     assert figures["reads_served"] == figures["reads"]  # no read lost, none sent twice
     assert left.connections == 0
