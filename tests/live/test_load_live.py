@@ -182,8 +182,9 @@ def save_figures(figures: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
-    """The replaying upstream (module docstring), in a child process: its URL."""
-    with ReplayServerProcess(derive=True) as server:
+    """The replaying upstream (module docstring), in a child process: its URL. Each read holds
+    one of 64 slots for 20 ms, so that the reads a pass keeps in flight overlap there."""
+    with ReplayServerProcess(derive=True, service_time=0.02, slots=CONCURRENCY) as server:
         yield server.url
 
 
