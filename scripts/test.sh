@@ -29,6 +29,6 @@ step "mypy --strict"
 .venv/bin/mypy --strict typevet_async examples
 step "import layering (lint-imports)"
 .venv/bin/lint-imports
-step "pytest: unit tests, then live tests against real servers (about 25 to 37 min on 2 cores; the load tests 6 to 13, eval over the shipped set about 4)"
+step "pytest: unit tests, then live tests against real servers (about 21 min on a shared 2-core machine: unit 1.5, live 20; the longest, the web app's 50 requests and the Ray comparison, about 3 and 2)"
 # -v names each test as it starts: the long live tests are not one silent dot.
 exec .venv/bin/python -m pytest tests -v --durations=10 "$@"

@@ -60,11 +60,11 @@ FLAT_MEMORY_MIB = 8.0
 SUBJECTS = ["charged twice", "parcel late", "password reset", "refund missing", "wrong size"]
 
 
-def records() -> Iterator[tuple[int, str]]:
+def records(count: int = RECORDS) -> Iterator[tuple[int, str]]:
     """Short, distinct states, produced lazily (judge_many never materialises them); any 128
     records in a row differ in length (fixed-width fields, then ``n % 128`` dots), so their
     answers differ too."""
-    for n in range(RECORDS):
+    for n in range(count):
         subject = SUBJECTS[n % len(SUBJECTS)]
         order = n * 7919 % 100_000
         yield n, f"Record {n}: {subject:<14}, order {order:05d}." + "." * (n % 128)
@@ -82,10 +82,11 @@ class Run:
     """One pass over the records: outcomes in fixed-size arrays (so the bookkeeping does not
     itself grow memory) and figures."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
         #: Per record: P(billing), then P(route = each label); NaN until answered.
-        self.answers = array.array("d", [float("nan")] * (RECORDS * 4))
-        self.seen = array.array("i", [0] * RECORDS)
+        self.count = count
+        self.answers = array.array("d", [float("nan")] * (count * 4))
+        self.seen = array.array("i", [0] * count)
         #: Per failed record: the error's type and message, as a pipeline would log them.
         #: Not the exception object: a kept exception pins ~50 KB of RSS through allocator
         #: fragmentation (README, "Reliability"), which is the caller's choice, not the SDK's.
@@ -111,39 +112,43 @@ class Run:
         return list(self.answers[record * 4 : record * 4 + 4])
 
 
-async def run_load(url: str, label: str) -> Run:
-    run = Run()
+async def run_load(
+    url: str, label: str, count: int = RECORDS, settings: dict[str, Any] = RECORDED_SETTINGS
+) -> Run:
+    """One pass of ``count`` records over ``url``, on a session of ``settings``: by default
+    the recorded bodies' controls (digits), with which each question is read once over the
+    replaying upstream (`benchmarks.bench_load` passes none for the real server)."""
+    run = Run(count)
     reads = InFlightCounter("/completion")
     gc.collect()
     rss_start = rss_mib()
     started = time.monotonic()
 
     def progress(state: tv.Progress) -> None:
-        if state.done % (RECORDS // 20 or 1) == 0:
+        if state.done % (count // 20 or 1) == 0:
             run.rss.append((state.done, rss_mib()))
 
-    # The recorded bodies' controls (digits): each question is read once, at the first K.
     async with tv.Session.llama_cpp(
-        url, max_concurrency=CONCURRENCY, trace_configs=[reads.config], **RECORDED_SETTINGS
+        url, max_concurrency=CONCURRENCY, trace_configs=[reads.config], **settings
     ) as session:
         expected = 0
         async for item in session.judge_many(
-            records(), QUESTIONS, max_in_flight=CONCURRENCY, on_progress=progress
+            records(count), QUESTIONS, max_in_flight=CONCURRENCY, on_progress=progress
         ):
             run.keep(expected, item)
             expected += 1
     elapsed = time.monotonic() - started
     gc.collect()
     # Memory is judged from the point the pools and caches are warm (a tenth of the way in).
-    warm = next(rss for done, rss in run.rss if done >= RECORDS // 10)
+    warm = next(rss for done, rss in run.rss if done >= count // 10)
     run.figures = {
         "run": label,
-        "records": RECORDS,
-        "questions": RECORDS * len(QUESTIONS),
+        "records": count,
+        "questions": count * len(QUESTIONS),
         "concurrency": CONCURRENCY,
         "seconds": round(elapsed, 1),
-        "questions_per_second": round(RECORDS * len(QUESTIONS) / elapsed, 1),
-        "answered": RECORDS - len(run.errors),
+        "questions_per_second": round(count * len(QUESTIONS) / elapsed, 1),
+        "answered": count - len(run.errors),
         "errors": len(run.errors),
         "lost": sum(count == 0 for count in run.seen),
         "duplicated": sum(count > 1 for count in run.seen),
@@ -171,6 +176,63 @@ class Leaks:
         self.fds_left = open_fds() - self.fds
 
 
+async def clean_pass(
+    url: str, count: int = RECORDS, settings: dict[str, Any] = RECORDED_SETTINGS
+) -> Run:
+    """The clean pass over ``url``, with the tasks and descriptors it left."""
+    with Leaks() as leaks:
+        run = await run_load(url, "clean", count, settings)
+    run.figures.update(tasks_left=leaks.tasks_left, fds_left=leaks.fds_left)
+    return run
+
+
+async def faulted_pass(
+    url: str, count: int = RECORDS, settings: dict[str, Any] = RECORDED_SETTINGS
+) -> tuple[Run, RandomFaults]:
+    """The pass through the fault proxy (5% of the responses, seeded) in front of ``url``,
+    with the tasks and descriptors it left, and the faults it met."""
+    with Leaks() as leaks:
+        async with FaultInjectingProxy(url) as proxy:
+            proxy.random_faults = faults = RandomFaults(FAULT_RATE, FAULTS_BY_PATH, seed=20261130)
+            run = await run_load(proxy.url, "faulted", count, settings)
+    run.figures.update(tasks_left=leaks.tasks_left, fds_left=leaks.fds_left)
+    return run, faults
+
+
+def check_faulted(run: Run, clean: Run, faults: RandomFaults) -> None:
+    """Asserts each record of the faulted pass: answered only if no unretryable fault hit it,
+    else a typed error for what hit it; adds the figures, with the largest difference of an
+    answer from the clean pass's."""
+    unretryable = {record for record, hit in faults.by_record.items() if MALFORMED & set(hit)}
+    largest_difference = 0.0
+    for record in range(run.count):
+        failed = run.errors.get(record)
+        if failed is None:  # answered: never a wrong answer
+            assert record not in unretryable, (record, faults.by_record[record])
+            for got, clean_answer in zip(run.answer(record), clean.answer(record), strict=True):
+                largest_difference = max(largest_difference, abs(got - clean_answer))
+        elif record in unretryable:
+            assert issubclass(failed[0], tv.ProtocolError), (record, failed)
+        else:  # only when one request met more transient faults than its retries allow
+            assert issubclass(failed[0], tv.ServerError | tv.TransportError), (record, failed)
+            assert len(faults.by_record[record]) > 2, (record, failed, faults.by_record[record])
+
+    injected = faults.injected
+    run.figures.update(
+        {
+            "fault_rate": FAULT_RATE,
+            "requests_through_proxy": dict(faults.requests),
+            "faults_injected": sum(injected.values()),
+            "faults_by_kind": dict(sorted(injected.items())),
+            "records_hit": len(faults.by_record),
+            "records_hit_unretryable": len(unretryable),
+            "errors_after_exhausted_retries": len(set(run.errors) - unretryable),
+            "errors_by_type": dict(Counter(kind.__name__ for kind, _ in run.errors.values())),
+            "largest_probability_difference_vs_clean": largest_difference,
+        }
+    )
+
+
 def save_figures(figures: dict[str, Any]) -> None:
     path = tv.cache_dir() / "test-logs" / "load.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,14 +253,7 @@ def upstream() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def clean_run(upstream: str) -> Run:
     """The clean pass, shared: the faulted pass compares its answers with these."""
-
-    async def clean() -> Run:
-        with Leaks() as leaks:
-            run = await run_load(upstream, "clean")
-        run.figures.update(tasks_left=leaks.tasks_left, fds_left=leaks.fds_left)
-        return run
-
-    return asyncio.run(clean())
+    return asyncio.run(clean_pass(upstream))
 
 
 async def test_load_clean(clean_run: Run) -> None:
@@ -218,47 +273,17 @@ async def test_load_clean(clean_run: Run) -> None:
 
 
 async def test_load_with_faults_in_five_percent_of_responses(upstream: str, clean_run: Run) -> None:
-    with Leaks() as leaks:
-        async with FaultInjectingProxy(upstream) as proxy:
-            proxy.random_faults = faults = RandomFaults(FAULT_RATE, FAULTS_BY_PATH, seed=20261130)
-            run = await run_load(proxy.url, "faulted")
+    run, faults = await faulted_pass(upstream)
     figures = run.figures
-    figures.update(tasks_left=leaks.tasks_left, fds_left=leaks.fds_left)
     assert figures["lost"] == figures["duplicated"] == figures["out_of_order"] == 0
     assert figures["tasks_left"] == 0
     assert figures["fds_left"] <= 0
-
-    unretryable = {record for record, hit in faults.by_record.items() if MALFORMED & set(hit)}
-    largest_difference = 0.0
-    for record in range(RECORDS):
-        failed = run.errors.get(record)
-        if failed is None:  # answered: never a wrong answer
-            assert record not in unretryable, (record, faults.by_record[record])
-            for got, clean in zip(run.answer(record), clean_run.answer(record), strict=True):
-                largest_difference = max(largest_difference, abs(got - clean))
-        elif record in unretryable:
-            assert issubclass(failed[0], tv.ProtocolError), (record, failed)
-        else:  # only when one request met more transient faults than its retries allow
-            assert issubclass(failed[0], tv.ServerError | tv.TransportError), (record, failed)
-            assert len(faults.by_record[record]) > 2, (record, failed, faults.by_record[record])
-
-    injected = faults.injected
-    figures.update(
-        {
-            "fault_rate": FAULT_RATE,
-            "requests_through_proxy": dict(faults.requests),
-            "faults_injected": sum(injected.values()),
-            "faults_by_kind": dict(sorted(injected.items())),
-            "records_hit": len(faults.by_record),
-            "records_hit_unretryable": len(unretryable),
-            "errors_after_exhausted_retries": len(set(run.errors) - unretryable),
-            "errors_by_type": dict(Counter(kind.__name__ for kind, _ in run.errors.values())),
-            "largest_probability_difference_vs_clean": largest_difference,
-        }
-    )
+    check_faulted(run, clean_run, faults)  # each record answered or failed as its faults say
     save_figures(figures)
     assert sum(faults.requests.values()) > RECORDS * len(QUESTIONS)
     assert figures["faults_injected"] > 0
-    assert largest_difference == 0.0, figures  # the clean run's answer, to the last bit
+    # The clean run's answer, to the last bit: over the replaying upstream a read is the same
+    # every time it is read (over the real server, batching moves the last digits).
+    assert figures["largest_probability_difference_vs_clean"] == 0.0, figures
     growth = figures["rss_mib_end"] - figures["rss_mib_warm"]
     assert growth <= FLAT_MEMORY_MIB, f"RSS grew {growth:.1f} MiB after warm-up: {figures}"
