@@ -1,8 +1,10 @@
 """A llama.cpp server that replays real recorded reply bodies at once, for client-cost benchmarks;
-with ``--service-time`` and ``--slots``, a SIMULATED llama.cpp server of fixed capacity.
+with ``--service-time`` and ``--slots``, a SIMULATED llama.cpp server of fixed capacity; with
+``--derive``, a replaying upstream whose every read is marked by the prompt it was asked for.
 
 Not a benchmark itself: `bench_client_cost`, `bench_event_loop_lag` and `bench_memory` start it
-in a CHILD process (`ReplayServerProcess`), so its CPU is never counted as the client's.
+in a CHILD process (`ReplayServerProcess`), so its CPU is never counted as the client's; the
+gateway's load test (``tests/live/test_gateway_load_live.py``) starts it with ``--derive``.
 
 Every body it sends was recorded from the real server (xllamacpp, llama.cpp build 11549, Gemma 3
 270M), with real ``token`` and ``bytes`` fields in every entry:
@@ -26,6 +28,16 @@ that folder has them, else from ``benchmarks/recorded/llama_cpp/``
 last ``/completion`` request body as received, so a floor client can send the very bodies the
 SDK sends; ``POST /_replay/reset`` zeroes the counters (between two measured runs).
 
+**Derived reads** (``--derive``, or ``ReplayServerProcess(derive=True)``): each ``POST
+/completion`` is answered with the recorded body of its ``n_probs`` (and fields) as above, two
+values in it then derived from the prompt the request carried, so that a client can tie each
+read it got back to the prompt it sent, with no model: ``tokens_evaluated`` becomes the prompt's
+size (`prompt_size`: its text's UTF-8 bytes, plus one per token id after the text) and
+``timings/cache_n`` 0, and each entry of the first position's ``top_logprobs`` is lowered by
+the size times `DERIVED_SHIFT` times ``1 + id % 5`` (`derived_logprob`; then sorted again), so
+the answer read from them moves with the prompt's size too. It is a stub, and proves only what
+is *not* the model: that each read's reply reached the request that asked for it.
+
 **The simulation** (``--service-time SECONDS --slots N``, or
 ``ReplayServerProcess(service_time=..., slots=...)``): a server whose capacity is fixed and
 known, for benchmarks where the servers must be the bottleneck (two real llama.cpp servers on
@@ -44,6 +56,7 @@ difference is the span the server was busy with a run).
     python -m benchmarks.replay_server --check    # the emulation against real filtered replies
     python -m benchmarks.replay_server --serve    # prints {"url": ...}; stops when stdin closes
     python -m benchmarks.replay_server --serve --service-time 0.3 --slots 8   # the simulation
+    python -m benchmarks.replay_server --serve --derive   # reads marked by their prompts
 
     with ReplayServerProcess(service_time=0.05, slots=4) as server: ...   # one, in a child
     with replay_servers(2, service_time=0.05, slots=4) as servers: ...    # N, started at once
@@ -97,6 +110,50 @@ def _find(name: str) -> tuple[bytes, Path] | None:
 
 def _messages_key(messages: Any) -> str:
     return json.dumps(messages, sort_keys=True, ensure_ascii=False)
+
+
+#: ``--derive``: each logprob of a read is lowered by its prompt's size times this, times
+#: ``1 + id % 5`` (`derived_logprob`).
+DERIVED_SHIFT = 1e-4
+
+
+def derived_logprob(recorded: float, token_id: int, size: int) -> float:
+    """``--derive``'s logprob of ``token_id`` for a prompt of ``size`` (`prompt_size`): the
+    recorded one lowered by ``size * DERIVED_SHIFT * (1 + token_id % 5)``; the digits' ids
+    (0, 1, 2) differ mod 5 in Gemma 3's vocabulary, so their softmax moves with the size."""
+    return recorded - size * DERIVED_SHIFT * (1 + token_id % 5)
+
+
+def prompt_size(prompt: Any) -> int:
+    """``--derive``'s mark of a ``/completion`` prompt: its text's UTF-8 bytes, plus one per
+    token id after it (llama.cpp's ``[text, *ids]``); ``{"prompt_string"}`` for one with images."""
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt_string", "")
+    if isinstance(prompt, list):
+        text = "".join(part for part in prompt if isinstance(part, str))
+        return len(text.encode()) + sum(1 for part in prompt if isinstance(part, int))
+    return len(prompt.encode()) if isinstance(prompt, str) else 0
+
+
+def derived_reply(recorded: dict[str, Any], prompt: Any) -> bytes:
+    """``recorded`` (a parsed ``/completion`` body, left as it is) marked by ``prompt``:
+    ``tokens_evaluated`` its size, nothing cached, the first position's logprobs each
+    `derived_logprob`, most likely first as llama.cpp sends them."""
+    size = prompt_size(prompt)
+    reply = dict(recorded)
+    reply["tokens_evaluated"] = size
+    if "timings/cache_n" in reply:
+        reply["timings/cache_n"] = 0
+    if isinstance(reply.get("timings"), dict):
+        reply["timings"] = {**reply["timings"], "cache_n": 0}
+    first, *rest = reply["completion_probabilities"]
+    entries = [
+        {**entry, "logprob": derived_logprob(entry["logprob"], entry["id"], size)}
+        for entry in first["top_logprobs"]
+    ]
+    entries.sort(key=lambda entry: -entry["logprob"])
+    reply["completion_probabilities"] = [{**first, "top_logprobs": entries}, *rest]
+    return orjson.dumps(reply)
 
 
 def filter_fields(payload: dict[str, Any], paths: list[str]) -> dict[str, Any]:
@@ -265,9 +322,14 @@ class Simulation:
 
 
 class ReplayLlamaCppServer:
-    def __init__(self, bodies: RecordedBodies, simulation: Simulation | None = None) -> None:
+    def __init__(
+        self, bodies: RecordedBodies, simulation: Simulation | None = None, derive: bool = False
+    ) -> None:
         self.bodies = bodies
         self.simulation = simulation
+        self.derive = derive
+        #: ``--derive``: the parsed body replayed for each (K, fields).
+        self._parsed_replies: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
         self.requests: collections.Counter[str] = collections.Counter()
         self.n_probs: collections.Counter[int] = collections.Counter()
         self.fields: collections.Counter[str] = collections.Counter()
@@ -366,6 +428,8 @@ class ReplayLlamaCppServer:
         if not isinstance(k, int):
             return self._refuse(f"n_probs {k!r} is not an integer")
         key = (k, tuple(fields))
+        if self.derive:
+            return self._derived(key, body.get("prompt"))
         exact = self.bodies.filtered.get(key)
         if exact is not None:  # recorded with these very fields
             return self._json(exact)
@@ -382,6 +446,24 @@ class ReplayLlamaCppServer:
             reply = self._filtered[key] = orjson.dumps(filter_fields(parsed, list(fields)))
         return self._json(reply)
 
+    def _derived(self, key: tuple[int, tuple[str, ...]], prompt: Any) -> web.Response:
+        """``--derive``: the reply replayed for ``key``, marked by ``prompt``."""
+        parsed = self._parsed_replies.get(key)
+        if parsed is None:
+            k, fields = key
+            exact = self.bodies.filtered.get(key)
+            recorded = self.bodies.completions.get(k)
+            if exact is not None:
+                parsed = orjson.loads(exact)
+            elif recorded is None:
+                return self._refuse(f"no recorded /completion body for n_probs {k!r}")
+            else:
+                parsed = orjson.loads(recorded)
+                if fields:
+                    parsed = filter_fields(parsed, list(fields))
+            self._parsed_replies[key] = parsed
+        return self._json(derived_reply(parsed, prompt))
+
     async def stats(self, request: web.Request) -> web.Response:
         return self._json(
             orjson.dumps(
@@ -396,6 +478,7 @@ class ReplayLlamaCppServer:
                     ],
                     "sources": self.bodies.sources,
                     "simulation": None if self.simulation is None else self.simulation.stats(),
+                    "derive": self.derive,
                 }
             )
         )
@@ -408,9 +491,11 @@ class ReplayLlamaCppServer:
         return self._json(self.last_completion)
 
 
-async def serve(service_time: float | None = None, slots: int | None = None) -> None:
+async def serve(
+    service_time: float | None = None, slots: int | None = None, derive: bool = False
+) -> None:
     """Child process: serve on a free port, print the URL, stop when stdin closes; with a
-    service time and slots, as the simulation."""
+    service time and slots, as the simulation; with ``derive``, each read marked by its prompt."""
     simulation = None
     if service_time is not None or slots is not None:
         if service_time is None or slots is None:
@@ -419,7 +504,7 @@ async def serve(service_time: float | None = None, slots: int | None = None) -> 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    server = ReplayLlamaCppServer(RecordedBodies(), simulation)
+    server = ReplayLlamaCppServer(RecordedBodies(), simulation, derive)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock, backlog=1024).start()
@@ -431,15 +516,19 @@ async def serve(service_time: float | None = None, slots: int | None = None) -> 
 class ReplayServerProcess:
     """The replay server in a child process; ``url`` once entered. With ``service_time`` and
     ``slots``: the simulation (module docstring), e.g.
-    ``ReplayServerProcess(service_time=0.05, slots=4)``."""
+    ``ReplayServerProcess(service_time=0.05, slots=4)``; with ``derive``, each read marked by
+    its prompt (module docstring)."""
 
-    def __init__(self, *, service_time: float | None = None, slots: int | None = None) -> None:
+    def __init__(
+        self, *, service_time: float | None = None, slots: int | None = None, derive: bool = False
+    ) -> None:
         if (service_time is None) != (slots is None):
             raise ValueError("the simulation needs both service_time and slots")
         if service_time is not None and slots is not None and (service_time <= 0 or slots < 1):
             raise ValueError(f"service_time must be > 0 and slots >= 1: {service_time}, {slots}")
         self.service_time = service_time
         self.slots = slots
+        self.derive = derive
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
 
@@ -448,6 +537,8 @@ class ReplayServerProcess:
         command = [sys.executable, "-m", "benchmarks.replay_server", "--serve"]
         if self.service_time is not None:
             command += ["--service-time", repr(self.service_time), "--slots", str(self.slots)]
+        if self.derive:
+            command.append("--derive")
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
         )
@@ -629,9 +720,14 @@ def main() -> None:
     parser.add_argument(
         "--slots", type=int, metavar="N", help="with --serve: the simulation's slots"
     )
+    parser.add_argument(
+        "--derive",
+        action="store_true",
+        help="with --serve: each read's token count and logprobs derived from its prompt",
+    )
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.service_time, args.slots))
+        asyncio.run(serve(args.service_time, args.slots, args.derive))
     else:
         check()
 

@@ -1,7 +1,12 @@
 """Evaluation, calibration and option-order debiasing against the real servers: the three
 commands from a labelled file to a pinned map applied in production (eval, calibrate, batch
---calibration) over the shipped set, permutations against independent rotated reads, and
-`tv.evaluate` resuming its reads file."""
+--calibration) over a slice of the shipped set (every fifth ticket: enough for calibrate to fit
+and compare every candidate on each question), permutations against independent rotated reads,
+and `tv.evaluate` resuming its reads file.
+
+The whole shipped set (300 tickets) through the real instruction model is
+``benchmarks/bench_real_model.py``'s; the CLI reads it the same way at any size.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ pytestmark = [pytest.mark.live]
 REPOSITORY = Path(__file__).parent.parent.parent
 SHIPPED = REPOSITORY / "examples" / "eval"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: Every fifth shipped ticket: 60 records, about 42 to fit a map on and 18 held out (calibrate's
+#: default 0.3), over the minimum of 20 to fit.
+EVERY = 5
 LABELS = {
     "billing": "charges, invoices, refunds",
     "shipping": "deliveries, parcels",
@@ -42,31 +50,36 @@ def cli(*args: str, url: str | None) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.timeout(1200)  # 900 reads through the real server, then calibrate and apply
-def test_eval_calibrate_and_apply_over_the_shipped_set(gemma3_url: str, tmp_path: Path) -> None:
+@pytest.mark.timeout(600)  # 180 reads through the real server, then calibrate and apply
+def test_eval_calibrate_and_apply_over_a_slice_of_the_shipped_set(
+    gemma3_url: str, tmp_path: Path
+) -> None:
     report_dir, map_path = tmp_path / "report", tmp_path / "calibration.json"
-    data, questions = SHIPPED / "tickets.jsonl", SHIPPED / "questions.json"
+    data, questions = tmp_path / "tickets.jsonl", SHIPPED / "questions.json"
+    shipped = (SHIPPED / "tickets.jsonl").read_text().splitlines()
+    data.write_text("\n".join(shipped[::EVERY]) + "\n")
+    count = len(shipped[::EVERY])
     evaluated = cli("eval", str(data), "--questions", str(questions), "--out", str(report_dir),
                     "--resamples", "200", "--no-progress", url=gemma3_url)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
     report = json.loads((report_dir / "report.json").read_text())
-    assert report["facts"]["records"] == 300
+    assert report["facts"]["records"] == count
     assert report["facts"]["failed records"] == 0
     assert report["facts"]["model"] == "gemma-3-270m-q4_k_m.gguf"
     assert set(report["questions"]) == {"refund", "route", "urgency"}
     for question_id, entry in report["questions"].items():
-        assert entry["items"] == 300
+        assert entry["items"] == count
         found = entry["metrics"]
         assert 0 <= found["accuracy"]["low"] <= found["accuracy"]["value"] <= 1
         assert found["nll"]["value"] > 0
         assert 0 <= found["ece_width"]["value"] <= 1
-        assert sum(b["count"] for b in found["bins_width"]) == 300
-        assert sum(label["support"] for label in entry["per_label"].values()) == 300
+        assert sum(b["count"] for b in found["bins_width"]) == count
+        assert sum(label["support"] for label in entry["per_label"].values()) == count
         for kind in ("reliability", "confidence"):
             image = report_dir / f"{question_id}-{kind}.png"
             assert image.read_bytes().startswith(PNG_SIGNATURE)
         assert f"{question_id}-reliability.png" in (report_dir / "report.html").read_text()
-    assert len((report_dir / "reads.jsonl").read_text().splitlines()) == 300
+    assert len((report_dir / "reads.jsonl").read_text().splitlines()) == count
     assert "route" in evaluated.stdout
 
     calibrated = cli("calibrate", str(report_dir), "--out", str(map_path), url=None)
@@ -77,7 +90,10 @@ def test_eval_calibrate_and_apply_over_the_shipped_set(gemma3_url: str, tmp_path
     assert calibration.pins.framing == "typevet/letters/2"  # the default layout, as read
     for entry in calibration.questions.values():
         figures = entry.report
-        assert figures["fit_items"] + figures["heldout_items"] == 300
+        assert figures["fit_items"] + figures["heldout_items"] == count
+        # Enough to fit (calibrate's minimum is 20): every candidate was fitted and compared
+        # on the held-out records, which are there only when it was.
+        assert "heldout_nll_raw" in figures, figures
         if entry.transform is not None:  # kept only where it lowered the held-out NLL
             assert figures["heldout_nll"][figures["kept"]] < figures["heldout_nll_raw"]
 

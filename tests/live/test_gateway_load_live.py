@@ -1,196 +1,116 @@
-"""Load through the System One gateway: 1,000 requests at concurrency 32 over the real llama.cpp
-server (Gemma 3 270M), one Noul question each, sent with a plain aiohttp client.
+"""Load through the System One gateway: 1,000 requests at concurrency 32, one Noul question
+each, sent with a plain aiohttp client, over a REPLAYING upstream (a stub, named as such).
 
-Every request is told apart three ways, so that an answer matched to the wrong request fails:
+The upstream is `benchmarks.replay_server` run with ``--derive`` in a child process: a llama.cpp
+server that answers every read at once with a body recorded from the real server, two values
+in it derived from the prompt the read carried (its size: UTF-8 bytes): ``tokens_evaluated``
+is that size, and each logprob is lowered by an amount proportional to it (`derived_logprob`),
+so each request's answer is its own. What it proves is the
+gateway's, not the model's: the model's server is proven elsewhere (``test_gateway_live``: the
+gateway's answers equal a direct session's over real llama.cpp and vLLM, 200 requests at
+concurrency 32 lost none; ``test_qwen_live``: the prompt tokens a judgment reports are the
+server's tokenization of its prompt). The same load over the real llama.cpp server is
+``benchmarks/bench_gateway_load.py``.
+
+Every request is told apart, so that an answer matched to the wrong request fails:
 
 - its question id is its own (``r{n}``): the response must answer exactly that id;
-- its state is its own (``Request {n}: ...``): the prompt the answer was read from (the
-  ``typevet`` diagnostics of the response) must hold it;
-- its state's length is its own among the requests in flight (``n % 64`` filler words): the
-  prompt tokens the server reported for the read (``usage.input_tokens``) must equal the
-  server's own tokenization of that prompt, asked for separately after the run (``POST
-  /tokenize``). This ties the read, not only the request, to its answer, with no noise: a
-  logprob moves with the batch, a token count does not.
+- its state is its own (``Request {n}: ...`` and ``n`` filler marks, so every state has its
+  own length): the prompt the answer was read from (the ``typevet`` diagnostics) must hold it;
+- the reads behind the answer are its own: the prompt tokens billed (``usage.input_tokens``)
+  must be the upstream's mark of that prompt once per read, and that mark less the state's
+  length must be one constant across all requests (the question around the state is the
+  same), so each of the 1,000 answers carries the one size its own request's state gives;
+- the logprobs the answer was read from are its own read's: each lowered by its own prompt's
+  size (one recorded value per control across all requests once the shift is undone), the noul
+  is their softmax, and no two requests got the same noul.
 
-Then nothing is left: no connection the gateway still holds once the client closed, no request
-still counted, and, once the gateway stopped, no asyncio task and no file descriptor more than
-before it started. The figures go to ``~/.cache/typevet_async/test-logs/gateway_load.json``.
+Every read the upstream served is one a request asked for (reads counted both sides, none
+unanswered). Then nothing is left: no connection the gateway still holds once the client
+closed, no request still counted, and, once the gateway stopped, no asyncio task and no file
+descriptor more than before it started. The figures go to
+``~/.cache/typevet_async/test-logs/gateway_load.json``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
-import math
-import statistics
-import time
 from collections import Counter
 from typing import Any
 
-import aiohttp
-import orjson
 import pytest
-from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._gateway import STATE, GatewayConfig, build_app, runner_options
+from benchmarks.bench_gateway_load import (
+    CONCURRENCY,
+    latency_figures,
+    mismatches,
+    reads_of,
+    through_gateway,
+)
+from benchmarks.replay_server import (
+    RECORDED_SETTINGS,
+    ReplayServerProcess,
+    derived_logprob,
+    prompt_size,
+)
 
 from .faults import open_fds
 
-pytestmark = [pytest.mark.live, pytest.mark.asyncio, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
 REQUESTS = 1000
-CONCURRENCY = 32
-KEY = "load-key"
-NOUL = {"type": "noul", "instructions": "Is a refund requested?"}
 
 
 def state(n: int) -> str:
-    """Request ``n``'s state: its number, then ``n % 64`` filler words, so any 32 requests
-    started one after another differ in length."""
-    return f"Request {n}: I was charged twice." + " please" * (n % 64)
+    """Request ``n``'s state: its number, then ``n`` filler marks: no two states are as long."""
+    return f"Request {n}: I was charged twice." + "!" * n
 
 
-class Outcome:
-    """One request's status, body and client-side latency."""
-
-    def __init__(self, status: int, body: Any, seconds: float) -> None:
-        self.status, self.body, self.seconds = status, body, seconds
-
-
-async def load(url: str) -> dict[int, Outcome]:
-    outcomes: dict[int, Outcome] = {}
-    slots = asyncio.Semaphore(CONCURRENCY)
-    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
-    async with aiohttp.ClientSession(connector=connector) as http:
-
-        async def one(n: int) -> None:
-            body = {"model": "gemma-3-270m", "state": state(n), "questions": {f"r{n}": NOUL}}
-            async with slots:
-                started = time.perf_counter()
-                async with http.post(
-                    f"{url}/v1/systemone", data=orjson.dumps(body), headers=headers
-                ) as response:
-                    raw = await response.read()
-                outcomes[n] = Outcome(
-                    response.status, orjson.loads(raw), time.perf_counter() - started
-                )
-
-        await asyncio.gather(*(one(n) for n in range(REQUESTS)))
-    return outcomes
-
-
-async def server_token_counts(server_url: str, prompts: dict[int, str]) -> dict[int, int]:
-    """The llama.cpp server's own token count of each prompt (BOS included, as it evaluates
-    one), asked outside the gateway and the SDK."""
-    counts: dict[int, int] = {}
-    slots = asyncio.Semaphore(4)
-    async with aiohttp.ClientSession() as http:
-
-        async def one(n: int, prompt: str) -> None:
-            async with (
-                slots,
-                http.post(
-                    f"{server_url}/tokenize", json={"content": prompt, "add_special": True}
-                ) as response,
-            ):
-                counts[n] = len((await response.json())["tokens"])
-
-        await asyncio.gather(*(one(n, prompt) for n, prompt in prompts.items()))
-    return counts
-
-
-def mismatches(outcomes: dict[int, Outcome]) -> tuple[dict[int, str], dict[int, str]]:
-    """The requests whose answer is not their own (by id or by prompt), and each request's
-    prompt as its answer's diagnostics report it."""
-    wrong: dict[int, str] = {}
-    prompts: dict[int, str] = {}
-    for n, outcome in outcomes.items():
-        body = outcome.body
-        if outcome.status != 200:
-            continue
-        question = f"r{n}"
-        if list(body["answers"]) != [question]:
-            wrong[n] = f"answers {list(body['answers'])}"
-            continue
-        diagnostics = body["typevet"]["diagnostics"][question]
-        if state(n) not in diagnostics["prompt"]:
-            wrong[n] = "its prompt holds another state"
-            continue
-        # The answer is the softmax of the logprobs its own read returned.
-        lp_false, lp_true = diagnostics["logprobs"]
-        expected = 1 / (1 + math.exp(lp_false - lp_true))
-        if abs(body["answers"][question]["noul"] - expected) > 1e-12:
-            wrong[n] = "its noul is not the softmax of its own read"
-            continue
-        prompts[n] = diagnostics["prompt"]
-    return wrong, prompts
-
-
-def percentile(sorted_values: list[float], share: float) -> float:
-    rank = max(0, min(len(sorted_values) - 1, math.ceil(share * len(sorted_values)) - 1))
-    return sorted_values[rank]
-
-
-async def test_1000_requests_at_concurrency_32_through_the_gateway(gemma3_url: str) -> None:
-    gc.collect()
-    tasks_before, fds_before = len(asyncio.all_tasks()), open_fds()
-    # 16 judged and 16 waiting: exactly the client's 32, so none may be refused with a 429.
-    config = GatewayConfig(keys=(KEY,), max_in_flight=16, max_queue=16, timeout=300)
-    app = build_app(tv.Session.llama_cpp(gemma3_url, max_concurrency=16), config)
-    runner = web.AppRunner(app, **runner_options(config))
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        started = time.monotonic()
-        outcomes = await load(f"http://{host}:{port}")
-        elapsed = time.monotonic() - started
-        await asyncio.sleep(0.2)  # the client closed: the gateway sees each connection end
-        assert runner.server is not None
-        connections_left = len(runner.server.connections)
-        gateway = app[STATE]
-        counted_left, judging_left = gateway.admitted, len(gateway.judging)
-    finally:
-        await runner.cleanup()
-    await asyncio.sleep(0.2)  # closed transports release their sockets on the next turns
-    gc.collect()
-    tasks_left = len(asyncio.all_tasks()) - tasks_before
-    fds_left = open_fds() - fds_before
+async def test_1000_requests_at_concurrency_32_through_the_gateway() -> None:
+    with ReplayServerProcess(derive=True) as upstream:
+        # The recorded bodies' controls (digits): a question is read once, at the first K.
+        session = tv.Session.llama_cpp(upstream.url, max_concurrency=16, **RECORDED_SETTINGS)
+        outcomes, elapsed, left = await through_gateway(session, range(REQUESTS), state, open_fds)
+        served = upstream.stats()
 
     statuses = Counter(outcome.status for outcome in outcomes.values())
-    wrong, prompts = mismatches(outcomes)
-    counts = await server_token_counts(gemma3_url, prompts)
-    # Each read of a question evaluates its whole prompt (a question whose controls were
-    # outside the first read's top K is read again, wider): the tokens billed are the
-    # prompt's, once per read.
-    reads = {n: outcomes[n].body["typevet"]["diagnostics"][f"r{n}"]["reads"] for n in counts}
+    wrong, prompts = mismatches(outcomes, state)
+    reads = {n: reads_of(outcomes, n) for n in prompts}
+    billed = {n: outcomes[n].body["usage"]["input_tokens"] for n in prompts}
+    # Billed: the upstream's mark of the answer's own prompt, once per read.
     wrong_reads = {
-        n: f"input_tokens {outcomes[n].body['usage']['input_tokens']}, its prompt {count}"
-        f" x {reads[n]} reads"
-        for n, count in counts.items()
-        if outcomes[n].body["usage"]["input_tokens"] != count * reads[n]
+        n: f"input_tokens {billed[n]}, its prompt's size {prompt_size(prompt)} x {reads[n]}"
+        for n, prompt in prompts.items()
+        if billed[n] != prompt_size(prompt) * reads[n]
     }
-    latencies = sorted(outcome.seconds for outcome in outcomes.values())
+    # ... and that size is the request's own state's, around one rendering of the question.
+    around_state = {billed[n] // reads[n] - len(state(n).encode()) for n in prompts}
+    # The logprobs: each lowered by its own prompt's size; undone, one value per control.
+    restored = set()
+    for n, prompt in prompts.items():
+        diagnostics = outcomes[n].body["typevet"]["diagnostics"][f"r{n}"]
+        size = prompt_size(prompt)
+        pairs = zip(diagnostics["token_ids"], diagnostics["logprobs"], strict=True)
+        restored.add(tuple(round(lp - derived_logprob(0.0, token, size), 9) for token, lp in pairs))
+    nouls = {outcomes[n].body["answers"][f"r{n}"]["noul"] for n in prompts}
     figures: dict[str, Any] = {
         "requests": REQUESTS,
         "concurrency": CONCURRENCY,
-        "seconds": round(elapsed, 1),
-        "requests_per_second": round(REQUESTS / elapsed, 1),
-        "latency_p50_s": round(statistics.median(latencies), 3),
-        "latency_p99_s": round(percentile(latencies, 0.99), 3),
+        "upstream": "benchmarks.replay_server --derive (replaying, not a model)",
+        **latency_figures(outcomes, elapsed),
         "statuses": dict(statuses),
         "lost": REQUESTS - len(outcomes),
         "answers_not_their_requests": len(wrong),
         "reads_not_their_prompts": len(wrong_reads),
-        "questions_read_twice": sum(r > 1 for r in reads.values()),
-        "distinct_prompt_lengths": len(set(counts.values())),
-        "connections_left": connections_left,
-        "requests_still_counted": counted_left + judging_left,
-        "tasks_left": tasks_left,
-        "fds_left": fds_left,
+        "distinct_billed_sizes": len(set(billed.values())),
+        "distinct_nouls": len(nouls),
+        "reads": sum(reads.values()),
+        "reads_served": served["requests"].get("/completion", 0),
+        "connections_left": left.connections,
+        "requests_still_counted": left.counted + left.judging,
+        "tasks_left": left.tasks,
+        "fds_left": left.fds,
     }
     path = tv.cache_dir() / "test-logs" / "gateway_load.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,10 +122,15 @@ async def test_1000_requests_at_concurrency_32_through_the_gateway(gemma3_url: s
         (n, o.status, o.body) for n, o in outcomes.items() if o.status != 200
     ][:3]
     assert wrong == {}, list(wrong.items())[:5]
-    assert len(counts) == REQUESTS
+    assert len(prompts) == REQUESTS
     assert wrong_reads == {}, list(wrong_reads.items())[:5]
-    assert len(set(counts.values())) >= 64  # the token check tells them apart
-    assert connections_left == 0
-    assert counted_left == judging_left == 0
-    assert tasks_left == 0
-    assert fds_left <= 0
+    assert len(around_state) == 1, sorted(around_state)[:5]
+    assert len(set(billed.values())) == REQUESTS  # every answer's size names one request
+    assert len(restored) == 1, sorted(restored)[:5]
+    assert len(nouls) == REQUESTS  # every answer is its own request's
+    assert served["unanswered"] == []
+    assert figures["reads_served"] == figures["reads"]  # no read lost, none sent twice
+    assert left.connections == 0
+    assert left.counted == left.judging == 0
+    assert left.tasks == 0
+    assert left.fds <= 0
