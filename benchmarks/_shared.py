@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +161,29 @@ def run_json_subprocess(args: Sequence[str], timeout: float = 3600) -> dict[str,
         raise SystemExit(f"{' '.join(args[:3])} ... printed nothing")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def run_on_gemma(
+    name: str,
+    run: Callable[[str, int], Coroutine[Any, Any, dict[str, Any]]],
+    count: int,
+    url: str | None,
+) -> None:
+    """Run a load benchmark's ``run(url, count)`` against ``url``, or against the live tests'
+    Gemma 3 server started here (tests/live/conftest.py: 4 slots); write and print its
+    figures, and exit 1 unless they passed."""
+    import asyncio
+
+    import typevet_async as tv
+
+    if url:
+        figures = asyncio.run(run(url, count))
+    else:
+        options = tv.ServerOptions(chat_template="gemma", n_ctx=8192, n_parallel=4)
+        with tv.EmbeddedServer(options) as server:
+            figures = asyncio.run(run(server.url, count))
+    path = write_results(name, figures)
+    print(json.dumps(figures))
+    print(f"written to {path}")
+    if not figures["passed"]:
+        raise SystemExit(1)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import math
 import os
 import statistics
@@ -43,7 +42,7 @@ import orjson
 from aiohttp import web
 
 import typevet_async as tv
-from benchmarks._shared import percentile, write_results
+from benchmarks._shared import percentile, run_on_gemma
 from typevet_async._gateway import STATE, GatewayConfig, build_app, runner_options
 
 NAME = "bench_gateway_load"
@@ -251,18 +250,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.requests < 1:
         parser.error("--requests must be at least 1")
-    if args.url:
-        figures = asyncio.run(run(args.url, args.requests))
-    else:
-        # The live tests' Gemma 3 server (tests/live/conftest.py): 4 slots.
-        options = tv.ServerOptions(chat_template="gemma", n_ctx=8192, n_parallel=4)
-        with tv.EmbeddedServer(options) as server:
-            figures = asyncio.run(run(server.url, args.requests))
-    path = write_results(NAME, figures)
-    print(json.dumps(figures))
-    print(f"written to {path}")
-    if not figures["passed"]:
-        raise SystemExit(1)
+    run_on_gemma(NAME, run, args.requests, args.url)
 
 
 if __name__ == "__main__":

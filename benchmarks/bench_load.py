@@ -18,12 +18,9 @@ About an hour on 2 cores at 5,000 records. Exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 from typing import Any
 
-import typevet_async as tv
-from benchmarks._shared import write_results
+from benchmarks._shared import run_on_gemma
 from tests.live.test_load_live import (
     CONCURRENCY,
     FLAT_MEMORY_MIB,
@@ -83,18 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.records < 20:
         parser.error("--records must be at least 20 (memory is judged from a tenth of the way)")
-    if args.url:
-        figures = asyncio.run(run(args.url, args.records))
-    else:
-        # The live tests' Gemma 3 server (tests/live/conftest.py): 4 slots.
-        options = tv.ServerOptions(chat_template="gemma", n_ctx=8192, n_parallel=4)
-        with tv.EmbeddedServer(options) as server:
-            figures = asyncio.run(run(server.url, args.records))
-    path = write_results(NAME, figures)
-    print(json.dumps(figures))
-    print(f"written to {path}")
-    if not figures["passed"]:
-        raise SystemExit(1)
+    run_on_gemma(NAME, run, args.records, args.url)
 
 
 if __name__ == "__main__":
