@@ -9,7 +9,7 @@ Every request is told apart three ways, so that an answer matched to the wrong r
 
 - its question id is its own (``r{n}``): the response must answer exactly that id;
 - its state is its own (``Request {n}: ...``): the prompt the answer was read from (the
-  ``typevet`` diagnostics of the response) must hold it;
+  ``x_typevet`` diagnostics of the response) must hold it;
 - its state's length is its own among the requests in flight (``n % 64`` filler words): the
   prompt tokens the server reported for the read (``usage.input_tokens``) must equal the
   server's own tokenization of that prompt, asked for separately after the run (``POST
@@ -149,7 +149,7 @@ def mismatches(
         if list(body["answers"]) != [question]:
             wrong[n] = f"answers {list(body['answers'])}"
             continue
-        diagnostics = body["typevet"]["diagnostics"][question]
+        diagnostics = body["x_typevet"]["diagnostics"][question]
         if state_of(n) not in diagnostics["prompt"]:
             wrong[n] = "its prompt holds another state"
             continue
@@ -164,7 +164,7 @@ def mismatches(
 
 def reads_of(outcomes: dict[int, Outcome], n: int) -> int:
     """The reads request ``n``'s question took (one more for each wider re-read)."""
-    reads: int = outcomes[n].body["typevet"]["diagnostics"][f"r{n}"]["reads"]
+    reads: int = outcomes[n].body["x_typevet"]["diagnostics"][f"r{n}"]["reads"]
     return reads
 
 

@@ -43,7 +43,8 @@ def error_text(error: BaseException) -> str:
 @attrs.frozen
 class Presented:
     """An SDK error as an application tells its client: an HTTP-like status, a kind (System
-    One's ``detail.type``), where the problem lies and the message."""
+    One's ``detail[].type`` in a 422, its ``detail.error_type`` otherwise: the gateway's
+    `error_body` writes the shape), where the problem lies and the message."""
 
     status: int
     kind: str

@@ -16,7 +16,7 @@ Every request is told apart, so that an answer matched to the wrong request fail
 
 - its question id is its own (``r{n}``): the response must answer exactly that id;
 - its state is its own (``Request {n}: ...`` and ``n`` filler marks, so every state has its
-  own length): the prompt the answer was read from (the ``typevet`` diagnostics) must hold it;
+  own length): the prompt the answer was read from (the ``x_typevet`` diagnostics) must hold it;
 - the reads behind the answer are its own: the prompt tokens billed (``usage.input_tokens``)
   must be the upstream's mark of that prompt once per read, and that mark less the state's
   length must be one constant across all requests (the question around the state is the
@@ -89,7 +89,7 @@ async def test_1000_requests_at_concurrency_32_through_the_gateway() -> None:
     # The logprobs: each lowered by its own prompt's size; undone, one value per control.
     restored = set()
     for n, prompt in prompts.items():
-        diagnostics = outcomes[n].body["typevet"]["diagnostics"][f"r{n}"]
+        diagnostics = outcomes[n].body["x_typevet"]["diagnostics"][f"r{n}"]
         size = prompt_size(prompt)
         pairs = zip(diagnostics["token_ids"], diagnostics["logprobs"], strict=True)
         restored.add(tuple(round(lp - derived_logprob(0.0, token, size), 9) for token, lp in pairs))

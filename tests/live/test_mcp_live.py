@@ -123,12 +123,22 @@ def typed(judgment: tv.Judgment) -> dict[str, Any]:
         head = {"type": "score", "score": answer.score, "confidence": answer.confidence}
         legend = {str(index): level for index, level in enumerate(answer.legend)}
         probabilities = {str(level): p for level, p in answer.probabilities.items()}
-        return {**head, "legend": legend, "probabilities": probabilities, "off_menu_mass": off_menu}
+        return {
+            **head, "legend": legend, "probabilities": probabilities,
+            "x_entropy_confidence": answer.entropy_confidence, "off_menu_mass": off_menu,
+        }  # fmt: skip
     probabilities = dict(answer.probabilities)
+    if isinstance(answer, tv.NoulAnswer):  # a Noul's wire has neither: they follow its noul
+        return {
+            **head, "confidence": answer.confidence,
+            "x_entropy_confidence": answer.entropy_confidence, "probabilities": probabilities,
+            "off_menu_mass": off_menu,
+        }  # fmt: skip
     return {
         **head,
         "confidence": answer.confidence,
         "probabilities": probabilities,
+        "x_entropy_confidence": answer.entropy_confidence,
         "off_menu_mass": off_menu,
     }
 

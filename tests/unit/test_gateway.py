@@ -8,6 +8,7 @@ import base64
 import gzip
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,6 +25,7 @@ from typesafe_sdk._schemas import models
 
 import typevet_async as tv
 from typevet_async._core.decoding import CpuClock, DecodeBudget
+from typevet_async._core.systemone import NOUL_DEFAULT_INSTRUCTIONS
 from typevet_async._gateway import (
     DEFAULT_AUTO_QUEUE,
     MIN_AUTO_QUEUE,
@@ -103,10 +105,21 @@ async def client() -> AsyncIterator[TestClient[web.Request, web.Application]]:
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def assert_error_shape(body: Any) -> None:
-    models.HTTPValidationError.model_validate(body)
-    assert body["detail"]
-    assert set(body["detail"][0]) >= {"loc", "msg", "type", "input"}
+def assert_error_shape(body: Any, status: int | None = None) -> None:
+    """A 422's body is the validation list (the official client's ``HTTPValidationError``);
+    any other error's ``{"detail": {"error_type", "message"}}`` (jevcompat's ``errors.shape``)."""
+    if isinstance(body["detail"], list):
+        assert status in (None, 422), body
+        models.HTTPValidationError.model_validate(body)
+        assert body["detail"]
+        assert set(body["detail"][0]) >= {"loc", "msg", "type", "input"}
+        return
+    assert status != 422, body
+    assert set(body) == {"detail"}, body
+    assert set(body["detail"]) == {"error_type", "message"}, body
+    assert isinstance(body["detail"]["error_type"], str)
+    assert isinstance(body["detail"]["message"], str)
+    assert body["detail"]["message"]
 
 
 @pytest.mark.asyncio
@@ -120,23 +133,29 @@ async def test_a_request_gets_a_system_one_response(
     assert body["model"] == "stub-model"
     assert list(body["answers"]) == ["refund", "route", "urgency"]
     assert body["answers"]["urgency"]["legend"] == {"0": "a", "1": "b"}
-    assert "typevet" in body
+    assert set(body) == {"model", "answers", "usage", "x_typevet"}  # extensions are x_
+    for answer in body["answers"].values():
+        assert all(
+            key in {"type", "noul", "choice", "score", "confidence", "legend", "probabilities"}
+            or key.startswith("x_")
+            for key in answer
+        )
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic " + KEY, "Bearer "])
-async def test_a_missing_or_wrong_key_is_a_401_in_the_system_one_shape(
+async def test_a_missing_or_wrong_key_is_a_401_authentication_error(
     client: TestClient[web.Request, web.Application], header: str | None
 ) -> None:
     headers = {} if header is None else {"Authorization": header}
     for method, path in (("POST", "/v1/systemone"), ("GET", "/v1/models")):
         response = await client.request(method, path, json=request_body(), headers=headers)
         assert response.status == 401
+        assert response.headers["WWW-Authenticate"] == "Bearer"
         body = await response.json()
-        assert_error_shape(body)
-        assert body["detail"][0]["loc"] == ["header", "authorization"]
-        assert body["detail"][0]["type"] == "unauthorized"
-        assert body["detail"][0]["input"] is None
+        assert_error_shape(body, 401)
+        assert body["detail"]["error_type"] == "authentication_error"
+        assert "Authorization: Bearer" in body["detail"]["message"]
 
 
 @pytest.mark.asyncio
@@ -190,10 +209,35 @@ async def test_bad_questions_are_a_422_with_the_validation_detail(
         ["body", "questions", "q"],
         ["body", "questions", "r"],
     ]
+    assert [entry["type"] for entry in detail["detail"]] == ["unsupported", "value_error"]
+    assert "box questions are not supported" in detail["detail"][0]["msg"]
     for raw in (b"{not json", b"[1, 2]"):
         response = await client.post("/v1/systemone", data=raw, headers=AUTH)
         assert response.status == 422
         assert_error_shape(await response.json())
+
+
+@pytest.mark.asyncio
+async def test_a_noul_without_instructions_and_a_document_are_answered(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    threat = {"type": "noul", "criteria": {"true": "A chargeback threat", "false": "No threat"}}
+    body = request_body(questions={"threat": threat})
+    body["document"] = body.pop("state")
+    response = await client.post("/v1/systemone", json=body, headers=AUTH)
+    assert response.status == 200
+    answered = await response.json()
+    models.SystemOneResponse.model_validate(answered)
+    prompt = answered["x_typevet"]["diagnostics"]["threat"]["prompt"]
+    assert STATE_TEXT in prompt
+    # the stub backend serves digit controls
+    assert f"{NOUL_DEFAULT_INSTRUCTIONS}\n0. No: No threat\n1. Yes: A chargeback threat\n" in prompt
+    both = {**body, "state": STATE_TEXT}
+    response = await client.post("/v1/systemone", json=both, headers=AUTH)
+    assert response.status == 422
+    refused = await response.json()
+    assert_error_shape(refused, 422)
+    assert refused["detail"][0]["loc"] == ["body", "document"]
 
 
 @pytest.mark.asyncio
@@ -436,7 +480,51 @@ async def test_unknown_routes_keep_the_error_shape(
 ) -> None:
     response = await client.get("/nope")
     assert response.status == 404
-    assert_error_shape(await response.json())
+    body = await response.json()
+    assert_error_shape(body, 404)
+    assert body["detail"] == {"error_type": "http_error", "message": "Not Found"}
+
+
+@pytest.mark.asyncio
+async def test_the_official_client_raises_its_typed_error_with_the_message_and_request_id(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    async with ts.AsyncTypeSafeClient(
+        api_key="wrong", base_url=str(client.make_url("")), retry=ts.RetryPolicy(max_retries=0)
+    ) as official:
+        with pytest.raises(ts.TypeSafeAuthenticationError) as raised:
+            await official.system_one(
+                state="x", questions={"q": ts.Noul(instructions="Is it damaged?")}
+            )
+    assert raised.value.status == 401
+    assert raised.value.body["detail"]["error_type"] == "authentication_error"
+    assert raised.value.request_id is not None
+    assert re.fullmatch(r"req_[0-9a-f]{24}", raised.value.request_id)
+    # its message reader takes ``detail.message``
+    assert "a valid bearer key is required" in str(raised.value)
+    assert f"(request_id={raised.value.request_id})" in str(raised.value)
+
+
+@pytest.mark.asyncio
+async def test_every_response_names_its_request_with_a_fresh_id(
+    client: TestClient[web.Request, web.Application], caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = {"x-typesafe-request-id": "req_forged"}
+    with caplog.at_level(logging.INFO, logger="typevet_async.gateway.access"):
+        sent = [
+            await client.post("/v1/systemone", json=request_body(), headers={**AUTH, **forged}),
+            await client.post("/v1/systemone", json=request_body(), headers=forged),
+            await client.post("/v1/systemone", json={"model": "m"}, headers=AUTH),
+            await client.get("/nope"),
+            await client.get("/healthz"),
+            await client.get("/v1/models", headers=AUTH),
+        ]
+    assert [response.status for response in sent] == [200, 401, 422, 404, 200, 200]
+    ids = [response.headers["x-typesafe-request-id"] for response in sent]
+    assert all(re.fullmatch(r"req_[0-9a-f]{24}", request_id) for request_id in ids), ids
+    assert len(set(ids)) == len(ids)  # a fresh one each time; a client's is not echoed
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert all(request_id in logged for request_id in ids)  # the access log names each
 
 
 @pytest.mark.asyncio
@@ -765,8 +853,9 @@ async def test_judgments_past_the_shutdown_timeout_answer_503() -> None:
         elapsed = time.monotonic() - started
     assert [(status, retry) for status, _, retry in answered] == [(503, "1")] * 2
     for _, body, _ in answered:
-        assert_error_shape(body)
-        assert "shut down" in body["detail"][0]["msg"]
+        assert_error_shape(body, 503)
+        assert body["detail"]["error_type"] == "unavailable"
+        assert "shut down" in body["detail"]["message"]
     assert "refund" in backend.cancelled
     assert backend.closed == 1
     # The timeout, then the cut-off and the session's close (no read is waited for).
@@ -971,7 +1060,9 @@ async def test_connections_past_the_cap_get_a_503_at_once_and_idle_ones_close() 
         reply = await asyncio.wait_for(reader.read(), 2)  # answered and closed, not held
         writer.close()
         assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
-        assert_error_shape(orjson.loads(reply.split(b"\r\n\r\n", 1)[1]))
+        head, body = reply.split(b"\r\n\r\n", 1)
+        assert_error_shape(orjson.loads(body), 503)
+        assert re.search(rb"\r\nx-typesafe-request-id: req_[0-9a-f]{24}\r\n", head + b"\r\n")
         for idle_reader, _ in idle:  # the idle timeout frees the cap
             assert await asyncio.wait_for(idle_reader.read(), 5) == b""
         for _, idle_writer in idle:

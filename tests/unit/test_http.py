@@ -16,6 +16,7 @@ from aiohttp.client_proto import ResponseHandler
 import typevet_async as tv
 from typevet_async._backends import llama_cpp_wire as backend_wire
 from typevet_async._backends.http import SOCKET_READ_SIZE, Attempts, HttpClient
+from typevet_async._backends.http_errors import parse_retry_after
 from typevet_async._backends.llama_cpp import OnMissing
 from typevet_async._backends.retrying import is_transient, retrying
 
@@ -229,6 +230,9 @@ FAST = tv.RetryPolicy(max_retries=2, initial=0.01, maximum=0.05, jitter=0.0)
         (reply(500, b"{}"), True),
         (reply(408, b"{}"), True),
         (reply(429, b"{}"), True),
+        # 529: the hosted System One API's "overloaded"
+        (reply(529, b'{"detail": {"error_type": "overloaded_error", "message": "busy"}}'), True),
+        (reply(501, b"{}"), False),
         (reply(400, b'{"error": "bad"}'), False),
         (reply(404, b"{}"), False),
     ],
@@ -277,6 +281,47 @@ async def test_retry_after_is_honoured(stub: FaultInjectingStubServer) -> None:
         await client.aclose()
     assert attempts.count == 2
     assert_takes_about(watch.elapsed, 1.0)  # the server's 1 s, not the policy's 10 ms backoff
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ("retry-after-ms: 700\r\n", 0.7),
+        ("retry-after-ms: 700\r\nRetry-After: 3\r\n", 0.7),  # the finer one wins
+        ("retry-after-ms: soon\r\nRetry-After: 1\r\n", 1.0),  # not a number: Retry-After
+    ],
+)
+async def test_retry_after_ms_is_honoured_before_retry_after(
+    stub: FaultInjectingStubServer, headers: str, expected: float
+) -> None:
+    calls = {"n": 0}
+
+    def handler(connection: int, number: int) -> bytes:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return reply(529, b"{}", headers)
+        return reply(200, b'{"ok": 1}')
+
+    stub.handler = handler
+    client = await client_for(stub, tv.HttpSettings(retry=FAST))
+    attempts = Attempts()
+    try:
+        with stopwatch() as watch:
+            assert await client.post("/x", {}, attempts=attempts) == b'{"ok": 1}'
+    finally:
+        await client.aclose()
+    assert attempts.count == 2
+    assert_takes_about(watch.elapsed, expected)
+
+
+def test_retry_after_values_parse_as_the_headers_define_them() -> None:
+    assert parse_retry_after(None, "250") == 0.25
+    assert parse_retry_after("2", "0") == 0.0  # 0 ms is "now", not absent
+    assert parse_retry_after("2", "-5") == 2.0  # a negative wait is not one
+    assert parse_retry_after("2", "inf") == 2.0
+    assert parse_retry_after("2", None) == 2.0
+    assert parse_retry_after(None, None) is None
 
 
 @pytest.mark.asyncio

@@ -106,7 +106,14 @@ def test_struct_types_follow_the_questions() -> None:
     assert route.field("probabilities").type.names == ["billing", "shipping", "technical"]
     urgency = answer_type(QUESTIONS["urgency"])
     assert urgency.field("legend").type.names == ["0", "1", "2"]
-    assert urgency.names == ["type", "score", "confidence", "legend", "probabilities"]
+    assert urgency.names == [
+        "type",
+        "score",
+        "confidence",
+        "legend",
+        "probabilities",
+        "x_entropy_confidence",
+    ]
 
 
 # -- the constructor --------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import typevet_async as tv
 from typevet_async._backends.system_one_wire import decode_judgment
 from typevet_async._core.systemone import (
     EXTENSION,
+    NOUL_DEFAULT_INSTRUCTIONS,
     SystemOneValidationError,
     render_structured,
     request_from_system_one,
@@ -158,7 +159,71 @@ def test_validation_failures_have_the_official_422_shape() -> None:
         ["body", "questions", "where"],
     ]
     assert "box questions are not supported" in parsed.detail[2].msg
+    assert parsed.detail[2].type == "unsupported"  # System One's type, not one served here
+    assert parsed.detail[1].type == "value_error"
     assert isinstance(caught.value, tv.InvalidInputError)  # an SDK error like any other
+
+
+@pytest.mark.parametrize("instructions", ["absent", None])
+def test_a_noul_without_instructions_is_asked_the_default_text(instructions: Any) -> None:
+    question: dict[str, Any] = {
+        "type": "noul", "criteria": {"true": "A chargeback threat", "false": "No threat"}
+    }  # fmt: skip
+    if instructions != "absent":
+        question["instructions"] = instructions
+    body = official_request(questions={"threat": question})
+    models.SystemOneRequest.model_validate(body)  # the official models allow it too
+    call = request_from_system_one(body)
+    assert NOUL_DEFAULT_INSTRUCTIONS == "Which of these holds: yes or no?"
+    assert call.questions["threat"] == tv.Noul(
+        instructions=NOUL_DEFAULT_INSTRUCTIONS,
+        criteria={"true": "A chargeback threat", "false": "No threat"},
+    )
+    # An empty string is not "without instructions": still refused.
+    with pytest.raises(SystemOneValidationError, match="non-empty"):
+        request_from_system_one(
+            official_request(questions={"q": {"type": "noul", "instructions": " "}})
+        )
+    # A Choice or Score still needs them (our questions do; System One's docs show them).
+    with pytest.raises(SystemOneValidationError):
+        request_from_system_one(
+            official_request(
+                questions={"q": {"type": "choice", "criteria": {"a": None, "b": None}}}
+            )
+        )
+
+
+def test_document_is_read_as_state_and_both_are_refused() -> None:
+    body = official_request()
+    state = body.pop("state")
+    assert request_from_system_one({**body, "document": state}).state == state
+    with pytest.raises(SystemOneValidationError) as caught:
+        request_from_system_one({**body, "document": state, "state": state})
+    [entry] = caught.value.detail
+    assert entry["loc"] == ["body", "document"]
+    assert "not both" in entry["msg"]
+    with pytest.raises(SystemOneValidationError) as caught:
+        request_from_system_one({**body, "document": 7})
+    assert [entry["loc"] for entry in caught.value.detail] == [["body", "document"]]
+
+
+def test_the_wire_confidence_is_the_reference_formula_and_the_entropy_an_x_field() -> None:
+    from typevet_async._core.answers import build_answer, entropy_confidence
+
+    route = tv.Choice(["a", "b", "c"], instructions="q")
+    urgency = tv.Score(["low", "mid", "high"], instructions="q")
+    judgment = tv.Judgment(
+        {"route": build_answer(route, [0.6, 0.3, 0.1]),
+         "urgency": build_answer(urgency, [0.1, 0.2, 0.7])}
+    )  # fmt: skip
+    body = response_to_system_one(judgment, "m")
+    models.SystemOneResponse.model_validate(body)
+    choice, score = body["answers"]["route"], body["answers"]["urgency"]
+    assert choice["confidence"] == pytest.approx((0.6 - 1 / 3) / (1 - 1 / 3))
+    assert score["confidence"] == pytest.approx(1 - (0.1 * 2 + 0.2 * 1) / (2 / 3))
+    assert choice["x_entropy_confidence"] == entropy_confidence([0.6, 0.3, 0.1])
+    assert score["x_entropy_confidence"] == entropy_confidence([0.1, 0.2, 0.7])
+    assert list(choice) == ["type", "choice", "confidence", "probabilities", "x_entropy_confidence"]
 
 
 def test_the_old_levels_form_is_read_with_a_deprecation_warning() -> None:

@@ -2,14 +2,17 @@
 injected fault shows (a 422, a 501, a 503, answers that do not fit the questions).
 
 The reply bodies are the real one recorded from ``typevet-async serve`` in front of the real
-llama.cpp server (tests/fixtures/replies/system_one/, scripts/record_replies.py), served or
-changed by `SystemOneStubServer`: a stub, because no real server answers these faults on
+llama.cpp server (tests/fixtures/replies/system_one/, scripts/record_replies.py; recorded
+before issue 33, so its extension is the old ``typevet`` field and its confidences are the
+entropy ones: `current` renames the field as today's gateway sends it), served or changed by
+`SystemOneStubServer`: a stub, because no real server answers these faults on
 demand. The real path end to end is tests/live/test_system_one_live.py.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -35,9 +38,19 @@ def recorded() -> dict[str, Any]:
     return body
 
 
-def test_the_gateways_extension_gives_back_usage_and_diagnostics() -> None:
-    judgment = decode_judgment(RECORDED, list(QUESTIONS.items()))
-    extension = recorded()["typevet"]
+def current() -> dict[str, Any]:
+    """The recorded reply as today's gateway names its extension: ``x_typevet``."""
+    body = recorded()
+    body["x_typevet"] = body.pop("typevet")
+    return body
+
+
+@pytest.mark.parametrize("field", ["x_typevet", "typevet"])
+def test_the_gateways_extension_gives_back_usage_and_diagnostics(field: str) -> None:
+    body = current() if field == "x_typevet" else recorded()  # an older gateway's: typevet
+    assert field in body
+    judgment = decode_judgment(json.dumps(body).encode(), list(QUESTIONS.items()))
+    extension = body[field]
     assert judgment.usage == tv.Usage(**extension["usage"])
     assert judgment.usage.reads == 3  # the server-side reads, one per question
     assert list(judgment.diagnostics) == ["refund", "route", "urgency"]
@@ -77,12 +90,96 @@ def test_the_gateways_extension_gives_back_usage_and_diagnostics() -> None:
 def test_an_extension_that_is_not_ours_is_a_protocol_error(
     change: Callable[[dict[str, Any]], None], match: str
 ) -> None:
-    body = recorded()
-    change(body["typevet"])
-    with pytest.raises(tv.ProtocolError, match=match) as raised:
+    body = current()
+    change(body["x_typevet"])
+    with pytest.raises(tv.ProtocolError, match=match.replace(".typevet.", ".x_typevet.")) as raised:
         decode_judgment(json.dumps(body).encode(), list(QUESTIONS.items()))
     assert raised.value.payload is not None
     assert len(raised.value.payload) <= 2048
+
+
+def test_x_typevet_is_read_before_an_old_typevet() -> None:
+    body = current()
+    body["typevet"] = {"usage": {"prompt_tokens": 1, "cached_tokens": 0, "reads": 1}}
+    judgment = decode_judgment(json.dumps(body).encode(), list(QUESTIONS.items()))
+    assert judgment.usage == tv.Usage(**body["x_typevet"]["usage"])
+    assert judgment.usage.reads == 3
+
+
+def test_the_servers_confidence_is_read_and_the_entropy_one_is_computed() -> None:
+    from typevet_async._core.answers import entropy_confidence, score_confidence
+
+    body = current()
+    body["answers"]["route"]["confidence"] = 0.123  # whatever the server's formula gives
+    body["answers"]["urgency"]["confidence"] = 0.0
+    judgment = decode_judgment(json.dumps(body).encode(), list(QUESTIONS.items()))
+    route, urgency, refund = judgment["route"], judgment["urgency"], judgment["refund"]
+    assert route.confidence == 0.123
+    assert urgency.confidence == 0.0
+    sent = body["answers"]["route"]["probabilities"]
+    assert route.entropy_confidence == entropy_confidence(list(sent.values()))
+    levels = list(body["answers"]["urgency"]["probabilities"].values())
+    assert urgency.entropy_confidence == entropy_confidence(levels)
+    assert score_confidence(levels) != 0.0  # so the 0.0 read is the server's, not ours
+    # A Noul's wire has no confidence: the reference formula's, |2 noul - 1|.
+    noul = body["answers"]["refund"]["noul"]
+    assert refund.confidence == pytest.approx(abs(2 * noul - 1), abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("answers", "probabilities"),
+    [
+        # three 0.33s: 2 decimals explain a sum of 0.99; divided out to a third each
+        ({"route": {"type": "choice", "choice": "billing", "confidence": 0.0,
+                    "probabilities": {"billing": 0.33, "shipping": 0.33, "technical": 0.33}}},
+         {"route": (1 / 3, 1 / 3, 1 / 3)}),
+        ({"route": {"type": "choice", "choice": "shipping", "confidence": 0.6,
+                    "probabilities": {"billing": 0.2, "shipping": 0.73, "technical": 0.06}}},
+         {"route": (0.2 / 0.99, 0.73 / 0.99, 0.06 / 0.99)}),
+        # 3 decimals, and the server's score from its unrounded probabilities
+        ({"urgency": {"type": "score", "score": 1.5, "confidence": 0.5,
+                      "legend": {"0": "a", "1": "b", "2": "c", "3": "d"},
+                      "probabilities": {"0": 0.167, "1": 0.333, "2": 0.333, "3": 0.166}}},
+         {"urgency": (0.167 / 0.999, 0.333 / 0.999, 0.333 / 0.999, 0.166 / 0.999)}),
+    ],
+    ids=["three-thirds", "two-decimals", "three-decimals-score"],
+)  # fmt: skip
+def test_rounded_probabilities_are_accepted_and_divided_by_their_sum(
+    answers: dict[str, Any], probabilities: dict[str, tuple[float, ...]]
+) -> None:
+    body = current()
+    body["answers"].update(answers)
+    judgment = decode_judgment(json.dumps(body).encode(), list(QUESTIONS.items()))
+    for question_id, expected in probabilities.items():
+        got = tuple(judgment[question_id].probabilities.values())
+        assert got == pytest.approx(expected, abs=1e-12)
+        assert sum(got) == pytest.approx(1.0, abs=1e-12)
+        assert judgment[question_id].confidence == answers[question_id]["confidence"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        # 2 decimals explain at most 3 x 0.005 (+ 1e-3): 0.98 is not a rounded distribution
+        ({"type": "choice", "choice": "billing", "confidence": 0.0,
+          "probabilities": {"billing": 0.33, "shipping": 0.33, "technical": 0.32}}, "sum to 0.98"),
+        # unrounded values get 1e-3 alone
+        ({"type": "choice", "choice": "billing", "confidence": 0.0,
+          "probabilities": {"billing": 0.3351, "shipping": 0.3312, "technical": 0.3317}},
+         "sum to 0.998"),
+        # rounding explains a tie, not a label 0.02 below the top
+        ({"type": "choice", "choice": "technical", "confidence": 0.0,
+          "probabilities": {"billing": 0.35, "shipping": 0.33, "technical": 0.32}},
+         "not the most probable"),
+    ],
+    ids=["two-decimals-too-far", "unrounded-too-far", "not-the-top"],
+)  # fmt: skip
+def test_what_rounding_cannot_explain_is_still_refused(answer: dict[str, Any], match: str) -> None:
+    body = current()
+    body["answers"]["route"] = answer
+    with pytest.raises(tv.ProtocolError, match=match) as raised:
+        decode_judgment(json.dumps(body).encode(), list(QUESTIONS.items()))
+    assert raised.value.question_id == "route"
 
 
 class SystemOneStubServer:
@@ -91,6 +188,8 @@ class SystemOneStubServer:
 
     def __init__(self) -> None:
         self.replies: list[tuple[int, bytes]] = []
+        #: Headers sent with the queued (error) replies.
+        self.headers: dict[str, str] = {}
         self.requests: list[tuple[dict[str, str], Any]] = []
         self.url = ""
 
@@ -99,8 +198,11 @@ class SystemOneStubServer:
 
     async def _judge(self, request: web.Request) -> web.Response:
         self.requests.append((dict(request.headers), await request.json()))
-        status, body = self.replies.pop(0) if self.replies else (200, RECORDED)
-        return web.Response(status=status, body=body, content_type="application/json")
+        status, body = self.replies.pop(0) if self.replies else (200, CURRENT)
+        headers = self.headers if status != 200 else None
+        return web.Response(
+            status=status, body=body, content_type="application/json", headers=headers
+        )
 
 
 @pytest_asyncio.fixture
@@ -119,6 +221,9 @@ async def stub() -> AsyncIterator[SystemOneStubServer]:
         yield server
     finally:
         await runner.cleanup()
+
+
+CURRENT = json.dumps(current()).encode()
 
 
 def session_on(stub: SystemOneStubServer, **options: Any) -> tv.Session:
@@ -169,7 +274,23 @@ async def test_a_503_is_retried(stub: SystemOneStubServer) -> None:
     async with session_on(stub, max_retries=2) as session:
         judgment = await session.judge(STATE, QUESTIONS)
     assert len(stub.requests) == 2
-    assert judgment == decode_judgment(RECORDED, list(QUESTIONS.items()))
+    assert judgment == decode_judgment(CURRENT, list(QUESTIONS.items()))
+
+
+@pytest.mark.asyncio
+async def test_a_529_overloaded_is_retried_after_its_retry_after_ms(
+    stub: SystemOneStubServer,
+) -> None:
+    overloaded = b'{"detail": {"error_type": "overloaded_error", "message": "Overloaded"}}'
+    stub.replies.append((529, overloaded))
+    stub.headers = {"retry-after-ms": "400", "Retry-After": "5"}
+    async with session_on(stub, max_retries=1) as session:
+        started = time.monotonic()
+        judgment = await session.judge(STATE, QUESTIONS)
+        waited = time.monotonic() - started
+    assert len(stub.requests) == 2
+    assert 0.4 <= waited < 3.0  # the 400 ms asked for, not Retry-After's 5 s
+    assert list(judgment) == list(QUESTIONS)
 
 
 @pytest.mark.asyncio

@@ -299,17 +299,18 @@ def ref_system_one(raw: bytes) -> Any:
             raise Refused("an answer type System One does not have")
         if kind == "noul":
             p = required(answer, "noul", probability)
-            readings[question_id] = (kind, {"false": 1.0 - p, "true": p}, None)
+            readings[question_id] = (kind, {"false": 1.0 - p, "true": p}, None, None)
             continue
         named = required(
             answer,
             "choice" if kind == "choice" else "score",
             (string if kind == "choice" else number),
         )
+        confidence = required(answer, "confidence", probability)
         probabilities = {
             k: probability(v) for k, v in required(answer, "probabilities", obj).items()
         }
-        readings[question_id] = (kind, probabilities, named)
+        readings[question_id] = (kind, probabilities, named, confidence)
     questions = system_one_questions()
     if set(readings) - {question_id for question_id, _ in questions}:
         raise Refused("answers to questions not asked")
@@ -317,7 +318,7 @@ def ref_system_one(raw: bytes) -> Any:
     for question_id, question in questions:
         if question_id not in readings:
             raise Refused("an answer missing")
-        kind, probabilities, named = readings[question_id]
+        kind, probabilities, named, confidence = readings[question_id]
         if isinstance(question, Noul):
             keys, wanted = ["false", "true"], "noul"
         elif isinstance(question, Choice):
@@ -327,14 +328,26 @@ def ref_system_one(raw: bytes) -> Any:
         if kind != wanted or set(probabilities) != set(keys):
             raise Refused("another type, or other options")
         values = tuple(probabilities[key] for key in keys)
-        if abs(math.fsum(values) - 1.0) > SYSTEM_ONE_SLACK:
+        # rounded to d decimals (2 <= d <= 6): each value may be off by half of 10^-d
+        rounded = next(
+            (0.5 / 10**d for d in range(2, 7) if all(abs(v - round(v, d)) < 1e-7 for v in values)),
+            0.0,
+        )
+        total = math.fsum(values)
+        if abs(total - 1.0) > SYSTEM_ONE_SLACK + len(values) * rounded:
             raise Refused("not a distribution")
-        if kind == "choice" and probabilities.get(named, -1.0) < max(values) - SYSTEM_ONE_SLACK:
+        top = max(values)
+        if kind == "choice" and probabilities.get(named, -1.0) < top - SYSTEM_ONE_SLACK - rounded:
             raise Refused("the choice is not the most probable label")
         expected = math.fsum(level * p for level, p in enumerate(values))
-        if kind == "score" and abs(named - expected) > SYSTEM_ONE_SLACK:
+        allowed = SYSTEM_ONE_SLACK + rounded * (1 + len(values) * (len(values) - 1) / 2)
+        if kind == "score" and abs(named - expected) > allowed:
             raise Refused("the score is not the expected level")
-        result[question_id] = values
+        if abs(total - 1.0) > 1e-9:
+            values = tuple(v / total for v in values)
+        if confidence is None:  # a Noul's: the reference formula, (max - 1/2) / (1 - 1/2)
+            confidence = min(1.0, max(0.0, (max(values) - 0.5) / 0.5))
+        result[question_id] = (values, confidence)
     return result, tokens
 
 
@@ -353,15 +366,20 @@ def sdk_completion(raw: bytes) -> Any:
 
 def sdk_system_one(raw: bytes) -> Any:
     judgment = system_one_wire.decode_judgment(raw, system_one_questions())
-    answers = {qid: tuple(answer.probabilities.values()) for qid, answer in judgment.items()}
+    answers = {
+        qid: (tuple(answer.probabilities.values()), answer.confidence)
+        for qid, answer in judgment.items()
+    }
     return answers, judgment.usage.prompt_tokens
 
 
 def without_extension(raw: bytes) -> bytes:
-    """The gateway's reply as any System One server would send it: no ``typevet`` field (its
-    own test: tests/unit/test_system_one_backend.py)."""
+    """The gateway's reply as any System One server would send it: no ``x_typevet`` field (nor
+    ``typevet``, as the gateway that was recorded named it; its own test:
+    tests/unit/test_system_one_backend.py)."""
     doc = json.loads(raw)
-    del doc["typevet"]
+    doc.pop("x_typevet", None)
+    doc.pop("typevet", None)
     return json.dumps(doc).encode()
 
 

@@ -9,7 +9,9 @@ header block, a body it cannot decode) is a `ProtocolError` that says what was w
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import math
 import time
 
 import aiohttp
@@ -34,8 +36,15 @@ _BODY_EXCERPT = 2000
 _MESSAGE_EXCERPT = 300
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header: delay-seconds or an HTTP date."""
+def parse_retry_after(value: str | None, milliseconds: str | None = None) -> float | None:
+    """Seconds to wait, from a ``retry-after-ms`` header (milliseconds, as the official System
+    One client and OpenAI's send and read it; taken first when it is a finite non-negative
+    number) or else a ``Retry-After`` header: delay-seconds or an HTTP date."""
+    if milliseconds:
+        with contextlib.suppress(ValueError):
+            wait = float(milliseconds.strip())
+            if math.isfinite(wait) and wait >= 0:
+                return wait / 1000
     if not value:
         return None
     value = value.strip()
@@ -109,5 +118,7 @@ def server_error(
         f"{method} {redact(url)}: HTTP {response.status}: {detail}",
         status=response.status,
         body=body,
-        retry_after=parse_retry_after(response.headers.get("Retry-After")),
+        retry_after=parse_retry_after(
+            response.headers.get("Retry-After"), response.headers.get("retry-after-ms")
+        ),
     )

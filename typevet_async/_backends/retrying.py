@@ -38,10 +38,12 @@ DEFAULT_MAX_RETRIES = 2
 
 @attrs.frozen(kw_only=True)
 class RetryPolicy:
-    """Retries of transient failures: connection errors, timeouts, HTTP 408, 429 and 5xx.
+    """Retries of transient failures: connection errors, timeouts, HTTP 408, 429 and 5xx (529,
+    "overloaded", among them), but not 501.
 
     Backoff is exponential with jitter (``initial`` doubling up to ``maximum``); a
-    ``Retry-After`` header is honoured, up to ``max_retry_after`` seconds. Validation failures,
+    ``retry-after-ms`` or ``Retry-After`` header is honoured (the first when both are sent),
+    up to ``max_retry_after`` seconds. Validation failures,
     other 4xx and template refusals are never retried. ``max_retries=0`` turns retries off.
     """
 
@@ -58,7 +60,8 @@ def is_transient(error: BaseException) -> bool:
         return True
     if isinstance(error, ServerError):
         # 501 Not Implemented is the server's lasting answer (a System One server that does
-        # not judge with this model), not a passing failure.
+        # not judge with this model), not a passing failure; 529 (the hosted API's and
+        # Anthropic's "overloaded") is a 5xx like 503.
         return error.status in (408, 429) or (error.status >= 500 and error.status != 501)
     return False
 

@@ -6,14 +6,16 @@ answer position, a System One server takes a whole judgment (the state and every
 one request and answers with probabilities. So this backend's `Capabilities` say
 ``framing="remote"``: the session calls `AsyncSystemOne.judge`, never ``read``, and the answers
 are rebuilt from the server's probabilities by the SDK's own rules
-(`typevet_async._core.systemone.answers_from_system_one`), after checking them.
+(`typevet_async._core.systemone.answers_from_system_one`), after checking them; each answer's
+``confidence`` is the server's, as it sent it.
 
 What differs from a logprob backend, by design:
 
 - no template, control tokens or vocabulary are probed: ``GET /v1/models`` only, to check the
   pinned model (or pick the first listed);
-- diagnostics are only those our own gateway sends in its ``typevet`` extension (prompts,
-  logprobs, off-menu mass of the server-side reads); another server shows no logprobs;
+- diagnostics are only those our own gateway sends in its ``x_typevet`` extension (prompts,
+  logprobs, off-menu mass of the server-side reads; ``typevet`` from gateways before issue
+  33); another server shows no logprobs;
 - no schema-bound generation, no images (yet): both are refused before anything is sent;
 - an HTTP 422 that names the questions is a `QuestionError` and a 501 (the server does not
   judge with this model: vLLM's answer for a Gemma) an `UnsupportedTemplateError`: both would

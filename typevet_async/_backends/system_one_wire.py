@@ -10,10 +10,10 @@ reply                       fields read                                     chec
                                                                             decoding
 ==========================  ==============================================  ====================
 ``POST /v1/systemone``      ``answers{id: {type, noul | choice |            ``type`` one of
-                            score, probabilities}}``,                       noul, choice,
-                            ``usage.input_tokens``, ``typevet``             score; numbers
-                            (our gateway's extension: usage, diagnostics)   finite, in [0, 1]
-                                                                            where they are
+                            score, confidence, probabilities}}``,           noul, choice,
+                            ``usage.input_tokens``, ``x_typevet``           score; numbers
+                            (our gateway's extension: usage, diagnostics;   finite, in [0, 1]
+                            ``typevet`` from gateways before issue 33)      where they are
                                                                             probabilities;
                                                                             counts integers
 ``GET /v1/models``          ``models[].name``                               strings
@@ -160,6 +160,8 @@ class _Judged(wire.Reply):
     answers: dict[str, _AnyAnswer]
     usage: _Usage
     #: Our own gateway's richer record (`typevet_async._core.systemone.EXTENSION`).
+    x_typevet: _Extension | None = None
+    #: The same, as gateways before issue 33 named it (read when ``x_typevet`` is absent).
     typevet: _Extension | None = None
 
 
@@ -177,6 +179,7 @@ def _sent(answer: _AnyAnswer) -> SystemOneAnswer:
         probabilities,
         choice=getattr(answer, "choice", None),
         score=getattr(answer, "score", None),
+        confidence=getattr(answer, "confidence", None),
     )
 
 
@@ -199,7 +202,8 @@ def decode_judgment(raw: bytes, questions: Sequence[tuple[str, Question]]) -> Ju
         questions, {question_id: _sent(answer) for question_id, answer in reply.answers.items()}
     )
     usage, diagnostics = Usage(reply.usage.input_tokens, 0, 1), {}
-    extension = reply.typevet  # decoded strictly with the rest: its ranges are checked
+    # decoded strictly with the rest (its ranges are checked); an older gateway's ``typevet``
+    extension = reply.x_typevet if reply.x_typevet is not None else reply.typevet
     if extension is not None:
         if extension.usage is not None:
             sent = extension.usage
@@ -210,7 +214,7 @@ def decode_judgment(raw: bytes, questions: Sequence[tuple[str, Question]]) -> Ju
                 for question_id, sent in (extension.diagnostics or {}).items()
             }
         except ValueError as error:
-            raise wire.protocol_error(PATH, f"the typevet extension: {error}", raw) from None
+            raise wire.protocol_error(PATH, f"the x_typevet extension: {error}", raw) from None
         if not set(diagnostics) <= set(answers):
             raise wire.protocol_error(PATH, "diagnostics of questions not asked", raw)
     return Judgment(answers, usage, diagnostics)

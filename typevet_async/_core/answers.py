@@ -1,12 +1,19 @@
 """Answer records, their diagnostics, and the judgment that gathers them in request order.
 
-``confidence`` is one formula for every question type: 1 minus the normalised Shannon entropy
-of the candidates' probabilities, ``1 - H(p) / ln(n)``. It is 1 when all mass is on one option
-and 0 when the options are equally likely. We chose it over the top probability because the
-top probability has a floor of 1/n that moves with the number of options (a 0.5 means "sure"
-for nothing and "torn" for a Noul), and over the top-two margin because that ignores how the
-rest of the mass is spread; an entropy score is comparable across questions of any size, and
-for a Score it rates the whole distribution, not one level.
+Every answer carries two confidences, both in [0, 1]:
+
+- ``confidence`` is System One's reference confidence (TypeSafe's, as jevcompat's
+  ``confidence.formula`` checks it), so a threshold tuned on the hosted API means the same
+  here. A Choice's is ``(max p - 1/n) / (1 - 1/n)``: 0 when the options are equally likely, 1
+  all on one. A Score's is ``max(0, 1 - sum_i p_i |i - mode| / D)``: the expected distance from
+  the most probable level (the first, on a tie) against ``D``, that distance for the even
+  distribution over the levels around their middle, ``sum_i |i - (n-1)/2| / n``. A Noul's is
+  the Choice formula over (false, true): ``|2 noul - 1|``. From a System One server
+  (`Session.system_one`) it is the server's own value.
+- ``entropy_confidence`` is 1 minus the normalised Shannon entropy, ``1 - H(p) / ln(n)``, the
+  SDK's own measure (its ``confidence`` before issue 33): comparable across questions of any
+  size, and for a Score a rating of the whole distribution. Always computed from the answer's
+  probabilities.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ __all__ = [
     "ScoreAnswer",
     "Usage",
     "build_answer",
+    "choice_confidence",
     "entropy_confidence",
+    "score_confidence",
 ]
 
 
@@ -43,13 +52,43 @@ def entropy_confidence(probabilities: Sequence[float]) -> float:
     return min(1.0, max(0.0, 1.0 - entropy / math.log(len(probabilities))))
 
 
+def choice_confidence(probabilities: Sequence[float]) -> float:
+    """System One's reference confidence of a Choice (and a Noul): ``(max - 1/n) / (1 - 1/n)``,
+    clamped to [0, 1]."""
+    n = len(probabilities)
+    if n <= 1:
+        return 1.0
+    return min(1.0, max(0.0, (max(probabilities) - 1 / n) / (1 - 1 / n)))
+
+
+def score_confidence(probabilities: Sequence[float]) -> float:
+    """System One's reference confidence of a Score: ``max(0, 1 - sum_i p_i |i - mode| / D)``,
+    ``mode`` the most probable level (the first on a tie), ``D = sum_i |i - (n-1)/2| / n``."""
+    n = len(probabilities)
+    if n <= 1:
+        return 1.0
+    mode = max(range(n), key=lambda i: (probabilities[i], -i))
+    spread = math.fsum(p * abs(i - mode) for i, p in enumerate(probabilities))
+    even = math.fsum(abs(i - (n - 1) / 2) for i in range(n)) / n
+    return min(1.0, max(0.0, 1.0 - spread / even))
+
+
+def _entropy_of(answer: Any) -> float:
+    return entropy_confidence(list(answer.probabilities.values()))
+
+
 @attrs.frozen
 class NoulAnswer:
     """``noul`` is P(true); ``probabilities`` has the keys ``"false"`` and ``"true"``."""
 
     noul: float
     probabilities: Mapping[str, float] = attrs.field(converter=_frozen_mapping)
+    #: System One's reference confidence, ``|2 noul - 1|`` (module docstring).
     confidence: float
+    #: ``1 - H(p) / ln 2``; computed from ``probabilities`` when not given.
+    entropy_confidence: float = attrs.field(
+        default=attrs.Factory(_entropy_of, takes_self=True), kw_only=True
+    )
 
 
 @attrs.frozen
@@ -58,7 +97,12 @@ class ChoiceAnswer:
 
     choice: str
     probabilities: Mapping[str, float] = attrs.field(converter=_frozen_mapping)
+    #: System One's reference confidence, ``(max - 1/n) / (1 - 1/n)`` (module docstring).
     confidence: float
+    #: ``1 - H(p) / ln(n)``; computed from ``probabilities`` when not given.
+    entropy_confidence: float = attrs.field(
+        default=attrs.Factory(_entropy_of, takes_self=True), kw_only=True
+    )
 
 
 @attrs.frozen
@@ -68,25 +112,40 @@ class ScoreAnswer:
     score: float
     probabilities: Mapping[int, float] = attrs.field(converter=_frozen_mapping)
     legend: tuple[str, ...]
+    #: System One's reference confidence, ``max(0, 1 - sum_i p_i |i - mode| / D)``.
     confidence: float
+    #: ``1 - H(p) / ln(n)``; computed from ``probabilities`` when not given.
+    entropy_confidence: float = attrs.field(
+        default=attrs.Factory(_entropy_of, takes_self=True), kw_only=True
+    )
 
 
 Answer: TypeAlias = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
 
 def build_answer(question: Question, probabilities: Sequence[float]) -> Answer:
-    """The typed answer for a question from its options' probabilities, in option order."""
-    confidence = entropy_confidence(probabilities)
+    """The typed answer for a question from its options' probabilities, in option order; both
+    confidences computed from them (module docstring)."""
+    entropy = entropy_confidence(probabilities)
     if isinstance(question, Noul):
         p_false, p_true = probabilities
-        return NoulAnswer(p_true, {"false": p_false, "true": p_true}, confidence)
+        return NoulAnswer(
+            p_true, {"false": p_false, "true": p_true}, choice_confidence(probabilities),
+            entropy_confidence=entropy,
+        )  # fmt: skip
     if isinstance(question, Choice):
         best = max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
         labels = question.labels
-        return ChoiceAnswer(labels[best], dict(zip(labels, probabilities, strict=True)), confidence)
+        return ChoiceAnswer(
+            labels[best], dict(zip(labels, probabilities, strict=True)),
+            choice_confidence(probabilities), entropy_confidence=entropy,
+        )  # fmt: skip
     assert isinstance(question, Score)
     expected = math.fsum(level * p for level, p in enumerate(probabilities))
-    return ScoreAnswer(expected, dict(enumerate(probabilities)), question.levels, confidence)
+    return ScoreAnswer(
+        expected, dict(enumerate(probabilities)), question.levels,
+        score_confidence(probabilities), entropy_confidence=entropy,
+    )  # fmt: skip
 
 
 @attrs.frozen

@@ -16,8 +16,9 @@ Definitions (p_i is item i's row, y_i its gold index):
 
 - prediction_i = argmax p_i, ties to the lowest index (``np.argmax``).
 - confidence_i = max p_i, the top probability. This is *not* the SDK's answer ``confidence``
-  (1 - normalised entropy, see ``typevet_async._core.answers``): calibration asks whether "70%"
-  is right 70% of the time, and only the top probability is a probability of being right.
+  (System One's reference formula) nor its ``entropy_confidence`` (see
+  ``typevet_async._core.answers``): calibration asks whether "70%" is right 70% of the time,
+  and only the top probability is a probability of being right.
 - accuracy = mean_i [prediction_i == y_i].
 - The ranking: the items sorted by confidence descending, stable (equal confidences keep item
   order). The equal-mass ECE, the AURC and the selective points all use this one.

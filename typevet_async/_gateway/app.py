@@ -28,9 +28,11 @@ from typevet_async._errors import DecodeError
 from typevet_async._gateway.bodies import decode_error_response, decode_request, read_raw
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.responses import (
+    REQUEST_ID_HEADER,
     error_response,
     extension,
     json_response,
+    new_request_id,
     sdk_error_response,
 )
 from typevet_async._gateway.state import SESSION, STATE, GatewayState, Metrics
@@ -61,11 +63,23 @@ def _route_of(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
+#: The request's id, set by the access middleware (the outermost) and sent back as
+#: ``x-typesafe-request-id`` on whatever response the request gets.
+_REQUEST_ID: Final = web.RequestKey("request_id", str)
+
+
+async def _send_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response names its request: the id the access log shows (a fresh one if the
+    request never reached the middlewares)."""
+    response.headers[REQUEST_ID_HEADER] = request.get(_REQUEST_ID) or new_request_id()
+
+
 @web.middleware
 async def _access(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     state = request.app[STATE]
+    request[_REQUEST_ID] = request_id = new_request_id()
     started = time.perf_counter()
     status = 500
     try:
@@ -80,7 +94,9 @@ async def _access(
         raise
     finally:
         elapsed = time.perf_counter() - started
-        access_log.info("%s %s %d %.1fms", request.method, request.path, status, elapsed * 1000)
+        access_log.info(
+            "%s %s %d %.1fms %s", request.method, request.path, status, elapsed * 1000, request_id
+        )
         if state.metrics is not None:
             route = _route_of(request)
             state.metrics.requests.labels(route, str(status)).inc()
@@ -115,7 +131,7 @@ async def _auth(
             401,
             ["header", "authorization"],
             "a valid bearer key is required: Authorization: Bearer KEY",
-            "unauthorized",
+            "authentication_error",
             headers={"WWW-Authenticate": "Bearer"},
         )
     return await handler(request)
@@ -326,6 +342,7 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
         Metrics.create(),
     )
     app.cleanup_ctx.append(_lifecycle)
+    app.on_response_prepare.append(_send_request_id)
     app.router.add_post("/v1/systemone", _systemone)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)

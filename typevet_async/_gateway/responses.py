@@ -1,11 +1,21 @@
-"""What the gateway answers: the System One error shape, an SDK error as `_presenting` says
-(never an upstream's address) and the response's extension."""
+"""What the gateway answers: the System One error shapes, an SDK error as `_presenting` says
+(never an upstream's address), the request id every response carries and the response's
+extension.
+
+The error shape is decided here, once, by the status (`error_body`): a 422 (a validation
+failure) is ``{"detail": [{"loc", "msg", "type", "input"}]}``, as the official client's
+``HTTPValidationError`` declares it; every other error is ``{"detail": {"error_type",
+"message"}}``, the hosted API's and jevcompat's ``errors.shape`` (a 401 says
+``"authentication_error"``). The official client's typed errors follow the status, and its
+message reader takes ``detail.message`` and ``detail[].msg`` alike.
+"""
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from aiohttp import web
@@ -15,9 +25,33 @@ from typevet_async._core.systemone import validation_detail
 from typevet_async._gateway.state import Metrics
 from typevet_async._presenting import error_text, judgment_fields, present_error
 
-__all__ = ["error_response", "extension", "json_response", "sdk_error_response"]
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "error_body",
+    "error_response",
+    "extension",
+    "json_response",
+    "new_request_id",
+    "sdk_error_response",
+]
+
+#: The response header naming the request (the official client shows it in its errors).
+REQUEST_ID_HEADER: Final = "x-typesafe-request-id"
 
 log = logging.getLogger("typevet_async.gateway")
+
+
+def new_request_id() -> str:
+    """A fresh request id: ``req_`` and 24 random hex digits (a client's own is not echoed)."""
+    return f"req_{secrets.token_hex(12)}"
+
+
+def error_body(status: int, loc: list[str | int], msg: str, kind: str) -> dict[str, Any]:
+    """An error's body by its status: a 422's the validation list (``loc`` says where), any
+    other's ``{"detail": {"error_type": kind, "message": msg}}``."""
+    if status == 422:
+        return {"detail": [validation_detail(loc, msg, kind)]}
+    return {"detail": {"error_type": kind, "message": msg}}
 
 
 def error_response(
@@ -28,7 +62,8 @@ def error_response(
     *,
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
-    return json_response(status, {"detail": [validation_detail(loc, msg, kind)]}, headers=headers)
+    """An error in its status's shape (`error_body`)."""
+    return json_response(status, error_body(status, loc, msg, kind), headers=headers)
 
 
 def json_response(
@@ -54,7 +89,7 @@ def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Res
 
 
 def extension(judgment: tv.Judgment) -> dict[str, Any]:
-    """The ``typevet`` extension of a response: the judgment's usage and diagnostics, less
+    """The ``x_typevet`` extension of a response: the judgment's usage and diagnostics, less
     the endpoint that answered (an upstream address behind the gateway)."""
     fields = judgment_fields(judgment)
     for diagnostics in fields.get("diagnostics", {}).values():

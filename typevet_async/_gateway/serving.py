@@ -14,9 +14,9 @@ import orjson
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._core.systemone import validation_detail
 from typevet_async._gateway.app import build_app
 from typevet_async._gateway.config import GatewayConfig
+from typevet_async._gateway.responses import REQUEST_ID_HEADER, error_body, new_request_id
 from typevet_async._gateway.state import STATE, GatewayState
 
 __all__ = ["app_runner", "runner_options", "running", "serve", "shutdown"]
@@ -51,17 +51,12 @@ def runner_options(config: GatewayConfig) -> dict[str, Any]:
 
 
 _BUSY_BODY: Final = orjson.dumps(
-    {"detail": [validation_detail(
-        ["server"], "too many open connections: retry shortly", "unavailable"
-    )]}
-)  # fmt: skip
-#: What a connection past the cap gets before it is closed.
-_BUSY: Final = (
+    error_body(503, ["server"], "too many open connections: retry shortly", "unavailable")
+)
+#: What a connection past the cap gets before it is closed (with a fresh request id).
+_BUSY_HEAD: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
-    b"Content-Type: application/json\r\nContent-Length: "
-    + str(len(_BUSY_BODY)).encode()
-    + b"\r\n\r\n"
-    + _BUSY_BODY
+    b"Content-Type: application/json\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n"
 )
 
 
@@ -70,7 +65,8 @@ class _Busy(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_BUSY)
+        request_id = f"{REQUEST_ID_HEADER}: {new_request_id()}\r\n\r\n".encode()
+        transport.write(_BUSY_HEAD + request_id + _BUSY_BODY)
         transport.close()
 
 

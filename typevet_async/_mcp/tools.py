@@ -52,8 +52,9 @@ probabilities read from its next-token logprobs in one forward pass: no text is 
 ask_noul answers yes/no with P(true); ask_choice picks one label of two or more; ask_score \
 rates on a rubric of two or more levels (lowest first) and gives the expected level; ask \
 asks several questions at once in the System One shape. Every answer has probabilities over \
-all its options and a confidence: 1 - normalised entropy, 1 when all probability is on one \
-option, 0 when the options are equally likely. off_menu_mass is the next-token probability \
+all its options and a confidence, System One's reference formula: 1 when all probability is \
+on one option, 0 when the options are equally likely (x_entropy_confidence, 1 - normalised \
+entropy, is the same scale by another measure). off_menu_mass is the next-token probability \
 the model put on none of the options: near 1, the model did not take up the question."""
 
 # -- arguments --------------------------------------------------------------------------------

@@ -2,14 +2,19 @@
 
 Shapes as the official client's models define them (``typesafe_sdk._schemas.models``):
 
-- request ``{"model", "state", "questions", "assets"?}``: ``state`` a string, object or array;
+- request ``{"model", "state", "questions", "assets"?}``: ``state`` a string, object or array
+  (``document``, the v1 draft's name, is read as ``state``; both at once are refused);
   ``questions`` id -> ``{"type": "noul" | "choice" | "score", "instructions"?, "criteria"?}``
+  (a Noul without instructions is asked `NOUL_DEFAULT_INSTRUCTIONS`; a ``box`` question is
+  refused with the 422 type ``unsupported``)
   (a Noul's criteria ``{"true"?, "false"?}``, a Choice's name -> description, a Score's an
   ordered list of level descriptions); ``assets`` placeholder -> ``{"type": "image",
   "format", "data_base64"}``.
 - response ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}``, each answer
-  the System One answer of its type. Our richer record rides along under ``"typevet"``
-  (`EXTENSION`: our usage and each answer's diagnostics), which System One clients ignore.
+  the System One answer of its type, its ``confidence`` the reference formula's and our
+  entropy confidence beside it as ``x_entropy_confidence``. Our richer record rides along
+  under ``"x_typevet"`` (`EXTENSION`: our usage and each answer's diagnostics), which System
+  One clients ignore: every extension is ``x_``-prefixed, as the spec reserves.
 - validation failure: HTTP 422 with ``{"detail": [{"loc", "msg", "type", "input", "ctx"}]}``.
 
 **Structured text.** Instructions and criteria may be a string, an object or an array. A string
@@ -37,9 +42,12 @@ from typevet_async._core.systemone.answers import (
     SYSTEM_ONE_SLACK,
     SystemOneAnswer,
     answers_from_system_one,
+    rounding_slack,
 )
 from typevet_async._core.systemone.questions import (
     EXTENSION,
+    NOUL_DEFAULT_INSTRUCTIONS,
+    UnsupportedQuestionError,
     question_from_system_one,
     question_to_system_one,
     questions_from_system_one,
@@ -68,12 +76,14 @@ from typevet_async._errors import SystemOneValidationError
 __all__ = [
     "ANSWER_FIELDS",
     "EXTENSION",
+    "NOUL_DEFAULT_INSTRUCTIONS",
     "SYSTEM_ONE_SLACK",
     "USAGE_FIELDS",
     "AnswerField",
     "SystemOneAnswer",
     "SystemOneCall",
     "SystemOneValidationError",
+    "UnsupportedQuestionError",
     "Value",
     "answer_fields",
     "answer_to_system_one",
@@ -85,6 +95,7 @@ __all__ = [
     "request_from_system_one",
     "request_to_system_one",
     "response_to_system_one",
+    "rounding_slack",
     "validation_detail",
     "wire_fields",
 ]

@@ -13,15 +13,28 @@ from typevet_async._errors import QuestionError, TypevetError
 
 __all__ = [
     "EXTENSION",
+    "NOUL_DEFAULT_INSTRUCTIONS",
+    "UnsupportedQuestionError",
     "question_from_system_one",
     "question_to_system_one",
     "questions_from_system_one",
     "render_structured",
 ]
 
-EXTENSION: Final = "typevet"
+#: The response field our richer record rides in: ``x_``-prefixed, as System One reserves for
+#: extensions (gateways before issue 33 sent it as ``typevet``; the client reads both).
+EXTENSION: Final = "x_typevet"
+
+#: What a Noul sent without instructions (System One allows it: its criteria may say it all)
+#: is asked; its option lines, "Yes" and "No" with their criteria, follow it in the prompt.
+NOUL_DEFAULT_INSTRUCTIONS: Final = "Which of these holds: yes or no?"
 
 _IMAGE_FORMATS: Final = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg"}
+
+
+class UnsupportedQuestionError(QuestionError):
+    """A question of a type System One has that this server does not answer (``box``): the
+    422's entry says ``"type": "unsupported"``."""
 
 
 def render_structured(value: Any, what: str) -> str | None:
@@ -62,6 +75,8 @@ def question_from_system_one(data: Any, question_id: str) -> Question:
                 if criteria is None
                 else {k: render_structured(v, f"criteria[{k!r}]") for k, v in criteria.items()}
             )
+            if instructions is None:  # absent or null; an empty string is still refused
+                instructions = NOUL_DEFAULT_INSTRUCTIONS
             return Noul(instructions=instructions, criteria=rendered)
         if kind == "choice":
             if isinstance(criteria, dict):
@@ -86,7 +101,9 @@ def question_from_system_one(data: Any, question_id: str) -> Question:
             ]
             return Score(levels, instructions=instructions)
         if kind == "box":
-            raise QuestionError("box questions are not supported: no model here locates boxes")
+            raise UnsupportedQuestionError(
+                "box questions are not supported: no model here locates boxes"
+            )
         raise QuestionError(f"type must be 'noul', 'choice' or 'score', got {kind!r}")
     except QuestionError as error:
         error.question_id = question_id

@@ -13,6 +13,7 @@ import attrs
 
 from typevet_async._core.questions import Question
 from typevet_async._core.systemone.questions import (
+    UnsupportedQuestionError,
     question_from_system_one,
     question_to_system_one,
 )
@@ -126,6 +127,7 @@ def request_from_system_one(
 ) -> SystemOneCall:
     """A System One request body (parsed JSON) as the SDK judges it; at most ``max_assets``
     assets and ``max_questions`` questions (None: no limit), counted before any is read.
+    ``document`` (the v1 draft's name) is read as ``state``; a body with both is refused.
 
     :raises SystemOneValidationError: the body does not have the System One shape; ``detail``
         lists every problem found, in the 422 body's shape.
@@ -138,13 +140,7 @@ def request_from_system_one(
     model = data.get("model")
     if not isinstance(model, str) or not model:
         detail.append(validation_detail(["body", "model"], "Field required", "missing", model))
-    state = data.get("state")
-    if not isinstance(state, str | dict | list):
-        detail.append(
-            validation_detail(
-                ["body", "state"], "a string, an object or an array", "missing", state
-            )
-        )
+    state = _state(data, detail)
     raw_questions = _raw_questions(data.get("questions"), max_questions, detail)
     assets = _raw_assets(data.get("assets") or {}, max_assets, detail)
     placeholders = _Placeholders([str(name) for name in assets])
@@ -170,6 +166,25 @@ def request_from_system_one(
         raise SystemOneValidationError(detail)
     assert isinstance(model, str)
     return SystemOneCall(model, state, questions, tuple(images), score_criteria)
+
+
+def _state(data: dict[Any, Any], detail: list[dict[str, Any]]) -> Any:
+    """The request's ``state``, or ``document`` (the v1 draft's name for it); not both."""
+    if "state" in data and "document" in data:
+        detail.append(
+            validation_detail(
+                ["body", "document"], "give state or document (its alias), not both",
+                "value_error", None,
+            )
+        )  # fmt: skip
+        return None
+    name = "document" if "document" in data else "state"
+    state = data.get(name)
+    if not isinstance(state, str | dict | list):
+        detail.append(
+            validation_detail(["body", name], "a string, an object or an array", "missing", state)
+        )
+    return state
 
 
 def _raw_questions(
@@ -229,7 +244,9 @@ def _questions(
         except QuestionError as error:
             kind = raw.get("type") if isinstance(raw, dict) else None
             loc: list[str | int] = ["body", "questions", str(qid)]
-            detail.append(validation_detail(loc, str(error), "value_error", raw, {"type": kind}))
+            unsupported = isinstance(error, UnsupportedQuestionError)
+            problem = "unsupported" if unsupported else "value_error"
+            detail.append(validation_detail(loc, str(error), problem, raw, {"type": kind}))
             continue
         if isinstance(raw, dict) and raw.get("type") == "score":
             score_criteria[str(qid)] = list(raw.get("criteria") or raw.get("levels") or [])

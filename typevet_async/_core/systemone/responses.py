@@ -21,6 +21,7 @@ def answer_fields(
     the declared order; a Score's legend is ``criteria`` as sent, if given."""
     values: dict[str, Any] = {
         "confidence": answer.confidence,
+        "x_entropy_confidence": answer.entropy_confidence,
         "probabilities": {str(key): p for key, p in answer.probabilities.items()},
         "off_menu_mass": off_menu_mass,
     }

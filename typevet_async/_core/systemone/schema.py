@@ -5,7 +5,7 @@ this declaration:
 - the response renderer (`typevet_async._core.systemone.responses`) writes the wire fields in
   this order;
 - the System One backend's msgspec decoders (`typevet_async._backends.system_one_wire`) read
-  the fields marked ``read`` (what the answer check needs; the confidence is ours);
+  the fields marked ``read`` (what the answer check needs, and the server's confidence);
 - MCP's result types (`typevet_async._mcp.tools`) are every field, the wire's and MCP's own
   extras, with these descriptions (the tools' output schemas);
 - Ray's Arrow types (`typevet_async._ray.answer_type`) are the wire fields, a Choice's and a
@@ -59,7 +59,17 @@ class AnswerField:
     read: bool = False
 
 
-_CONFIDENCE: Final = "1 - the normalised entropy of probabilities: 1 all on one option, 0 even"
+_CONFIDENCE: Final = {
+    "noul": "System One's reference confidence over (false, true): |2 noul - 1|",
+    "choice": "System One's reference confidence: (max p - 1/n) / (1 - 1/n), 0 even, 1 all on "
+    "one label",
+    "score": "System One's reference confidence: max(0, 1 - sum_i p_i |i - mode| / D), mode the "
+    "most probable level, D = sum_i |i - (n-1)/2| / n (that distance for the even distribution)",
+}
+_ENTROPY: Final = (
+    "1 - the normalised entropy of probabilities, 1 - H(p) / ln(n): 1 all on one option, 0 even "
+    "(this SDK's own measure; an extension)"
+)
 _OFF_MENU: Final = (
     "the next-token probability on none of the options (1 - their summed probability); "
     "null when the server cannot tell"
@@ -80,7 +90,8 @@ ANSWER_FIELDS: Final[Mapping[str, tuple[AnswerField, ...]]] = {
         _tag("noul"),
         AnswerField("noul", Value.PROBABILITY,
                     "P(true): the probability that the answer is yes", read=True),
-        AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE, wire=False),
+        AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["noul"], wire=False),
+        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY, wire=False),
         AnswerField("probabilities", Value.PROBABILITIES,
                     '{"false": p, "true": p}, summing to 1', wire=False),
         *_mcp_extras(),
@@ -88,19 +99,21 @@ ANSWER_FIELDS: Final[Mapping[str, tuple[AnswerField, ...]]] = {
     "choice": (
         _tag("choice"),
         AnswerField("choice", Value.LABEL, "the most probable label (ties: the first)", read=True),
-        AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE),
+        AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["choice"], read=True),
         AnswerField("probabilities", Value.PROBABILITIES,
                     "every label's probability, in the options' order, summing to 1", read=True),
+        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY),
         *_mcp_extras(),
     ),
     "score": (
         _tag("score"),
         AnswerField("score", Value.NUMBER,
                     "the expected level, sum of i * p(i): 0 is the first level", read=True),
-        AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE),
+        AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["score"], read=True),
         AnswerField("legend", Value.LEGEND, 'level index ("0", "1", ...) -> level'),
         AnswerField("probabilities", Value.PROBABILITIES,
                     'each level\'s probability by index ("0", "1", ...), summing to 1', read=True),
+        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY),
         *_mcp_extras(),
     ),
 }  # fmt: skip
