@@ -223,6 +223,13 @@ def from_env(
 
     :raises ConfigurationError: naming the setting that is missing or wrong.
     """
+    if flags is not None and not isinstance(flags, Mapping):
+        raise ConfigurationError(f"flags must be a mapping of setting to value, got {flags!r}")
+    unknown = sorted(set(flags or {}) - set(ENV_SETTINGS), key=str)
+    if unknown:
+        raise ConfigurationError(
+            f"flags names no setting {unknown}: the settings are {sorted(ENV_SETTINGS)}"
+        )
     given: dict[str, str | None] = {}
     for name, setting in ENV_SETTINGS.items():
         flag = (flags or {}).get(name)

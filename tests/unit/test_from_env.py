@@ -78,3 +78,24 @@ def test_reproducible_reads_one_question_at_a_time_whatever_max_concurrency() ->
     assert reproducible.backend.capabilities.max_concurrency == 1
     default = tv.Session.llama_cpp("http://127.0.0.1:1", max_concurrency=8)
     assert default.backend.capabilities.max_concurrency is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (5, "flags must be a mapping"),
+        ({"base-url": "http://h:1"}, r"flags names no setting \['base-url'\]"),
+    ],
+)
+def test_flags_that_are_not_the_settings_are_refused(flags: object, message: str) -> None:
+    with pytest.raises(tv.ConfigurationError, match=message):
+        tv.Session.from_env({}, flags=flags)  # type: ignore[arg-type]
+
+
+def test_a_flag_wins_over_its_variable_and_is_named_when_missing() -> None:
+    session = tv.Session.from_env(
+        {"TYPEVET_BASE_URL": "http://from-env:1"}, flags={"base_url": "http://from-flag:1"}
+    )
+    assert session.backend.base_url == "http://from-flag:1"
+    with pytest.raises(tv.ConfigurationError, match=r"needs --model MODEL \(or TYPEVET_MODEL\)"):
+        tv.Session.from_env({}, flags={"backend": "vllm", "base_url": "http://h:1"})
