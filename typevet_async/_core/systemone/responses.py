@@ -14,11 +14,10 @@ from typevet_async._core.systemone.schema import ANSWER_FIELDS, wire_fields
 __all__ = ["answer_fields", "answer_to_system_one", "response_to_system_one"]
 
 
-def answer_fields(
-    answer: Answer, criteria: list[Any] | None = None, *, off_menu_mass: float | None = None
-) -> dict[str, Any]:
-    """Every declared field of ``answer`` (`ANSWER_FIELDS`: the wire's, then MCP's extras), in
-    the declared order; a Score's legend is ``criteria`` as sent, if given."""
+def _values(
+    answer: Answer, criteria: list[Any] | None, off_menu_mass: float | None
+) -> tuple[str, dict[str, Any]]:
+    """The answer's type, and the value of every field it declares."""
     values: dict[str, Any] = {
         "confidence": answer.confidence,
         "x_entropy_confidence": answer.entropy_confidence,
@@ -35,14 +34,23 @@ def answer_fields(
         legend = criteria if fits and criteria is not None else answer.legend
         values.update(type="score", score=answer.score)
         values["legend"] = {str(n): text for n, text in enumerate(legend)}
-    return {field.name: values[field.name] for field in ANSWER_FIELDS[values["type"]]}
+    return values["type"], values
+
+
+def answer_fields(
+    answer: Answer, criteria: list[Any] | None = None, *, off_menu_mass: float | None = None
+) -> dict[str, Any]:
+    """Every declared field of ``answer`` (`ANSWER_FIELDS`: the wire's, then MCP's extras), in
+    the declared order; a Score's legend is ``criteria`` as sent, if given."""
+    kind, values = _values(answer, criteria, off_menu_mass)
+    return {field.name: values[field.name] for field in ANSWER_FIELDS[kind]}
 
 
 def answer_to_system_one(answer: Answer, criteria: list[Any] | None = None) -> dict[str, Any]:
     """One answer in the System One shape (its type's wire fields, in order); a Score's legend
     is ``criteria`` as sent, if given."""
-    fields = answer_fields(answer, criteria)
-    return {field.name: fields[field.name] for field in wire_fields(fields["type"])}
+    kind, values = _values(answer, criteria, None)
+    return {field.name: values[field.name] for field in wire_fields(kind)}
 
 
 def response_to_system_one(

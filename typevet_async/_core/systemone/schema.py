@@ -125,6 +125,13 @@ USAGE_FIELDS: Final = (
 )
 
 
+#: Each answer type's fields on System One's wire, in order (worked out once: the gateway
+#: renders every answer through them).
+_WIRE_FIELDS: Final = {
+    kind: tuple(field for field in fields if field.wire) for kind, fields in ANSWER_FIELDS.items()
+}
+
+
 def wire_fields(kind: str) -> tuple[AnswerField, ...]:
     """An answer type's fields on System One's wire, in order."""
-    return tuple(field for field in ANSWER_FIELDS[kind] if field.wire)
+    return _WIRE_FIELDS[kind]
