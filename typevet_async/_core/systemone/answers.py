@@ -134,8 +134,8 @@ def answers_from_system_one(
         question's options, not summing to 1, or disagreeing with itself (``question_id`` names
         the question).
     """
-    asked = [question_id for question_id, _ in questions]
-    extra = [question_id for question_id in sent if question_id not in set(asked)]
+    asked = {question_id for question_id, _ in questions}
+    extra = [question_id for question_id in sent if question_id not in asked]
     if extra:
         raise ProtocolError(f"/v1/systemone: answers to questions not asked: {extra}")
     answers: dict[str, Answer] = {}
