@@ -114,9 +114,9 @@ async def client(
     # Imported here: only the client process needs the SDK's internals.
     from typevet_async import _judging
     from typevet_async._backends.llama_cpp_wire import decode_completion
+    from typevet_async._core.interpreting import interpret_read
     from typevet_async._core.jsonvalues import render_state
     from typevet_async._core.readings import read_entries
-    from typevet_async._core.scoring import interpret_read
     from typevet_async._options import UNSET
     from typevet_async._settings import ReadOptions
 

@@ -19,7 +19,13 @@ load them). Without the extra, naming one raises ImportError saying which
 
 import typing as _typing
 
-from typevet_async._backends.base import Backend, Capabilities, Framing, RemoteJudging
+from typevet_async._backends.base import (
+    AnswerTokenizing,
+    Backend,
+    Capabilities,
+    Framing,
+    RemoteJudging,
+)
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings
@@ -126,6 +132,7 @@ __all__ = [
     "LOCAL_MODELS",
     "UNSET",
     "Answer",
+    "AnswerTokenizing",
     "AsyncFleet",
     "AsyncLlamaCpp",
     "AsyncSystemOne",

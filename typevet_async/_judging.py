@@ -12,9 +12,7 @@ task outlives it.
 
 from __future__ import annotations
 
-import collections
 import functools
-import itertools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,31 +21,23 @@ import attrs
 from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
+from typevet_async._core.codes import code_firsts, with_reads_after
 from typevet_async._core.fields import framing_pin
-from typevet_async._core.framing import TemplateFamily, turn_markers
-from typevet_async._core.layouts import Layout
-from typevet_async._core.markers import ALL_RUNS, marker_runs
+from typevet_async._core.interpreting import interpret_read, settle_question
 from typevet_async._core.probe import Probe, model_identity
 from typevet_async._core.questions import Question
-from typevet_async._core.rotations import rotation_offsets
-from typevet_async._core.scoring import (
-    QuestionPlan,
-    ScoringRequest,
-    bind_question,
-    interpret_read,
-    request_for,
-    settle_question,
-)
+from typevet_async._core.readings import CandidateRead
+from typevet_async._core.scoring import ScoringRequest, after_first
 from typevet_async._errors import (
     ConfigurationError,
     InvalidInputError,
     QuestionError,
     TypevetError,
-    UnsupportedTemplateError,
 )
 from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order
 from typevet_async._images import Image
+from typevet_async._planning import Planner
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
 
 __all__ = ["Planner", "judge", "read_judgment"]
@@ -58,186 +48,6 @@ class _Scored:
     answer: Answer
     diagnostics: Diagnostics
     usage: Usage
-
-
-#: Questions whose plan a session keeps (least recently used beyond it are planned again).
-PLAN_CACHE_SIZE = 1024
-
-
-#: Marker runs whose verdict (special token or not) a session keeps.
-VERDICT_CACHE_SIZE = 4096
-
-
-def _question_texts(question: Question) -> list[str]:
-    texts = [question.instructions]
-    for option in question.options():
-        texts.append(option.label)
-        if option.description:
-            texts.append(option.description)
-    return texts
-
-
-class Planner:
-    """Plans a session's judgments: binds each question once (`bind_question`, cached) and
-    renders its request about each state (`request_for`).
-
-    Caller text is neutralised by the served tokenizer's own verdict on each marker run
-    (`typevet_async._core.markers`): before a judgment's first request, the runs in its state
-    and questions that the session has not met yet are put to the backend in one
-    `Backend.special_runs` call, and the verdicts kept (`VERDICT_CACHE_SIZE`). A backend that
-    cannot tell answers None once, and every run is then neutralised (`ALL_RUNS`).
-    """
-
-    def __init__(self, backend: Backend, probe: Probe, settings: SessionSettings) -> None:
-        self.settings = settings
-        capabilities = backend.capabilities
-        self.backend = backend
-        self.probe = probe
-        #: Where the backend scores a raw prefix, the frame the SDK frames it in (None: the
-        #: server renders the messages); `template_refusal` says why a template has none.
-        self._frames = capabilities.framing == "sdk"
-        self._frame = probe.prompt_frame if self._frames else None
-        control_ids, layout, controls = probe.control_ids, settings.layout, settings.controls
-        leads = probe.control_leads
-        limit = capabilities.max_candidates
-        #: Marker run -> whether the served tokenizer reads it as a special token (recently
-        #: used last); None once the backend has said it cannot tell.
-        self._verdicts: collections.OrderedDict[str, bool] | None = collections.OrderedDict()
-        is_special = self.is_special
-
-        @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-        def bind(question: Question, rotation: int) -> QuestionPlan:
-            return bind_question(
-                question, layout, control_ids, limit, is_special, rotation, controls, leads
-            )
-
-        @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-        def question_runs(question: Question) -> frozenset[str]:
-            return frozenset(marker_runs(_question_texts(question)))
-
-        self._bind = bind
-        self._question_runs = question_runs
-        #: Numbers each judgment planned (`ScoringRequest.judgment`).
-        self._judgments = itertools.count(1)
-
-    def is_special(self, run: str) -> bool:
-        """The served tokenizer's verdict on a marker run (unknown: special, to be safe)."""
-        verdicts = self._verdicts
-        if verdicts is None:
-            return ALL_RUNS(run)
-        verdict = verdicts.get(run)
-        if verdict is None:
-            return True
-        verdicts.move_to_end(run)
-        return verdict
-
-    async def learn(self, state_text: str, questions: Sequence[tuple[str, Question]]) -> None:
-        """Ask the backend about the marker runs of this judgment it has not judged yet (no
-        request when there are none: the common case)."""
-        verdicts = self._verdicts
-        if verdicts is None:
-            return
-        runs = marker_runs((state_text,)) if ("<" in state_text or "[" in state_text) else set()
-        for _, question in questions:
-            runs |= self._question_runs(question)
-        unknown = sorted(run for run in runs if run not in verdicts)
-        if not unknown:
-            return
-        special = await self.backend.special_runs(unknown)
-        if special is None:
-            self._verdicts = None
-            return
-        for run in unknown:
-            verdicts[run] = run in special
-        while len(verdicts) > VERDICT_CACHE_SIZE:
-            verdicts.popitem(last=False)
-
-    def plan(
-        self,
-        state_text: str,
-        questions: Sequence[tuple[str, Question]],
-        images: tuple[Image, ...],
-        readings: Mapping[str, Reading] | None = None,
-    ) -> list[ScoringRequest]:
-        """Every question's scoring requests (one per rotation its `Reading` asks for, next to
-        each other, the unrotated one first), or the error that refuses the judgment unsent.
-
-        :raises UnsupportedTemplateError: the SDK frames prompts and the served template is
-            degraded (its turn markers are not the model's special tokens), has no markers, or
-            could not be framed (`template_refusal`).
-        :raises InvalidInputError: images for a server that does not declare vision.
-        :raises TooManyOptionsError: a question needs more controls or candidates than there
-            are (``question_id`` names it).
-        """
-        frame, probe = self._frame, self.probe
-        if self._frames and frame is None:
-            raise template_refusal(probe)
-        if self.settings.layout is Layout.SPLIT and not probe.consecutive_user_turns:
-            raise UnsupportedTemplateError(
-                "the split layout sends two user messages in a row (the state, then the "
-                "question), and the served chat template requires alternating roles (it "
-                "refused them at the probe); use layout='fused' or the default layout, which "
-                "send one user message",
-                family=probe.family.value,
-                rendered=probe.rendered_template,
-            )
-        if images and not probe.vision:
-            raise InvalidInputError(
-                "the server does not declare vision (/props modalities); images were refused "
-                "before any scoring read"
-            )
-        requests = []
-        judgment = next(self._judgments)
-        for question_id, question in questions:
-            offsets = (  # the common case, no rotations, without building the options
-                (0,)
-                if readings is None
-                else rotation_offsets(len(question.options()), readings[question_id].rotations)
-            )
-            for rotation in offsets:
-                try:
-                    plan = self._bind(question, rotation)
-                except TypevetError as error:
-                    error.question_id = question_id
-                    raise
-                requests.append(
-                    request_for(
-                        question_id,
-                        plan,
-                        state_text,
-                        frame=frame,
-                        images=images,
-                        media_marker=probe.media_marker,
-                        is_special=self.is_special,
-                        judgment=judgment,
-                    )
-                )
-        return requests
-
-
-def template_refusal(probe: Probe) -> UnsupportedTemplateError:
-    """Why the SDK cannot frame prompts in the served template (refused before any read)."""
-    family = probe.family
-    if family is TemplateFamily.DEGRADED:
-        markers = turn_markers(probe.rendered_template)
-        why = (
-            f"its turn markers {markers} are not special tokens of the served model: its "
-            "tokenizer reads them as several ordinary tokens, so the template was written for "
-            "another model family and this model was never trained on it; serve the model's "
-            "own chat template"
-        )
-    elif family.is_native:
-        why = (
-            "its rendering moves with the message, so the SDK cannot learn where the answer "
-            "starts (two probe messages rendered differently around the message)"
-        )
-    else:
-        why = "it shows no turn markers (<...> or [...]) the SDK can frame a prompt in"
-    return UnsupportedTemplateError(
-        f"the served chat template ({family.value}) cannot frame a judgment: {why}",
-        family=family.value,
-        rendered=probe.rendered_template,
-    )
 
 
 def question_readings(
@@ -381,8 +191,11 @@ async def _score(
     options: ReadOptions,
 ) -> _Scored:
     """One request read, under one of the session's slots, and interpreted."""
-    async with slots:
-        read = await backend.read(request, probe, max_retries=options.max_retries)
+    if request.codes:
+        read = await _read_codes(backend, probe, slots, request, options)
+    else:
+        async with slots:
+            read = await backend.read(request, probe, max_retries=options.max_retries)
     answer, diagnostics = interpret_read(
         request,
         read,
@@ -390,6 +203,36 @@ async def _score(
         raise_off_menu=options.raise_off_menu,
     )
     return _Scored(answer, diagnostics, Usage(read.prompt_tokens, read.cached_tokens, read.reads))
+
+
+async def _read_codes(
+    backend: Backend,
+    probe: Probe,
+    slots: SlotShare,
+    request: ScoringRequest,
+    options: ReadOptions,
+) -> CandidateRead:
+    """A two-token code question's reads (`typevet_async._core.codes`): the first tokens at
+    the answer position, then the seconds after each first token. Where the server reuses a
+    cached prefix, the reads run one after another under one slot (each after-read then only
+    evaluates its new tokens); elsewhere the after-reads run at once, a slot each."""
+
+    async def read(one: ScoringRequest) -> CandidateRead:
+        return await backend.read(one, probe, max_retries=options.max_retries)
+
+    after = [after_first(request, first) for first in code_firsts(request.codes)]
+    if backend.capabilities.prefix_reuse:
+        async with slots:
+            first = await read(request)
+            return with_reads_after(first, [await read(one) for one in after])
+    async with slots:
+        first = await read(request)
+
+    async def read_under_slot(one: ScoringRequest) -> CandidateRead:
+        async with slots:
+            return await read(one)
+
+    return with_reads_after(first, await gather_in_order(after, read_under_slot))
 
 
 def _from_cache(usage: Usage) -> bool:

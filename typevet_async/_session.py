@@ -47,7 +47,7 @@ from typevet_async._generating import (
     plan_generations,
 )
 from typevet_async._images import Image, check_images
-from typevet_async._judging import Planner, judge, question_readings, served_pins
+from typevet_async._judging import judge, question_readings, served_pins
 from typevet_async._options import (
     UNSET,
     Unset,
@@ -55,6 +55,7 @@ from typevet_async._options import (
     optional,
     positive_number,
 )
+from typevet_async._planning import Planner
 from typevet_async._settings import (
     BatchOptions,
     GenerationOptions,

@@ -39,6 +39,15 @@ def gemma3_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def gemma3_long_url() -> Iterator[str]:
+    """The same Gemma 3 server with room for 255 options: each of its 2 slots holds 6,144
+    tokens (a 255-option question is about 4,400), where ``gemma3_url``'s 4 slots hold 2,048
+    (tests of an over-long prompt rely on that limit)."""
+    options = tv.ServerOptions(chat_template="gemma", n_ctx=2 * 6144, n_parallel=2)
+    yield from _start(options, "gemma3-long")
+
+
+@pytest.fixture(scope="session")
 def gemma4_url() -> Iterator[str]:
     """Gemma 4 family markers through a jinja template with ``<|turn>`` / ``<turn|>``."""
     template = (FIXTURES / "gemma4.jinja").read_text()

@@ -2,9 +2,9 @@
 ways (issue 33):
 
 - its ``test`` command against ``typevet-async serve`` (the real command, in a child process)
-  over the real llama.cpp server (Gemma 3 270M), with a key: every MUST passes but
-  ``choice.options`` (255 options, issue 33 part 1: the gateway refuses past the tokenizer's
-  62 single-token controls), and every SHOULD it exercises passes. Its JSON and Markdown
+  over the real llama.cpp server (Gemma 3 270M), with a key: "conformant", every MUST and
+  every SHOULD it exercises passes (255 options included: two-token codes past the
+  tokenizer's 62 single-token controls). Its JSON and Markdown
   reports go to ``~/.cache/typevet_async/test-logs/jevcompat.{json,md}`` (CI keeps them);
 - its ``mock`` reference server (a real server that answers by the spec's formulas, not a
   stub of ours) as the upstream of `Session.system_one`, whose answers must be the mock's own.
@@ -41,8 +41,6 @@ pytestmark = pytest.mark.live
 
 KEY = "live-jevcompat-key"
 KEY_VARIABLE = "TYPEVET_TEST_JEVCOMPAT_KEY"
-#: The MUST this server fails until issue 33 part 1 lands: 255 options (it refuses at 63).
-UNTIL_PART_1 = "choice.options"
 
 
 def jevcompat() -> str:
@@ -68,13 +66,11 @@ def wait_until_ready(url: str, seconds: float = 120.0) -> None:
     raise AssertionError(f"{url} was not ready within {seconds} s")
 
 
-def test_jevcompat_finds_the_gateway_conformant_but_for_255_options(
-    gemma3_url: str, tmp_path: Path
-) -> None:
+def test_jevcompat_finds_the_gateway_conformant(gemma3_long_url: str, tmp_path: Path) -> None:
     keys = tmp_path / "keys.txt"
     keys.write_text(f"{KEY}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
-    gateway = GatewayProcess(["--base-url", gemma3_url, "--keys-file", str(keys)], env)
+    gateway = GatewayProcess(["--base-url", gemma3_long_url, "--keys-file", str(keys)], env)
     logs = tv.cache_dir() / "test-logs"
     logs.mkdir(parents=True, exist_ok=True)
     report_json, report_markdown = logs / "jevcompat.json", logs / "jevcompat.md"
@@ -101,11 +97,12 @@ def test_jevcompat_finds_the_gateway_conformant_but_for_255_options(
     assert len(status) == 48  # the spec's 33 MUST and 15 SHOULD
     failed = {rid for rid, (_, state) in status.items() if state == "fail"}
     skipped = {rid for rid, (_, state) in status.items() if state == "skip"}
-    # Every MUST passes but 255 options (issue 33 part 1). With a key the suite tests
-    # auth.bearer; auth.ignored-when-off (a server without auth) is the other branch.
-    assert failed == {UNTIL_PART_1}, report["summary"]
-    assert status[UNTIL_PART_1] == ("MUST", "fail")
-    assert report["info"]["limits"]["choice options rejected at"] == 64
+    # With a key the suite tests auth.bearer; auth.ignored-when-off (a server without auth)
+    # is the other branch.
+    assert failed == set(), report["summary"]
+    assert status["choice.options"] == ("MUST", "pass")
+    assert report["info"]["limits"]["choice options accepted up to"] == 255
+    assert "choice options rejected at" not in report["info"]["limits"]
     assert skipped == {"auth.ignored-when-off", "errors.shape"}, {
         rid: result["reason"] for result in report["results"] if (rid := result["id"]) in skipped
     }
@@ -119,10 +116,10 @@ def test_jevcompat_finds_the_gateway_conformant_but_for_255_options(
     for rid in issue_33:
         assert status[rid] == ("SHOULD", "pass"), rid
     summary = report["summary"]
-    assert summary["MUST"] == {"passed": 31, "failed": 1, "skipped": 1, "tested": 32}
+    assert summary["MUST"] == {"passed": 32, "failed": 0, "skipped": 1, "tested": 32}
     assert summary["SHOULD"] == {"passed": 14, "failed": 0, "skipped": 1, "tested": 14}
-    assert summary["verdict"] == "not conformant"  # until part 1: 255 options
-    assert run.returncode == 1
+    assert summary["verdict"] == "conformant"
+    assert run.returncode == 0
 
 
 class MockServer:

@@ -189,7 +189,7 @@ async def test_every_tool_answers_as_a_direct_judgment(gemma3_url: str, spawned:
 async def test_bad_questions_are_tool_errors_and_the_server_goes_on(
     gemma3_url: str, spawned: Spawned
 ) -> None:
-    many_labels = [f"team {n}" for n in range(63)]
+    many_labels = [f"team {n}" for n in range(521)]
     bad_calls: list[tuple[str, dict[str, Any], str]] = [
         (
             "ask_score",
@@ -199,8 +199,9 @@ async def test_bad_questions_are_tool_errors_and_the_server_goes_on(
         (
             "ask_choice",
             {"state": STATE, "instructions": "Which team?", "options": many_labels},
-            # Gemma's tokenizer keeps 62 controls as single tokens: the probe found them.
-            "TooManyOptionsError: 63 options, but the served tokenizer has only 62",
+            # Gemma's tokenizer keeps 62 single controls and all 520 two-token codes.
+            "TooManyOptionsError: 521 options, but the served tokenizer keeps only 520 "
+            "two-token codes",
         ),
         (
             "ask",

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import typevet_async as tv
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp
 from typevet_async._core.markers import neutralise
-from typevet_async._judging import Planner
+from typevet_async._planning import Planner
 
 pytestmark = pytest.mark.live
 

@@ -143,14 +143,14 @@ async def test_the_official_client_and_ours_read_the_same_answers(gateway_url: s
 
 @pytest.mark.asyncio
 async def test_questions_the_server_refuses_are_a_question_error(gateway_url: str) -> None:
-    # 63 options: our client cannot know the server's controls, the gateway has 62 (0-9, A-Z,
-    # a-z) and refuses the question with a 422 naming it.
-    many = tv.Choice([f"label {n}" for n in range(63)], instructions="Which one?")
+    # 521 options: our client cannot know the server's controls, the gateway has 62 single
+    # ones and 520 two-token codes, and refuses the question with a 422 naming it.
+    many = tv.Choice([f"label {n}" for n in range(521)], instructions="Which one?")
     async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
         with pytest.raises(tv.QuestionError, match="refused the questions") as raised:
             await session.judge(TICKETS[0], {"refund": QUESTIONS["refund"], "many": many})
     assert raised.value.question_id == "many"
-    assert "63 options" in str(raised.value)
+    assert "521 options" in str(raised.value)
 
 
 @pytest.mark.asyncio

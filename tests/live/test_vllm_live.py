@@ -116,7 +116,8 @@ async def test_the_candidate_limit_is_the_servers(vllm_url: str) -> None:
     # The pipeline refuses a question needing more candidates than the backend declares
     # (TooManyOptionsError at planning, unit-tested); here the declared 128 is checked against
     # the real server (started with --max-logprobs 128): 128 logprob_token_ids are read, 129
-    # refused. (Through a judgment 128 cannot be passed on this tokenizer: 62 controls.)
+    # refused. (Through a judgment 128 cannot be passed on this tokenizer: 62 single
+    # controls, then two-token codes, whose reads ask for at most 52 tokens.)
     backend = tv.AsyncVllm(tv.VllmConfig(base_url=vllm_url, model=VLLM_MODEL_ID))
     assert backend.capabilities.max_candidates == 128
     ids = tuple(range(1000, 1129))

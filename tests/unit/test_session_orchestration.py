@@ -508,16 +508,16 @@ async def test_a_one_question_judgment_reads_in_the_callers_own_task() -> None:
 async def test_each_question_is_bound_once_however_many_judgments_ask_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import typevet_async._judging as judging
+    import typevet_async._planning as planning
 
     bound: list[tv.Question] = []
-    original = judging.bind_question
+    original = planning.bind_question
 
     def counting(question: tv.Question, *args: Any) -> Any:
         bound.append(question)
         return original(question, *args)
 
-    monkeypatch.setattr(judging, "bind_question", counting)
+    monkeypatch.setattr(planning, "bind_question", counting)
     refund, route = noul(1), tv.Choice(["a", "b", "c"], instructions="Route?")
     async with session(InMemoryStubBackend(), prefix_reuse="off") as s:
         for n in range(5):

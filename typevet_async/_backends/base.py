@@ -21,7 +21,7 @@ from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
 
-__all__ = ["Backend", "Capabilities", "Framing", "RemoteJudging"]
+__all__ = ["AnswerTokenizing", "Backend", "Capabilities", "Framing", "RemoteJudging"]
 
 #: ``"sdk"``: the SDK frames the raw prefix in the served family's own turn markers and the
 #: backend scores ``ScoringRequest.prompt`` (llama.cpp ``/completion``); the served template
@@ -140,5 +140,21 @@ class RemoteJudging(Protocol):
 
         :raises BackendError: the request failed, or the server's answers failed validation.
         :raises QuestionError: the server refused the questions (HTTP 422).
+        """
+        ...
+
+
+@runtime_checkable
+class AnswerTokenizing(Protocol):
+    """What a backend adds that can say how the served tokenizer writes an answer where a
+    judgment's answer starts: what a question with more options than single-token controls
+    needs to bind two-token codes (`typevet_async._core.codes`). A backend without it keeps
+    the single controls' limit."""
+
+    async def answer_tokens(self, answers: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+        """The tokens of the probe's prompt up to the answer position, and of the same prompt
+        followed by each of ``answers``, in order (as `Backend.probe` tokenizes controls).
+
+        :raises BackendError: the tokenizer could not be asked.
         """
         ...

@@ -43,7 +43,7 @@ import anyio
 import attrs
 from tenacity import RetryCallState
 
-from typevet_async._backends.base import Backend, Capabilities, RemoteJudging
+from typevet_async._backends.base import AnswerTokenizing, Backend, Capabilities, RemoteJudging
 from typevet_async._backends.retrying import (
     RetryPolicy,
     is_transient,
@@ -286,6 +286,17 @@ class AsyncFleet:
 
         judgment, _, _ = await self._routed(one, max_retries)
         return judgment
+
+    async def answer_tokens(self, answers: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+        async def one(backend: Backend) -> tuple[list[int], list[list[int]]]:
+            if not isinstance(backend, AnswerTokenizing):
+                raise ConfigurationError(
+                    f"{type(backend).__name__} cannot tokenize answers: no two-token codes"
+                )
+            return await backend.answer_tokens(answers)
+
+        tokens, _, _ = await self._routed(one, UNSET)  # the fleet's retry policy
+        return tokens
 
     async def special_runs(self, runs: Sequence[str]) -> frozenset[str] | None:
         async def one(backend: Backend) -> frozenset[str] | None:

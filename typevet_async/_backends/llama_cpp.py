@@ -63,6 +63,7 @@ from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
     ServerError,
+    SessionStateError,
 )
 from typevet_async._fanout import gather_in_order
 from typevet_async._options import (
@@ -178,6 +179,9 @@ class AsyncLlamaCpp:
         )
         self._server = EmbeddedServer(config.server) if config.server is not None else None
         self.http = HttpClient(config.base_url, config.http)
+        #: The probe prompt up to the answer position, in the frame a judgment ends in (set
+        #: by `probe`): where `answer_tokens` tokenizes answers.
+        self._answer_context: str | None = None
 
     def __repr__(self) -> str:
         where = redact(self.config.base_url) if self.config.base_url else "embedded"
@@ -257,9 +261,8 @@ class AsyncLlamaCpp:
         # Each control's ids where the model writes it: after the prefix a judgment ends in.
         answer_frame = frame if frame is not None else GEMMA_FRAMES.get(family)
         context = answer_frame.prefix(PROBE_MESSAGE) if answer_frame is not None else rendered
-        base, *extended = await gather_in_order(
-            ("", *PROBED_CONTROLS), lambda control: self.tokenize(context + control)
-        )
+        self._answer_context = context
+        base, extended = await self.answer_tokens(PROBED_CONTROLS)
         controls = controls_in_context(base, dict(zip(PROBED_CONTROLS, extended, strict=True)))
         return Probe(
             family,
@@ -285,6 +288,17 @@ class AsyncLlamaCpp:
                 return False
             raise
         return True
+
+    async def answer_tokens(self, answers: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+        """The probe prompt's tokens at the answer position, and with each answer appended
+        (the frame a judgment's prompt ends in; before the probe has learnt it: refused)."""
+        context = self._answer_context
+        if context is None:
+            raise SessionStateError("the backend must be probed before its answers are tokenized")
+        base, *extended = await gather_in_order(
+            ("", *answers), lambda answer: self.tokenize(context + answer)
+        )
+        return base, extended
 
     async def tokenize(self, text: str, *, parse_special: bool = True) -> list[int]:
         body = tokenize_body(text, parse_special=parse_special)

@@ -176,6 +176,12 @@ class AsyncVllm:
             raise
         return True
 
+    async def answer_tokens(self, answers: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+        """The probe message's answer position rendered by the template, and with each answer
+        as the assistant's (continued) answer."""
+        raw = await self.http.post("/tokenize", render_body(self.model))
+        return decode_tokens(raw), await gather_in_order(answers, self._answer_tokens)
+
     async def _answer_tokens(self, answer: str) -> list[int]:
         return decode_tokens(await self.http.post("/tokenize", render_body(self.model, answer)))
 

@@ -186,6 +186,10 @@ class Diagnostics:
     raw_probabilities: tuple[float, ...] | None = None
     #: The calibration applied: the transform's kind and the map's SHA-256 (None: none).
     calibration: str | None = None
+    #: Each option's (first, second) token ids when its control is a two-token code
+    #: (`typevet_async._core.codes`); ``token_ids`` are then the first tokens and ``logprobs``
+    #: the codes' joint logprobs, log P(first) + log P(second | first). Empty: one token each.
+    codes: tuple[tuple[int, int], ...] = ()
 
 
 @attrs.frozen

@@ -29,12 +29,15 @@ __all__ = [
     "DEFAULT_CONTROLS",
     "DIGITS",
     "JEV_LETTERS",
+    "LOWERCASE",
     "PROBED_CONTROLS",
     "REQUIRED_CONTROLS",
+    "UPPERCASE",
     "BoundOption",
     "Controls",
     "ControlsInContext",
     "alphabet_lead",
+    "available_controls",
     "bind_controls",
     "control_token_ids",
     "controls_in_context",
@@ -136,6 +139,9 @@ class BoundOption:
     control: str
     token_id: int
     option: Option
+    #: The code's second token, when the control is a two-token code
+    #: (`typevet_async._core.codes`; ``token_id`` is then its first); None: one token.
+    second_id: int | None = None
 
 
 def control_token_ids(
@@ -187,6 +193,20 @@ def alphabet_lead(
     return leads.get(first, ()) if first is not None else ()
 
 
+def available_controls(
+    alphabet: Sequence[str],
+    control_ids: Mapping[str, int],
+    leads: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[str]:
+    """The controls of ``alphabet`` a question can use, in order: those with a token id and
+    the lead of the alphabet's first control (`alphabet_lead`)."""
+    leads = leads or {}
+    lead = alphabet_lead(alphabet, control_ids, leads)
+    return [
+        control for control in alphabet if control in control_ids and leads.get(control, ()) == lead
+    ]
+
+
 def bind_controls(
     options: Sequence[Option],
     control_ids: Mapping[str, int],
@@ -195,11 +215,7 @@ def bind_controls(
 ) -> tuple[BoundOption, ...]:
     """Give option ``i`` the ``i``-th control of ``alphabet`` that has a token id (and, where
     some controls need a lead, the lead of the alphabet's first control: `alphabet_lead`)."""
-    leads = leads or {}
-    lead = alphabet_lead(alphabet, control_ids, leads)
-    available = [
-        control for control in alphabet if control in control_ids and leads.get(control, ()) == lead
-    ]
+    available = available_controls(alphabet, control_ids, leads)
     if len(options) > len(available):
         raise TooManyOptionsError(
             f"{len(options)} options, but the served tokenizer has only {len(available)} "

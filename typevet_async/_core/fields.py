@@ -50,6 +50,8 @@ def _option_line(question: Question, bound: BoundOption, is_special: IsSpecial) 
 
 
 def _answer_rule(bound: Sequence[BoundOption]) -> str:
+    if any(b.second_id is not None for b in bound):
+        return "Answer with one code: its digit, then its letter."
     if all(b.control.isdigit() for b in bound):
         return "Answer with one digit."
     if all(b.control.isalpha() for b in bound):

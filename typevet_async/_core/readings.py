@@ -85,6 +85,10 @@ class CandidateRead:
     attempts: int = 1
     #: The endpoint that answered, in a session over several (None: the only one).
     endpoint: str | None = None
+    #: A two-token code question's reads after each of its distinct first tokens, in order
+    #: (`typevet_async._core.codes`); this read is then the first one, and the counts above
+    #: (reads, tokens, attempts) are the whole question's.
+    after: tuple[CandidateRead, ...] = ()
 
 
 def validated_logprobs(

@@ -6,11 +6,17 @@ These two pure steps sit either side of the one ``await`` of a read (``typevet_a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
-from typevet_async._core.answers import Answer, Diagnostics, build_answer
+from typevet_async._core.codes import (
+    CodeTokens,
+    bind_codes,
+    code_firsts,
+    seconds_after,
+    usable_codes,
+)
 from typevet_async._core.controls import (
     ALPHABETS,
     DEFAULT_CONTROLS,
@@ -18,6 +24,7 @@ from typevet_async._core.controls import (
     BoundOption,
     Controls,
     alphabet_lead,
+    available_controls,
     bind_controls,
     space_variant,
 )
@@ -25,18 +32,9 @@ from typevet_async._core.fields import render_field_block, render_user_content
 from typevet_async._core.framing import GEMMA_FRAMES, PromptFrame, TemplateFamily
 from typevet_async._core.layouts import ImagePart, Layout, Message, jev_messages
 from typevet_async._core.markers import ALL_RUNS, IsSpecial
-from typevet_async._core.questions import Question
-from typevet_async._core.readings import (
-    CandidateRead,
-    missing_options,
-    off_menu_mass,
-    softmax,
-    validated_entries,
-)
-from typevet_async._core.rotations import combine_rotations, in_option_order, rotation_order
+from typevet_async._core.questions import Option, Question
+from typevet_async._core.rotations import rotation_order
 from typevet_async._errors import (
-    InvalidLogprobsError,
-    OffMenuError,
     QuestionError,
     TooManyOptionsError,
     TypevetError,
@@ -45,11 +43,10 @@ from typevet_async._errors import (
 __all__ = [
     "QuestionPlan",
     "ScoringRequest",
+    "after_first",
     "bind_question",
-    "interpret_read",
     "plan_question",
     "request_for",
-    "settle_question",
 ]
 
 
@@ -109,10 +106,30 @@ class ScoringRequest:
         eq=False,
         repr=False,
     )
+    #: Each option's (first, second) token ids when its control is a two-token code
+    #: (`typevet_async._core.codes`): ``token_ids`` are then the distinct first tokens, what
+    #: the first read asks for; empty: one token per control.
+    codes: tuple[tuple[int, int], ...] = ()
 
     @property
     def user_text(self) -> str:
         return "\n\n".join(m.content for m in self.messages if m.role == "user")
+
+
+def after_first(request: ScoringRequest, first: int) -> ScoringRequest:
+    """The read that follows a code question's first read: the same prompt extended by the
+    first token ``first`` (after the codes' lead), its candidates the seconds of the codes that
+    start with it (`seconds_after`)."""
+    seconds = seconds_after(request.codes, first)
+    return attrs.evolve(
+        request,
+        token_ids=seconds,
+        variant_ids=(),
+        lead=(*request.lead, first),
+        codes=(),
+        option_groups=tuple((second,) for second in seconds),
+        read_ids=seconds,
+    )
 
 
 @attrs.frozen
@@ -137,7 +154,15 @@ class QuestionPlan:
         return tuple(b.control for b in self.bound)
 
     @functools.cached_property
+    def codes(self) -> tuple[tuple[int, int], ...]:
+        """Each option's (first, second) tokens, when the controls are two-token codes."""
+        return tuple((b.token_id, b.second_id) for b in self.bound if b.second_id is not None)
+
+    @functools.cached_property
     def token_ids(self) -> tuple[int, ...]:
+        """Each option's control token (two-token codes: each distinct first token once)."""
+        if self.codes:
+            return code_firsts(self.codes)
         return tuple(b.token_id for b in self.bound)
 
     @functools.cached_property
@@ -158,14 +183,18 @@ def bind_question(
     rotation: int = 0,
     controls: Controls = DEFAULT_CONTROLS,
     leads: Mapping[str, tuple[int, ...]] | None = None,
+    codes: Mapping[str, CodeTokens | None] | None = None,
 ) -> QuestionPlan:
     """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
     the state. ``max_candidates`` is the backend's limit of candidate tokens per read. With a
     ``rotation``, the options are shown rotated by it (the controls keep their positions).
     ``controls`` picks the default layout's alphabet (the Jev layouts always use A..P);
-    ``leads`` are the controls' leads in context (`typevet_async._core.controls`).
+    ``leads`` are the controls' leads in context (`typevet_async._core.controls`). Past the
+    single-token controls, the default layout's options get two-token codes from ``codes``,
+    what the served tokenizer said of them (`typevet_async._core.codes`).
 
-    :raises TooManyOptionsError: more options than controls, or than one read can take.
+    :raises TooManyOptionsError: more options than controls (and codes), or than one read
+        can take.
     """
     options = question.options()
     order = rotation_order(len(options), rotation) if rotation else ()
@@ -173,6 +202,9 @@ def bind_question(
         options = tuple(options[index] for index in order)
     alphabet = JEV_LETTERS if layout.is_jev else ALPHABETS[controls]
     leads = leads or {}
+    single = available_controls(alphabet, control_ids, leads)
+    if len(options) > len(single) and codes is not None and not layout.is_jev:
+        return _bind_codes(question, layout, options, codes, max_candidates, is_special, order)
     lead = alphabet_lead(alphabet, control_ids, leads)
     bound = tuple(bind_controls(options, control_ids, alphabet, leads))
     variants = tuple(
@@ -184,17 +216,47 @@ def bind_question(
         for b in bound
     )
     reads = len(bound) + sum(len(v) for v in variants)
-    if max_candidates is not None and reads > max_candidates:
-        raise TooManyOptionsError(
-            f"{len(options)} options need {reads} candidate tokens, but one read takes at "
-            f"most {max_candidates}",
-            count=len(options),
-            limit=max_candidates,
-        )
+    _check_candidates(len(options), reads, max_candidates)
     field_block = None if layout.is_jev else render_field_block(question, bound, is_special)
     return QuestionPlan(
         question, layout, bound, variants if any(variants) else (), field_block, order, lead
     )
+
+
+def _check_candidates(options: int, reads: int, max_candidates: int | None) -> None:
+    if max_candidates is not None and reads > max_candidates:
+        raise TooManyOptionsError(
+            f"{options} options need {reads} candidate tokens, but one read takes at "
+            f"most {max_candidates}",
+            count=options,
+            limit=max_candidates,
+        )
+
+
+def _bind_codes(
+    question: Question,
+    layout: Layout,
+    options: Sequence[Option],
+    codes: Mapping[str, CodeTokens | None],
+    max_candidates: int | None,
+    is_special: IsSpecial,
+    order: tuple[int, ...],
+) -> QuestionPlan:
+    """The default layout's plan with a two-token code per option."""
+    usable = usable_codes(len(options), codes)
+    if len(usable) < len(options):
+        raise TooManyOptionsError(
+            f"{len(options)} options, but the served tokenizer keeps only {len(usable)} "
+            "two-token codes (a digit, then a letter) in context",
+            count=len(options),
+            limit=len(usable),
+        )
+    bound = bind_codes(options, usable)
+    pairs = tuple((b.token_id, b.second_id or 0) for b in bound)
+    widest = max(len(seconds_after(pairs, first)) for first in code_firsts(pairs))
+    _check_candidates(len(options), max(widest, len(code_firsts(pairs))), max_candidates)
+    field_block = render_field_block(question, bound, is_special)
+    return QuestionPlan(question, layout, bound, (), field_block, order, usable[0][1].lead)
 
 
 def request_for(
@@ -289,6 +351,7 @@ def _planned_request(
         plan.lead,
         plan.option_groups,
         plan.read_ids,
+        plan.codes,
     )
 
 
@@ -318,110 +381,3 @@ def plan_question(
     return request_for(
         question_id, plan, state_text, frame=frame, images=images, media_marker=media_marker
     )
-
-
-def interpret_read(
-    request: ScoringRequest,
-    read: CandidateRead,
-    *,
-    off_menu_threshold: float | None = None,
-    raise_off_menu: bool = False,
-) -> tuple[Answer, Diagnostics]:
-    """Softmax the options' logprobs into the typed answer, and record what it came from.
-
-    An option with variants takes its most probable variant (ties: the control itself).
-
-    :raises OffMenuError: ``raise_off_menu`` and the off-menu mass exceeds the threshold.
-    """
-    unexpected = set(read.token_ids) - set(request.read_ids)
-    if unexpected:
-        raise InvalidLogprobsError(
-            f"read returned token ids {sorted(unexpected)} that the request did not ask for"
-        )
-    candidates = tuple(zip(read.token_ids, read.logprobs, strict=True))
-    logprob = validated_entries(candidates, allow_positive=not read.off_menu_known)
-    groups = request.option_groups
-    missing = missing_options(logprob, groups)
-    if missing:
-        raise InvalidLogprobsError(f"no logprob was read for any of the tokens {list(missing[0])}")
-    chosen: list[int] = []
-    for group in groups:
-        if len(group) == 1:  # no variants: the control itself
-            chosen.append(group[0])
-            continue
-        present = [token for token in group if token in logprob]
-        # The most probable accepted token; ties go to the control itself (first in group).
-        chosen.append(max(present, key=lambda token: (logprob[token], -group.index(token))))
-    chosen_logprobs = tuple(logprob[token] for token in chosen)
-    probabilities = softmax(chosen_logprobs)
-    if request.order:  # shown rotated: back to option order
-        probabilities = in_option_order(probabilities, request.order)
-    answer = build_answer(request.question, probabilities)
-    # A clamped read's filled-in values are not measurements: its off-menu mass is unknown.
-    known = read.off_menu_known and not read.truncated
-    off_menu = off_menu_mass(read.logprobs) if known else None
-    flagged = (
-        off_menu is not None and off_menu_threshold is not None and (off_menu > off_menu_threshold)
-    )
-    if flagged and raise_off_menu and off_menu is not None and off_menu_threshold is not None:
-        raise OffMenuError(
-            f"off-menu mass {off_menu:.4f} exceeds the threshold {off_menu_threshold}",
-            off_menu_mass=off_menu,
-            threshold=off_menu_threshold,
-        )
-    diagnostics = Diagnostics(
-        prompt=read.prompt or (request.prompt or request.user_text),
-        controls=request.controls,
-        token_ids=tuple(chosen),
-        logprobs=chosen_logprobs,
-        off_menu_mass=off_menu,
-        top_k=read.top_k,
-        reads=read.reads,
-        candidates=candidates,
-        policy=read.policy,
-        truncated=read.truncated,
-        off_menu_flagged=flagged,
-        attempts=read.attempts,
-        endpoint=read.endpoint,
-    )
-    return answer, diagnostics
-
-
-def settle_question(
-    question: Question,
-    reads: Sequence[tuple[Answer, Diagnostics]],
-    orders: Sequence[tuple[int, ...]],
-    *,
-    label_prior: bool = False,
-    calibrate: Callable[[Sequence[float]], tuple[float, ...]] | None = None,
-    calibration: str | None = None,
-) -> tuple[Answer, Diagnostics]:
-    """A question's answer from its reads (one, or one per rotation: `combine_rotations`),
-    through ``calibrate`` when a map applies; the diagnostics keep the rotations' and the raw
-    probabilities, and count every read.
-    """
-    answer, diagnostics = reads[0]
-    if len(reads) == 1 and calibrate is None:
-        return answer, diagnostics
-    probabilities = tuple(answer.probabilities.values())  # option order
-    rotations: tuple[tuple[float, ...], ...] = ()
-    if len(reads) > 1:
-        options = len(probabilities)
-        rotations = tuple(tuple(read.probabilities.values()) for read, _ in reads)
-        probabilities = combine_rotations(
-            rotations,
-            [order or tuple(range(options)) for order in orders],
-            label_prior=label_prior,
-        )
-    raw = None
-    if calibrate is not None:
-        raw, probabilities = probabilities, calibrate(probabilities)
-    settled = attrs.evolve(
-        diagnostics,
-        reads=sum(read.reads for _, read in reads),
-        attempts=sum(read.attempts for _, read in reads),
-        rotations=rotations,
-        raw_probabilities=raw,
-        calibration=calibration,
-    )
-    return build_answer(question, probabilities), settled
