@@ -19,7 +19,13 @@ load them). Without the extra, naming one raises ImportError saying which
 
 import typing as _typing
 
-from typevet_async._backends.base import Backend, Capabilities, Framing, RemoteJudging
+from typevet_async._backends.base import (
+    Backend,
+    BatchJudging,
+    Capabilities,
+    Framing,
+    RemoteJudging,
+)
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings
@@ -134,6 +140,7 @@ __all__ = [
     "BackendError",
     "BadEncodingError",
     "BatchItem",
+    "BatchJudging",
     "BatchRecordError",
     "BatchStream",
     "BodyTooLargeError",
