@@ -8,6 +8,7 @@ import asyncio
 import gzip
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from typesafe_sdk._schemas import models
@@ -17,7 +18,7 @@ from typevet_async._core.systemone import BATCH_PATH
 from typevet_async._gateway import STATE, GatewayConfig
 
 from .stubs import InMemoryStubBackend, sleeping
-from .test_gateway import AUTH, assert_error_shape, request_body, start
+from .test_gateway import AUTH, assert_error_shape, request_body, serving, start, until
 
 STATES = ["charged twice", {"ticket": 7, "text": "parcel lost"}, ["a", "list", "state"]]
 
@@ -207,3 +208,26 @@ def test_the_cap_is_bounded_by_what_admission_can_take() -> None:
     assert GatewayConfig().batch_cap() == 64
     assert GatewayConfig(max_active_requests=1, max_queue=0).batch_cap() == 1
     assert GatewayConfig(max_batch_states=1000).batch_cap() == 8 + 64
+
+
+@pytest.mark.asyncio
+async def test_past_the_shutdown_timeout_a_batch_keeps_its_answers_and_the_rest_are_503s() -> None:
+    backend = InMemoryStubBackend()
+    backend.state_behaviours["slow"] = sleeping(60)
+    stop = asyncio.Event()
+    task, url = await serving(backend, stop, max_active_requests=2, shutdown_timeout=0.5)
+    async with aiohttp.ClientSession() as http:
+        body = batch_body(["quick", "slow", "slow"])
+        asked = asyncio.create_task(http.post(f"{url}{BATCH_PATH}", json=body, headers=AUTH))
+        await until(lambda: backend.in_flight == 2)  # "slow" judged, the other waits
+        await asyncio.sleep(0.1)
+        stop.set()
+        response = await asked
+        assert response.status == 200
+        assert response.headers["Connection"].lower() == "close"
+        results = (await response.json())["results"]
+        await asyncio.wait_for(task, 5)
+    assert "answers" in results[0]
+    for result in results[1:]:
+        assert (result["error"]["status"], result["error"]["error_type"]) == (503, "unavailable")
+    assert backend.closed == 1

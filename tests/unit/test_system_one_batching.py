@@ -10,7 +10,9 @@ older server exists here. The real model path is tests/live/test_systemone_batch
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +27,7 @@ from typevet_async._backends.system_one import AsyncSystemOne
 from typevet_async._backends.system_one_wire import ItemError, decode_batch, decode_models
 from typevet_async._gateway import GatewayConfig, running
 
-from .stubs import InMemoryStubBackend
+from .stubs import InMemoryStubBackend, sleeping
 
 KEY = "batching-key-0123456789"
 QUESTIONS: dict[str, tv.Question] = {
@@ -252,3 +254,25 @@ class _serving:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_a_record_timeout_covers_its_request_and_cancels_it_once_none_waits(
+    stub: InMemoryStubBackend,
+) -> None:
+    stub.state_behaviours["slow"] = sleeping(30.0)
+    async with gateway(stub) as url:
+        started = time.perf_counter()
+        items = await judged(url, ["slow", "quick"], record_timeout=0.5)
+        elapsed = time.perf_counter() - started
+        # one request carried both: the slow state held its answer back, so both timed out
+        assert [type(item.error) for item in items] == [tv.DeadlineExceededError] * 2
+        assert elapsed < 5.0
+        for _ in range(100):  # the request was cancelled: the gateway stops judging it
+            if "refund" in stub.cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert "refund" in stub.cancelled
+        assert stub.in_flight == 0
+        items = await judged(url, ["quick", "quick again"], record_timeout=5.0)
+        assert all(item.judgment is not None for item in items)
