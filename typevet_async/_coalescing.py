@@ -137,6 +137,8 @@ class Coalescer:
     def _leave(self, waiting: _Waiting) -> None:
         """A record stopped waiting (its deadline, the batch closed): out of the pending batch,
         and its request cancelled once none of its records waits."""
+        if waiting.future.done() and not waiting.future.cancelled():
+            waiting.future.exception()  # handed over as it left: retrieved, never logged
         waiting.future.cancel()
         if waiting in self._pending:
             self._pending.remove(waiting)

@@ -85,7 +85,7 @@ async def systemone_batch(request: web.Request) -> web.StreamResponse:
     for index in unjudged:
         results[index] = missing
     # cut off by the shutdown: the connection is not kept for another request
-    cut_off = unjudged and missing["error"]["status"] == 503
+    cut_off = bool(unjudged) and missing["error"]["status"] == 503
     headers = {"Connection": "close"} if cut_off else None
     if state.metrics is not None:
         state.metrics.batch_states.inc(len(batch.states))
