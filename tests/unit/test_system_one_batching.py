@@ -208,10 +208,11 @@ class _Older:
         self.paths = paths
 
 
-def older_server(upstream: str, *, advertise: bool) -> Any:
+def older_server(upstream: str, *, advertise: bool, hang: bool = False) -> Any:
     """A System One server without the batch route, in front of ``upstream`` (our gateway):
     it lists the models (advertising the route when ``advertise``, as a proxy that strips it
-    might) and proxies ``/v1/systemone``; the batch route is a 404, as aiohttp answers it."""
+    might) and proxies ``/v1/systemone``; the batch route is a 404, as aiohttp answers it
+    (after 3 s with ``hang``)."""
     paths: list[str] = []
 
     async def proxy(request: web.Request) -> web.Response:
@@ -231,6 +232,8 @@ def older_server(upstream: str, *, advertise: bool) -> Any:
 
     async def missing(request: web.Request) -> web.Response:
         paths.append(request.path)
+        if hang:
+            await asyncio.sleep(3)
         raise web.HTTPNotFound()
 
     app = web.Application()
@@ -276,3 +279,17 @@ async def test_a_record_timeout_covers_its_request_and_cancels_it_once_none_wait
         assert stub.in_flight == 0
         items = await judged(url, ["quick", "quick again"], record_timeout=5.0)
         assert all(item.judgment is not None for item in items)
+
+
+@pytest.mark.asyncio
+async def test_a_batch_past_the_request_timeout_is_not_sent_again_whole(
+    stub: InMemoryStubBackend,
+) -> None:
+    # The batch route hangs past the client's request_timeout: each state goes alone (and is
+    # answered) instead of the whole batch being sent again to run as long again.
+    async with gateway(stub) as url, older_server(url, advertise=True, hang=True) as old:
+        async with tv.Session.system_one(old.url, api_key=KEY, request_timeout=0.5) as session:
+            items = [item async for item in session.judge_many(STATES[:3], QUESTIONS)]
+        assert all(item.judgment is not None for item in items)
+        assert old.paths.count("/v1/systemone/batch") == 1
+        assert old.paths.count("/v1/systemone") == 3

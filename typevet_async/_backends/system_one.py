@@ -58,6 +58,7 @@ from typevet_async._errors import (
     ConfigurationError,
     InvalidInputError,
     QuestionError,
+    RequestTimeoutError,
     ServerError,
     TypevetError,
     UnsupportedTemplateError,
@@ -176,13 +177,18 @@ class AsyncSystemOne:
 
         A 404 or 405 means the route is not offered (an older server): None, and no batch is
         sent again. A 413 or a 422 not about the questions (a body or a count the server will
-        not take whole): every state is judged alone.
+        not take whole): every state is judged alone. So is every state of a batch that
+        outlived ``request_timeout``: it is not sent again whole (it would run as long again),
+        each state goes alone under the retry policy.
         """
         model = self._model or probe.model_ids[0]
         try:
             raw = await self.http.post(
-                BATCH_PATH, batch_body(model, states, questions), max_retries=max_retries
-            )
+                BATCH_PATH, batch_body(model, states, questions), max_retries=max_retries,
+                retry_timeouts=False,
+            )  # fmt: skip
+        except RequestTimeoutError:
+            return [None] * len(states)
         except ServerError as error:
             if error.status in (404, 405):
                 self._batch_limit = None
