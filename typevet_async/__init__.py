@@ -22,6 +22,7 @@ import typing as _typing
 from typevet_async._backends.base import (
     AnswerTokenizing,
     Backend,
+    BatchJudging,
     Capabilities,
     Framing,
     RemoteJudging,
@@ -141,6 +142,7 @@ __all__ = [
     "BackendError",
     "BadEncodingError",
     "BatchItem",
+    "BatchJudging",
     "BatchRecordError",
     "BatchStream",
     "BodyTooLargeError",

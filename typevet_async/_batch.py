@@ -344,7 +344,9 @@ class BatchStream(AsyncIterator[BatchItem]):
         self._records = None
         try:
             if self._prepare is not None:
-                await self._prepare()
+                prepared = await self._prepare()
+                if isinstance(prepared, BatchOptions):  # options that needed the probe
+                    self._options = prepared
         except BaseException:
             self._state = "finished"
             raise
@@ -425,7 +427,8 @@ def judge_stream(
 ) -> BatchStream:
     """The batch engine behind `Session.judge_many`: ``judge`` judges one state; ``prepare``
     (the session's probe) is awaited once, on the first ``anext``, before any record is pulled,
-    and its exception is raised from there.
+    and its exception is raised from there (a `BatchOptions` it returns replaces
+    ``options``).
 
     :raises InvalidInputError: ``records`` is a string, bytes, a mapping or not iterable (at
         the call).

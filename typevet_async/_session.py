@@ -10,13 +10,7 @@ semaphore every read and generation of the session shares. Judgments run through
 from __future__ import annotations
 
 import asyncio
-from collections.abc import (
-    AsyncIterable,
-    Callable,
-    Iterable,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypedDict, Unpack, overload
 
@@ -24,6 +18,7 @@ import anyio
 
 from typevet_async._backends.base import Backend
 from typevet_async._batch import BatchStream, judge_stream
+from typevet_async._coalescing import Coalescer, batch_options
 from typevet_async._connect import SessionFactories
 from typevet_async._core.answers import Judgment
 from typevet_async._core.batch_records import Progress
@@ -334,7 +329,9 @@ class Session(SessionFactories):
         :param fail_fast: raise the first error item (in completion order) and cancel the
             rest, instead of yielding it.
         :param max_in_flight: records judged at once (`UNSET`: the session's
-            ``max_concurrency``); their reads still share the session's cap.
+            ``max_concurrency``, or a System One server's batch cap if larger: records are
+            then sent in batch requests, see the System One guide); their reads (requests)
+            still share the session's cap.
         :param window: records in flight or waiting to be yielded (`UNSET`: 4 x
             ``max_in_flight``).
         :param on_progress: called with a `Progress` after every record (in the batch's own
@@ -361,7 +358,8 @@ class Session(SessionFactories):
             max_retries=max_retries, timeout=record_timeout, permutations=permutations,
             label_prior=label_prior, calibration=calibration,
         )  # fmt: skip
-        return self._stream(records, checked, batch, options)
+        given = (max_in_flight is not UNSET, window is not UNSET)
+        return self._stream(records, checked, batch, options, given)
 
     def _stream(
         self,
@@ -369,20 +367,23 @@ class Session(SessionFactories):
         checked: tuple[tuple[str, Question], ...],
         batch: BatchOptions,
         options: ReadOptions,
+        given: tuple[bool, bool],
     ) -> BatchStream:
-        """`judge_many`'s stream once its arguments are checked: the probe first, then each
+        """`judge_many`'s stream once its arguments are checked: the probe first (and the
+        batch's options for a server that takes batch requests, `_coalescing`), then each
         record judged with the questions and options checked once."""
 
-        async def probe_once() -> None:
+        async def probe_once() -> BatchOptions:
             with call_deadline(options.timeout, "the batch's probe"):
                 await self.probe()
+            return batch_options(self._backend, batch, given=given)
 
-        async def judge_one(state: Any) -> Judgment:
-            self._require_open()
-            return await self._judge_checked(state, render_state(state), checked, (), options)
-
+        coalescer = Coalescer(
+            self._backend, self._slots, self.probe, self._require_open, checked, options,
+            lambda state, o: self._judge_checked(state, render_state(state), checked, (), o),
+        )  # fmt: skip
         return judge_stream(
-            records, judge_one, batch, ordered=batch.ordered, fail_fast=batch.fail_fast,
+            records, coalescer.judge, batch, ordered=batch.ordered, fail_fast=batch.fail_fast,
             on_progress=batch.on_progress, prepare=probe_once,
         )  # fmt: skip
 

@@ -19,9 +19,17 @@ from typevet_async._core.probe import Probe
 from typevet_async._core.questions import Question
 from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
+from typevet_async._errors import TypevetError
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
 
-__all__ = ["AnswerTokenizing", "Backend", "Capabilities", "Framing", "RemoteJudging"]
+__all__ = [
+    "AnswerTokenizing",
+    "Backend",
+    "BatchJudging",
+    "Capabilities",
+    "Framing",
+    "RemoteJudging",
+]
 
 #: ``"sdk"``: the SDK frames the raw prefix in the served family's own turn markers and the
 #: backend scores ``ScoringRequest.prompt`` (llama.cpp ``/completion``); the served template
@@ -156,5 +164,35 @@ class AnswerTokenizing(Protocol):
         followed by each of ``answers``, in order (as `Backend.probe` tokenizes controls).
 
         :raises BackendError: the tokenizer could not be asked.
+        """
+        ...
+
+
+@runtime_checkable
+class BatchJudging(Protocol):
+    """What a `RemoteJudging` backend adds when its server may judge several states, the same
+    questions, in one request (System One's ``POST /v1/systemone/batch``). `judge_many` sends
+    its records through it while `batch_limit` is not None, and one by one otherwise."""
+
+    @property
+    def batch_limit(self) -> int | None:
+        """States one batch request may carry, as the probe learned it; None: the server
+        offers no batch (not advertised, or it answered 404/405)."""
+        ...
+
+    async def judge_batch(
+        self,
+        states: Sequence[Any],
+        questions: Sequence[tuple[str, Question]],
+        probe: Probe,
+        *,
+        max_retries: int | Unset,
+    ) -> list[Judgment | TypevetError | None] | None:
+        """Each state's answers or its own error, in order; an item None: a transient failure
+        of that state alone (judge it alone, under the retry policy). None for the whole batch:
+        the server does not offer batches after all (`batch_limit` is None from now on).
+
+        :raises BackendError: the request failed (after retries), or its reply is malformed.
+        :raises QuestionError: the server refused the questions.
         """
         ...

@@ -33,11 +33,18 @@ import attrs
 
 from typevet_async._backends.base import Capabilities
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
+from typevet_async._backends.retrying import is_transient
 from typevet_async._backends.system_one_wire import (
+    BATCH_PATH,
     PATH,
+    ItemError,
+    Refusal,
+    batch_body,
+    decode_batch,
     decode_judgment,
-    decode_model_names,
+    decode_models,
     decode_refusal,
+    item_refusal,
     judgment_body,
 )
 from typevet_async._core.answers import Judgment
@@ -51,7 +58,9 @@ from typevet_async._errors import (
     ConfigurationError,
     InvalidInputError,
     QuestionError,
+    RequestTimeoutError,
     ServerError,
+    TypevetError,
     UnsupportedTemplateError,
 )
 from typevet_async._options import Unset, non_empty_text, optional, url
@@ -93,6 +102,8 @@ class AsyncSystemOne:
         self.http = HttpClient(config.base_url, config.http)
         #: The model requests name: the pin, or the first the probe found listed.
         self._model = config.model
+        #: States per batch request, as the server advertises it (None: no batch route).
+        self._batch_limit: int | None = None
 
     def __repr__(self) -> str:
         return f"AsyncSystemOne({redact(self.config.base_url)!r}, model={self.config.model!r})"
@@ -116,7 +127,7 @@ class AsyncSystemOne:
 
         :raises ConfigurationError: the pinned model is not listed, or none is.
         """
-        names = decode_model_names(await self.http.get("/v1/models"))
+        names, self._batch_limit = decode_models(await self.http.get("/v1/models"))
         check_served_model(self.config.model, names)
         if not names:
             raise ConfigurationError("the System One server lists no model (GET /v1/models)")
@@ -148,6 +159,52 @@ class AsyncSystemOne:
             raise
         return decode_judgment(raw, questions)
 
+    @property
+    def batch_limit(self) -> int | None:
+        """States one ``POST /v1/systemone/batch`` may carry (None: not offered)."""
+        return self._batch_limit
+
+    async def judge_batch(
+        self,
+        states: Sequence[Any],
+        questions: Sequence[tuple[str, Question]],
+        probe: Probe,
+        *,
+        max_retries: int | Unset,
+    ) -> list[Judgment | TypevetError | None] | None:
+        """One ``POST /v1/systemone/batch`` for ``states``, retried like any request; each
+        result typed as `judge` types a reply, each item error as `judge` would raise it.
+
+        A 404 or 405 means the route is not offered (an older server): None, and no batch is
+        sent again. A 413 or a 422 not about the questions (a body or a count the server will
+        not take whole): every state is judged alone. So is every state of a batch that
+        outlived ``request_timeout``: it is not sent again whole (it would run as long again),
+        each state goes alone under the retry policy.
+        """
+        model = self._model or probe.model_ids[0]
+        try:
+            raw = await self.http.post(
+                BATCH_PATH, batch_body(model, states, questions), max_retries=max_retries,
+                retry_timeouts=False,
+            )  # fmt: skip
+        except RequestTimeoutError:
+            return [None] * len(states)
+        except ServerError as error:
+            if error.status in (404, 405):
+                self._batch_limit = None
+                return None
+            if error.status == 413 or (
+                error.status == 422 and not decode_refusal(error.body).of_questions
+            ):
+                return [None] * len(states)
+            if error.status in (422, 501):
+                _refused(error, model)
+            raise
+        return [
+            _item_failure(result, model) if isinstance(result, ItemError) else result
+            for result in decode_batch(raw, questions, len(states))
+        ]
+
     async def read(
         self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
     ) -> CandidateRead:
@@ -162,21 +219,40 @@ class AsyncSystemOne:
 
 
 def _refused(error: ServerError, model: str) -> NoReturn:
+    """A 422 or 501 reply as `_refusal_error` says."""
+    raise _refusal_error(error.status, decode_refusal(error.body), model) from None
+
+
+def _refusal_error(status: int, refusal: Refusal, model: str) -> TypevetError:
     """A 422 naming the questions as the `QuestionError` it is (the same for every record: a
     batch stops once), any other 422 as this record's `InvalidInputError` (its state, or the
     model server's refusal of the prompt built from it: the batch goes on), a 501 as an
     `UnsupportedTemplateError`."""
-    refusal = decode_refusal(error.body)
-    if error.status == 422 and refusal.of_questions:
+    if status == 422 and refusal.of_questions:
         refused = QuestionError(f"the System One server refused the questions: {refusal.message}")
         refused.question_id = refusal.question_id
-        raise refused from None
-    if error.status == 422:
-        raise InvalidInputError(
+        return refused
+    if status == 422:
+        return InvalidInputError(
             f"the System One server refused this record (HTTP 422): {refusal.message}"
-        ) from None
-    raise UnsupportedTemplateError(
+        )
+    return UnsupportedTemplateError(
         f"the System One server does not judge with model {model!r} (HTTP 501: {refusal.message})",
         family=TemplateFamily.REMOTE.value,
         rendered="",
-    ) from None
+    )
+
+
+def _item_failure(item: ItemError, model: str) -> TypevetError | None:
+    """A batch item's error as `judge` would have raised it for that state alone; None for a
+    transient one (judged alone, under the retry policy)."""
+    failure = ServerError(
+        f"the System One server failed this record (HTTP {item.status}): {item.message}",
+        status=item.status,
+        body=item.message,
+    )
+    if is_transient(failure):
+        return None
+    if item.status in (422, 501):
+        return _refusal_error(item.status, item_refusal(item), model)
+    return failure

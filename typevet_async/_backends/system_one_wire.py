@@ -40,13 +40,27 @@ from typevet_async._core.answers import Diagnostics, Judgment, Usage
 from typevet_async._core.questions import Question
 from typevet_async._core.systemone import (
     ANSWER_FIELDS,
+    BATCH_PATH,
     SystemOneAnswer,
     Value,
     answers_from_system_one,
+    batch_to_system_one,
     request_to_system_one,
 )
 
-__all__ = ["Refusal", "decode_judgment", "decode_model_names", "decode_refusal", "judgment_body"]
+__all__ = [
+    "BATCH_PATH",
+    "ItemError",
+    "Refusal",
+    "batch_body",
+    "decode_batch",
+    "decode_judgment",
+    "decode_model_names",
+    "decode_models",
+    "decode_refusal",
+    "item_refusal",
+    "judgment_body",
+]
 
 PATH = "/v1/systemone"
 
@@ -227,11 +241,31 @@ class _Model(wire.Reply):
     name: str
 
 
+class _BatchRoute(wire.Reply):
+    path: str
+    max_states: Annotated[int, msgspec.Meta(ge=1)]
+
+
 class _Models(wire.Reply):
     models: list[_Model]
+    #: The batch route, when the server offers it (`typevet_async._core.systemone.batch`).
+    x_systemone_batch: _BatchRoute | None = None
 
 
 _MODELS = wire.decoder_for(_Models)
+
+
+def decode_models(raw: bytes) -> tuple[tuple[str, ...], int | None]:
+    """Every model name the server lists, and how many states its batch route takes (None:
+    it advertises none, or one at another path than ours).
+
+    :raises ProtocolError: not ``{"models": [{"name": ...}, ...]}``, or an advertisement
+        without a path and a positive ``max_states``.
+    """
+    reply = wire.decode(_MODELS, raw, "/v1/models")
+    batch = reply.x_systemone_batch
+    limit = batch.max_states if batch is not None and batch.path == BATCH_PATH else None
+    return tuple(model.name for model in reply.models), limit
 
 
 def decode_model_names(raw: bytes) -> tuple[str, ...]:
@@ -239,7 +273,71 @@ def decode_model_names(raw: bytes) -> tuple[str, ...]:
 
     :raises ProtocolError: not ``{"models": [{"name": ...}, ...]}``.
     """
-    return tuple(model.name for model in wire.decode(_MODELS, raw, "/v1/models").models)
+    return decode_models(raw)[0]
+
+
+# -- POST /v1/systemone/batch ---------------------------------------------------------------
+
+
+def batch_body(
+    model: str, states: Sequence[Any], questions: Sequence[tuple[str, Question]]
+) -> dict[str, Any]:
+    """The batch request asking ``questions`` about each of ``states``."""
+    return batch_to_system_one(model, states, dict(questions))
+
+
+@attrs.frozen
+class ItemError:
+    """A batch result that is an error: the one ``/v1/systemone`` would have answered."""
+
+    status: int
+    error_type: str
+    message: str
+    loc: tuple[str | int, ...] = ()
+
+
+class _ItemErrorBody(wire.Reply):
+    error_type: str
+    message: str
+    status: Annotated[int, msgspec.Meta(ge=400, le=599)]
+    loc: list[str | int] = msgspec.field(default_factory=list)
+
+
+class _Item(wire.Reply):
+    error: _ItemErrorBody | None = None
+
+
+class _Batch(wire.Reply):
+    results: list[msgspec.Raw]
+
+
+_BATCH = wire.decoder_for(_Batch)
+_ITEM = wire.decoder_for(_Item)
+
+
+def decode_batch(
+    raw: bytes, questions: Sequence[tuple[str, Question]], count: int
+) -> list[Judgment | ItemError]:
+    """Each state's typed answers (as `decode_judgment` reads a single reply) or its error,
+    in request order.
+
+    :raises ProtocolError: not ``{"results": [...]}`` with ``count`` results, or a result
+        that is neither an error nor a valid System One reply.
+    """
+    results = wire.decode(_BATCH, raw, BATCH_PATH).results
+    if len(results) != count:
+        raise wire.protocol_error(BATCH_PATH, f"{len(results)} results for {count} states", raw)
+    decoded: list[Judgment | ItemError] = []
+    for result in results:
+        item = bytes(result)
+        error = wire.decode(_ITEM, item, BATCH_PATH).error
+        if error is None:
+            decoded.append(decode_judgment(item, questions))
+        else:
+            decoded.append(
+                ItemError(error.status, error.error_type, error.message, tuple(error.loc))
+            )
+    return decoded
 
 
 # -- HTTP 422 -------------------------------------------------------------------------------
@@ -280,8 +378,15 @@ def decode_refusal(body: str) -> Refusal:
         return Refusal(body)
     if not detail:
         return Refusal(body)
-    first = detail[0]
-    loc = first.loc
-    of_questions = loc[:2] == ["body", "questions"]
+    return _refusal(detail[0].loc, detail[0].msg)
+
+
+def item_refusal(item: ItemError) -> Refusal:
+    """What a batch item's 422 says, as `decode_refusal` reads a whole reply's."""
+    return _refusal(list(item.loc), item.message)
+
+
+def _refusal(loc: Sequence[str | int], msg: str) -> Refusal:
+    of_questions = list(loc[:2]) == ["body", "questions"]
     question_id = str(loc[2]) if of_questions and len(loc) > 2 else None
-    return Refusal(f"{'.'.join(str(part) for part in loc)}: {first.msg}", of_questions, question_id)
+    return Refusal(f"{'.'.join(str(part) for part in loc)}: {msg}", of_questions, question_id)

@@ -73,6 +73,14 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         help="questions a request may ask; past it a 422 naming the limit (default: 400)",
     )
     serve.add_argument(
+        "--max-batch-states",
+        type=positive_int,
+        default=64,
+        metavar="N",
+        help="states a POST /v1/systemone/batch may carry; past it a 422 naming the limit "
+        "(default: 64; at most --max-active-requests plus the queue)",
+    )
+    serve.add_argument(
         "--max-active-requests",
         type=positive_int,
         default=8,
@@ -133,6 +141,7 @@ async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
     config = gateway.GatewayConfig(
         keys=keys,
         max_questions=args.max_questions,
+        max_batch_states=args.max_batch_states,
         max_connections=args.max_connections,
         max_active_requests=args.max_active_requests,
         max_queue=args.max_queue,

@@ -15,8 +15,11 @@ judged on it. Routes:
   session serves: its pin, else the first model id the server's probe lists, else the
   request's own ``model``. A request's ``model`` is not checked against it: the gateway serves
   one model, whatever name a client sends (the official client sends its default name).
+- ``POST /v1/systemone/batch``: several states, the same questions, one result or item error
+  per state in input order (`typevet_async._gateway.batch`).
 - ``GET /v1/models``: the System One model list, one entry: the served model; its
-  ``release_date`` is a placeholder, the UTC date the gateway's probe succeeded.
+  ``release_date`` is a placeholder, the UTC date the gateway's probe succeeded. It
+  advertises the batch route and its cap (``x_systemone_batch``).
 - ``GET /healthz`` (always 200), ``GET /readyz`` (200 once the probe succeeded, else 503),
   ``GET /metrics`` (Prometheus, if ``prometheus_client`` is installed). These three take no
   key: they are for the orchestrator and the scraper.

@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import hmac
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final
@@ -20,11 +19,15 @@ from aiohttp import web
 
 import typevet_async as tv
 from typevet_async._core.systemone import (
+    ADVERTISEMENT,
+    BATCH_PATH,
     SystemOneCall,
     SystemOneValidationError,
+    advertisement,
     response_to_system_one,
 )
 from typevet_async._errors import DecodeError
+from typevet_async._gateway.batch import systemone_batch
 from typevet_async._gateway.bodies import decode_error_response, decode_request, read_raw
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.responses import (
@@ -34,6 +37,7 @@ from typevet_async._gateway.responses import (
     json_response,
     new_request_id,
     sdk_error_response,
+    shed_response,
 )
 from typevet_async._gateway.state import SESSION, STATE, GatewayState, Metrics
 from typevet_async._presenting import served_model
@@ -145,13 +149,9 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     if isinstance(decoded, web.Response):
         return decoded
     call, images = decoded
-    if state.admitted >= state.config.max_active_requests + state.queue_limit():
-        wait = state.retry_after()
-        retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
-        return error_response(
-            429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
-            "rate_limited", headers=retry,
-        )  # fmt: skip
+    shed = shed_response(state, 1)
+    if shed is not None:
+        return shed
     judgment = await _judged(state, session, call, images)
     if isinstance(judgment, web.Response):
         return judgment
@@ -260,7 +260,8 @@ async def _models(request: web.Request) -> web.StreamResponse:
                     "description": f"{name}, served by typevet-async through {backend}",
                     "release_date": state.ready_date,
                 }
-            ]
+            ],
+            ADVERTISEMENT: advertisement(state.config.batch_cap()),
         },
     )
 
@@ -344,6 +345,7 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     app.cleanup_ctx.append(_lifecycle)
     app.on_response_prepare.append(_send_request_id)
     app.router.add_post("/v1/systemone", _systemone)
+    app.router.add_post(BATCH_PATH, systemone_batch)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

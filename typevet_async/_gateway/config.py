@@ -61,6 +61,9 @@ class GatewayConfig:
     max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=positive_int)
     #: Questions a request may ask -> 422 (OpenAI's Decisions API allows 400).
     max_questions: int = attrs.field(default=400, validator=positive_int)
+    #: States one ``POST /v1/systemone/batch`` may carry -> 422 (``too_long``); `batch_cap`
+    #: bounds it by what admission can ever take at once.
+    max_batch_states: int = attrs.field(default=64, validator=positive_int)
     #: Image assets a request may carry -> 422.
     max_assets: int = attrs.field(default=32, validator=positive_int)
     #: JSON values a body may hold -> 422.
@@ -90,6 +93,13 @@ class GatewayConfig:
     shutdown_timeout: float = attrs.field(default=30.0, validator=positive_number)
     #: Seconds between probe attempts until the server is ready.
     probe_interval: float = attrs.field(default=1.0, validator=positive_number)
+
+    def batch_cap(self) -> int:
+        """States a batch may carry: ``max_batch_states``, but at most ``max_active_requests``
+        plus the smallest queue (`MIN_AUTO_QUEUE`, or ``max_queue``), since each state counts
+        as one request for admission and a larger batch could never be admitted."""
+        queue = MIN_AUTO_QUEUE if self.max_queue is None else self.max_queue
+        return min(self.max_batch_states, self.max_active_requests + queue)
 
     def decode_budget(self) -> DecodeBudget:
         """What one body's decode may use: a ``request`` part and one part per asset."""

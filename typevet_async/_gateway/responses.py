@@ -13,6 +13,7 @@ message reader takes ``detail.message`` and ``detail[].msg`` alike.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any, Final
@@ -22,7 +23,7 @@ from aiohttp import web
 
 import typevet_async as tv
 from typevet_async._core.systemone import validation_detail
-from typevet_async._gateway.state import Metrics
+from typevet_async._gateway.state import GatewayState, Metrics
 from typevet_async._presenting import error_text, judgment_fields, present_error
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "json_response",
     "new_request_id",
     "sdk_error_response",
+    "shed_response",
 ]
 
 #: The response header naming the request (the official client shows it in its errors).
@@ -86,6 +88,19 @@ def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Res
     if presented.hides_details:
         log.warning("judgment failed: %s", error_text(error))
     return error_response(presented.status, list(presented.loc), presented.message, presented.kind)
+
+
+def shed_response(state: GatewayState, judgments: int) -> web.Response | None:
+    """The 429 for a request of ``judgments`` judgments (a batch's states each count) when
+    admitting it would pass ``max_active_requests`` plus the queue; None: admit it."""
+    if state.admitted + judgments <= state.config.max_active_requests + state.queue_limit():
+        return None
+    wait = state.retry_after()
+    retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
+    return error_response(
+        429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
+        "rate_limited", headers=retry,
+    )  # fmt: skip
 
 
 def extension(judgment: tv.Judgment) -> dict[str, Any]:

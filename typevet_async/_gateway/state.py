@@ -38,6 +38,7 @@ class Metrics:
     errors: Any
     reads: Any
     in_flight: Any
+    batch_states: Any
     registry: Any
 
     @classmethod
@@ -65,6 +66,9 @@ class Metrics:
             ),
             in_flight=p.Gauge(
                 "typevet_gateway_in_flight", "Requests being judged", registry=registry
+            ),
+            batch_states=p.Counter(
+                "typevet_gateway_batch_states", "States received in batches", registry=registry
             ),
             registry=registry,
         )  # fmt: skip

@@ -15,6 +15,8 @@ Shapes as the official client's models define them (``typesafe_sdk._schemas.mode
   entropy confidence beside it as ``x_entropy_confidence``. Our richer record rides along
   under ``"x_typevet"`` (`EXTENSION`: our usage and each answer's diagnostics), which System
   One clients ignore: every extension is ``x_``-prefixed, as the spec reserves.
+- a batch (``POST /v1/systemone/batch``: several states, the same questions, one result or
+  error per state): `typevet_async._core.systemone.batch`.
 - validation failure: HTTP 422 with ``{"detail": [{"loc", "msg", "type", "input", "ctx"}]}``.
 
 **Structured text.** Instructions and criteria may be a string, an object or an array. A string
@@ -44,6 +46,16 @@ from typevet_async._core.systemone.answers import (
     answers_from_system_one,
     rounding_slack,
 )
+from typevet_async._core.systemone.batch import (
+    ADVERTISEMENT,
+    BATCH_PATH,
+    SystemOneBatch,
+    advertisement,
+    batch_from_system_one,
+    batch_item_error,
+    batch_response,
+    batch_to_system_one,
+)
 from typevet_async._core.systemone.questions import (
     EXTENSION,
     NOUL_DEFAULT_INSTRUCTIONS,
@@ -57,6 +69,7 @@ from typevet_async._core.systemone.requests import (
     SystemOneCall,
     request_from_system_one,
     request_to_system_one,
+    state_problem,
     validation_detail,
 )
 from typevet_async._core.systemone.responses import (
@@ -74,20 +87,28 @@ from typevet_async._core.systemone.schema import (
 from typevet_async._errors import SystemOneValidationError
 
 __all__ = [
+    "ADVERTISEMENT",
     "ANSWER_FIELDS",
+    "BATCH_PATH",
     "EXTENSION",
     "NOUL_DEFAULT_INSTRUCTIONS",
     "SYSTEM_ONE_SLACK",
     "USAGE_FIELDS",
     "AnswerField",
     "SystemOneAnswer",
+    "SystemOneBatch",
     "SystemOneCall",
     "SystemOneValidationError",
     "UnsupportedQuestionError",
     "Value",
+    "advertisement",
     "answer_fields",
     "answer_to_system_one",
     "answers_from_system_one",
+    "batch_from_system_one",
+    "batch_item_error",
+    "batch_response",
+    "batch_to_system_one",
     "question_from_system_one",
     "question_to_system_one",
     "questions_from_system_one",
@@ -96,6 +117,7 @@ __all__ = [
     "request_to_system_one",
     "response_to_system_one",
     "rounding_slack",
+    "state_problem",
     "validation_detail",
     "wire_fields",
 ]

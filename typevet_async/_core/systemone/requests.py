@@ -19,7 +19,13 @@ from typevet_async._core.systemone.questions import (
 )
 from typevet_async._errors import QuestionError, SystemOneValidationError
 
-__all__ = ["SystemOneCall", "request_from_system_one", "request_to_system_one", "validation_detail"]
+__all__ = [
+    "SystemOneCall",
+    "request_from_system_one",
+    "request_to_system_one",
+    "state_problem",
+    "validation_detail",
+]
 
 _IMAGE_FORMATS: Final = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg"}
 
@@ -180,11 +186,18 @@ def _state(data: dict[Any, Any], detail: list[dict[str, Any]]) -> Any:
         return None
     name = "document" if "document" in data else "state"
     state = data.get(name)
-    if not isinstance(state, str | dict | list):
-        detail.append(
-            validation_detail(["body", name], "a string, an object or an array", "missing", state)
-        )
+    problem = state_problem(state, ["body", name])
+    if problem is not None:
+        detail.append(problem)
     return state
+
+
+def state_problem(state: Any, loc: list[str | int]) -> dict[str, Any] | None:
+    """What is wrong with a request's state at ``loc`` (a 422 entry), or None: a state is a
+    string, an object or an array (a batch's states are each held to it)."""
+    if isinstance(state, str | dict | list):
+        return None
+    return validation_detail(loc, "a string, an object or an array", "missing", state)
 
 
 def _raw_questions(
