@@ -25,6 +25,7 @@ from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
 from typevet_async._backends.local_models import LOCAL_MODELS, LocalModel, cache_dir, ensure_model
+from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenAIDecisionsConfig
 from typevet_async._backends.retrying import RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
@@ -64,6 +65,7 @@ from typevet_async._errors import (
     ConfigurationError,
     ControlTokenError,
     DeadlineExceededError,
+    DecisionsValidationError,
     DecodeError,
     GenerationError,
     InvalidInputError,
@@ -73,6 +75,7 @@ from typevet_async._errors import (
     OutputValidationError,
     ProtocolError,
     QuestionError,
+    RefusalError,
     RequestTimeoutError,
     SchemaError,
     ServerError,
@@ -128,6 +131,7 @@ __all__ = [
     "Answer",
     "AsyncFleet",
     "AsyncLlamaCpp",
+    "AsyncOpenAIDecisions",
     "AsyncSystemOne",
     "AsyncVllm",
     "Backend",
@@ -149,6 +153,7 @@ __all__ = [
     "ConfigurationError",
     "ControlTokenError",
     "DeadlineExceededError",
+    "DecisionsValidationError",
     "DecodeError",
     "Diagnostics",
     "EmbeddedServer",
@@ -169,6 +174,7 @@ __all__ = [
     "Noul",
     "NoulAnswer",
     "OffMenuError",
+    "OpenAIDecisionsConfig",
     "OutputValidationError",
     "Pins",
     "Probe",
@@ -178,6 +184,7 @@ __all__ = [
     "QuestionError",
     "ReadPlan",
     "Reading",
+    "RefusalError",
     "RemoteJudging",
     "RequestTimeoutError",
     "RetryPolicy",

@@ -1,6 +1,7 @@
 """The gateway's aiohttp application: its routes, middlewares (access log, errors, auth), the
-``POST /v1/systemone`` handler (decode off the loop, admit, judge, answer) and the background
-probe that makes it ready."""
+``POST /v1/systemone`` handler (decode off the loop, admit, judge, answer), the ``POST
+/v1/decisions`` route (`typevet_async._gateway.decisions`) and the background probe that makes
+it ready."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 from aiohttp import web
 
 import typevet_async as tv
+from typevet_async._core.decisions import DecisionsCall
 from typevet_async._core.systemone import (
     SystemOneCall,
     SystemOneValidationError,
@@ -27,6 +29,7 @@ from typevet_async._core.systemone import (
 from typevet_async._errors import DecodeError
 from typevet_async._gateway.bodies import decode_error_response, decode_request, read_raw
 from typevet_async._gateway.config import GatewayConfig
+from typevet_async._gateway.decisions import handle_decisions, openai_error_shape
 from typevet_async._gateway.responses import (
     REQUEST_ID_HEADER,
     error_response,
@@ -145,13 +148,9 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     if isinstance(decoded, web.Response):
         return decoded
     call, images = decoded
-    if state.admitted >= state.config.max_active_requests + state.queue_limit():
-        wait = state.retry_after()
-        retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
-        return error_response(
-            429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
-            "rate_limited", headers=retry,
-        )  # fmt: skip
+    shed = _shed(state)
+    if shed is not None:
+        return shed
     judgment = await _judged(state, session, call, images)
     if isinstance(judgment, web.Response):
         return judgment
@@ -162,6 +161,22 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
         judgment, model, score_criteria=call.score_criteria, extension=extension(judgment)
     )
     return json_response(200, body)
+
+
+def _shed(state: GatewayState) -> web.Response | None:
+    """The 429 for a request past the slots and the queue (with when to retry); else None."""
+    if state.admitted < state.config.max_active_requests + state.queue_limit():
+        return None
+    wait = state.retry_after()
+    retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
+    return error_response(
+        429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
+        "rate_limited", headers=retry,
+    )  # fmt: skip
+
+
+async def _decisions(request: web.Request) -> web.StreamResponse:
+    return await handle_decisions(request, _judged, _shed)
 
 
 async def _decoded(
@@ -195,10 +210,15 @@ async def _decoded(
 
 
 async def _judged(
-    state: GatewayState, session: tv.Session, call: SystemOneCall, images: list[tv.Image]
+    state: GatewayState,
+    session: tv.Session,
+    call: SystemOneCall | DecisionsCall,
+    images: list[tv.Image],
+    **options: Any,
 ) -> tv.Judgment | web.Response:
-    """The judgment of an admitted request, under a slot and the request's timeout; or the
-    answer for its failure (504, 503 when the shutdown cut it off, an SDK error's)."""
+    """The judgment of an admitted request (``options``: `Session.judge`'s), under a slot and
+    the request's timeout; or the answer for its failure (504, 503 when the shutdown cut it
+    off, an SDK error's)."""
     config = state.config
     state.admitted += 1
     task = asyncio.current_task()
@@ -209,7 +229,7 @@ async def _judged(
             if state.metrics is not None:
                 state.metrics.in_flight.inc()
             try:
-                return await session.judge(call.state, call.questions, images=images)
+                return await session.judge(call.state, call.questions, images=images, **options)
             finally:
                 if state.metrics is not None:
                     state.metrics.in_flight.dec()
@@ -332,7 +352,8 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     """The gateway's application over ``session`` (unopened: the app opens and closes it)."""
     config = config or GatewayConfig()
     app = web.Application(
-        client_max_size=config.max_body_bytes, middlewares=[_access, _errors, _auth]
+        client_max_size=config.max_body_bytes,
+        middlewares=[_access, openai_error_shape, _errors, _auth],
     )
     app[SESSION] = session
     app[STATE] = GatewayState(
@@ -344,6 +365,7 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     app.cleanup_ctx.append(_lifecycle)
     app.on_response_prepare.append(_send_request_id)
     app.router.add_post("/v1/systemone", _systemone)
+    app.router.add_post("/v1/decisions", _decisions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
