@@ -15,6 +15,8 @@ judged on it. Routes:
   session serves: its pin, else the first model id the server's probe lists, else the
   request's own ``model``. A request's ``model`` is not checked against it: the gateway serves
   one model, whatever name a client sends (the official client sends its default name).
+- ``POST /v1/decisions``: OpenAI's Decisions API from the same judgments
+  (`typevet_async._gateway.decisions`; its errors in OpenAI's shape).
 - ``GET /v1/models``: the System One model list, one entry: the served model; its
   ``release_date`` is a placeholder, the UTC date the gateway's probe succeeded.
 - ``GET /healthz`` (always 200), ``GET /readyz`` (200 once the probe succeeded, else 503),
