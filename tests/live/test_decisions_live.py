@@ -317,4 +317,4 @@ async def test_over_vllm_both_clients_get_the_direct_answers(vllm_url: str) -> N
     found += [abs(by_session[q].probabilities[k] - p) for q in TYPED
               for k, p in expected[q].probabilities.items()]  # fmt: skip
     print(f"Decisions vs session.judge on vLLM: largest gap {max(found):.1e}")
-    assert max(found) <= 1e-6
+    assert max(found) <= 1e-9  # one read at a time, fp32 on CPU: seen 0.0
