@@ -4,12 +4,18 @@ OpenAI's shape on this route only, and the route in the metrics."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import aiohttp
 import pytest
 from openai.types.decision import Decision
 
-from .test_gateway import AUTH, assert_error_shape, request_body, start
+import typevet_async as tv
+from typevet_async._gateway import GatewayConfig, running
+
+from .stubs import InMemoryStubBackend
+from .test_gateway import AUTH, KEY, assert_error_shape, request_body, start
 
 BODY: dict[str, Any] = {
     "model": "gemma-3-270m",
@@ -73,3 +79,33 @@ async def test_errors_on_the_route_are_in_openais_shape_and_elsewhere_unchanged(
         assert_error_shape(await system_one.json(), 401)
     finally:
         await client.close()
+
+
+@pytest.mark.asyncio
+async def test_session_openai_decisions_through_the_gateway_equals_the_direct_session() -> None:
+    questions: dict[str, tv.Question] = {
+        "refund": tv.Noul("Is a refund requested?"),
+        "route": tv.Choice({"billing": "money", "shipping": None}, instructions="Team?"),
+        "urgency": tv.Score(["low", "high"], instructions="How urgent?"),
+    }
+    config = GatewayConfig(keys=(KEY,), probe_interval=0.01)
+    async with tv.Session(InMemoryStubBackend()) as direct:
+        expected = await direct.judge({"ticket": "charged twice"}, questions)
+    async with running(tv.Session(InMemoryStubBackend()), config) as url:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):  # the probe runs in the background after startup
+                async with http.get(f"{url}/readyz") as ready:
+                    if ready.status == 200:
+                        break
+                await asyncio.sleep(0.01)
+        async with tv.Session.openai_decisions(url, api_key=KEY, max_retries=0) as remote:
+            judged = await remote.judge({"ticket": "charged twice"}, questions)
+    for qid, answer in expected.items():
+        for key, p in answer.probabilities.items():
+            assert judged[qid].probabilities[key] == pytest.approx(p, abs=1e-15)
+    assert judged.usage.prompt_tokens == expected.usage.prompt_tokens
+
+
+def test_a_decisions_session_refuses_what_the_server_decides() -> None:
+    with pytest.raises(tv.ConfigurationError, match="Decisions session"):
+        tv.Session.openai_decisions("http://127.0.0.1:9", off_menu_threshold=0.5)
