@@ -32,6 +32,7 @@ from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
 from typevet_async._backends.local_models import LOCAL_MODELS, LocalModel, cache_dir, ensure_model
+from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenAIDecisionsConfig
 from typevet_async._backends.retrying import RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
@@ -71,6 +72,7 @@ from typevet_async._errors import (
     ConfigurationError,
     ControlTokenError,
     DeadlineExceededError,
+    DecisionsValidationError,
     DecodeError,
     GenerationError,
     InvalidInputError,
@@ -80,6 +82,7 @@ from typevet_async._errors import (
     OutputValidationError,
     ProtocolError,
     QuestionError,
+    RefusalError,
     RequestTimeoutError,
     SchemaError,
     ServerError,
@@ -136,6 +139,7 @@ __all__ = [
     "AnswerTokenizing",
     "AsyncFleet",
     "AsyncLlamaCpp",
+    "AsyncOpenAIDecisions",
     "AsyncSystemOne",
     "AsyncVllm",
     "Backend",
@@ -158,6 +162,7 @@ __all__ = [
     "ConfigurationError",
     "ControlTokenError",
     "DeadlineExceededError",
+    "DecisionsValidationError",
     "DecodeError",
     "Diagnostics",
     "EmbeddedServer",
@@ -178,6 +183,7 @@ __all__ = [
     "Noul",
     "NoulAnswer",
     "OffMenuError",
+    "OpenAIDecisionsConfig",
     "OutputValidationError",
     "Pins",
     "Probe",
@@ -187,6 +193,7 @@ __all__ = [
     "QuestionError",
     "ReadPlan",
     "Reading",
+    "RefusalError",
     "RemoteJudging",
     "RequestTimeoutError",
     "RetryPolicy",

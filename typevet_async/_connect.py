@@ -1,7 +1,8 @@
 """Building what a `Session` talks to: one endpoint or a fleet of them for each backend, the
 one mapping from ``TYPEVET_*`` variables (and a command line's flags) to a session, and
-`SessionFactories`, the session's ways in (``llama_cpp``, ``vllm``, ``system_one``, ``local``,
-``from_env``), so the session's own module holds only what a session does.
+`SessionFactories`, the session's ways in (``llama_cpp``, ``vllm``, ``system_one``,
+``openai_decisions``, ``local``, ``from_env``), so the session's own module holds only what a
+session does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typevet_async._backends.embedded import ServerOptions, local_model_name
 from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import DEFAULT_REQUEST_TIMEOUT, HttpSettings
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
+from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenAIDecisionsConfig
 from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES, RetryPolicy
 from typevet_async._backends.system_one import (
     SESSION_SETTINGS_REFUSED,
@@ -39,6 +41,7 @@ __all__ = [
     "from_env",
     "llama_cpp",
     "local_server",
+    "openai_decisions",
     "system_one",
     "vllm",
 ]
@@ -163,13 +166,33 @@ def system_one(
     refused = sorted(set(session_settings) & SESSION_SETTINGS_REFUSED)
     if refused:
         raise ConfigurationError(
-            f"{', '.join(refused)} cannot be set on a System One session: the server "
+            f"{', '.join(refused)} cannot be set on a System One or Decisions session: the server "
             "frames and reads the questions itself"
         )
     settings = http.settings()
 
     def build(base: str) -> AsyncSystemOne:
         return AsyncSystemOne(SystemOneConfig(base_url=base, model=model, http=settings))
+
+    return _endpoints(base_url, build, http)
+
+
+def openai_decisions(
+    base_url: str | Sequence[str],
+    http: HttpKeywords,
+    *,
+    model: str | None,
+    session_settings: Mapping[str, Any],
+) -> Backend:
+    """`Session.openai_decisions`' backend; it refuses what a System One session refuses (the
+    server frames and reads the questions itself: `SESSION_SETTINGS_REFUSED`)."""
+    system_one(base_url, http, model=model, session_settings=session_settings)  # the checks
+    settings = http.settings()
+
+    def build(base: str) -> AsyncOpenAIDecisions:
+        return AsyncOpenAIDecisions(
+            OpenAIDecisionsConfig(base_url=base, model=model, http=settings)
+        )
 
     return _endpoints(base_url, build, http)
 
@@ -395,6 +418,37 @@ class SessionFactories:
             api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
         backend = system_one(base_url, http, model=model, session_settings=settings)
+        return cls(backend, SessionSettings.from_keywords(settings))
+
+    @classmethod
+    def openai_decisions(
+        cls,
+        base_url: str | Sequence[str],
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        endpoint_slots: int | None = None,
+        time_slice: float | None = SLICE,
+        **settings: Any,
+    ) -> Self:
+        """A session on a server of OpenAI's Decisions API (``POST /v1/decisions``), such as
+        ``typevet-async serve``: each judgment is one request, its answers checked and typed
+        as from `Session.system_one`; a question the server refuses raises `RefusalError`
+        (the other answers ride on it). A Noul with criteria, images and generation are
+        refused unsent.
+
+        :param base_url: the server's root URL (``/v1/decisions`` is under it).
+        :param model: as in `Session.system_one` (``GET /v1/models``: OpenAI's list or
+            System One's).
+        :raises ConfigurationError: as in `Session.system_one`.
+        """
+        http = HttpKeywords(
+            api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
+        )
+        backend = openai_decisions(base_url, http, model=model, session_settings=settings)
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod

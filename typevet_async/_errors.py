@@ -10,6 +10,7 @@ The tree::
     │   ├── ConfigurationError                        session settings or TYPEVET_* variables
     │   │   └── CalibrationError                      a map unreadable, or fitted for another run
     │   ├── SystemOneValidationError                  a body without the System One shape (422)
+    │   ├── DecisionsValidationError                  a body without the Decisions shape (422)
     │   └── DecodeError                               a served body past its decode budget
     │       ├── BodyTooLargeError                     bytes, compressed or not (413)
     │       ├── BadEncodingError                      a Content-Encoding refused or corrupt (415)
@@ -27,6 +28,7 @@ The tree::
     │   ├── TruncatedOutputError                      output cut off by the token limit
     │   └── OutputValidationError                     output does not pass the schema
     ├── OffMenuError                                  off-menu mass above the threshold (if asked)
+    ├── RefusalError                                  a Decisions server declined questions
     ├── DeadlineExceededError (also TimeoutError)     a call's ``timeout`` passed
     ├── BatchRecordError                              a batch record raised a non-SDK error
     ├── ModelIntegrityError                           a local model's chunk or file fails its sha256
@@ -60,6 +62,7 @@ __all__ = [
     "ConfigurationError",
     "ControlTokenError",
     "DeadlineExceededError",
+    "DecisionsValidationError",
     "DecodeError",
     "GenerationError",
     "InvalidInputError",
@@ -69,6 +72,7 @@ __all__ = [
     "OutputValidationError",
     "ProtocolError",
     "QuestionError",
+    "RefusalError",
     "RequestTimeoutError",
     "SchemaError",
     "ServerError",
@@ -149,6 +153,16 @@ class CalibrationError(ConfigurationError):
 class SystemOneValidationError(InvalidInputError):
     """A request that does not have the System One shape: ``detail`` is the 422 body's list
     (``loc``, ``msg``, ``type``, ``input``, ``ctx``)."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        first = detail[0]
+        super().__init__(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        self.detail = detail
+
+
+class DecisionsValidationError(InvalidInputError):
+    """A request that does not have the OpenAI Decisions shape: ``detail`` lists every problem
+    (``loc``, ``msg``, ``type``, ``input``), as `SystemOneValidationError`'s does."""
 
     def __init__(self, detail: list[dict[str, Any]]) -> None:
         first = detail[0]
@@ -244,6 +258,18 @@ class OffMenuError(TypevetError):
         super().__init__(message)
         self.off_menu_mass = off_menu_mass
         self.threshold = threshold
+
+
+class RefusalError(TypevetError):
+    """A Decisions server (``Session.openai_decisions``) answered some questions with a
+    refusal: ``refused`` names them (in question order) and ``answers`` holds the typed
+    answers to the others, checked as any answer is (our gateway refuses where its off-menu
+    guard flags the answer)."""
+
+    def __init__(self, message: str, *, refused: tuple[str, ...], answers: Any) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.answers = answers
 
 
 class ControlTokenError(ProtocolError):

@@ -71,6 +71,7 @@ _ERROR_STATUS: Final[tuple[tuple[type[BaseException], int, str, str], ...]] = (
     (tv.ProtocolError, 502, "upstream_protocol_error",
      "the model server's reply was not what its protocol says"),
     (tv.OffMenuError, 502, "off_menu", "the model's answer fell off the question's options"),
+    (tv.RefusalError, 502, "refusal", "the upstream Decisions server declined a question"),
     (tv.SessionStateError, 503, "unavailable", "the session is not open"),
 )  # fmt: skip
 

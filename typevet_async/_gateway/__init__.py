@@ -17,6 +17,8 @@ judged on it. Routes:
   one model, whatever name a client sends (the official client sends its default name).
 - ``POST /v1/systemone/batch``: several states, the same questions, one result or item error
   per state in input order (`typevet_async._gateway.batch`).
+- ``POST /v1/decisions``: OpenAI's Decisions API from the same judgments
+  (`typevet_async._gateway.decisions`; its errors in OpenAI's shape).
 - ``GET /v1/models``: the System One model list, one entry: the served model; its
   ``release_date`` is a placeholder, the UTC date the gateway's probe succeeded. It
   advertises the batch route and its cap (``x_systemone_batch``).

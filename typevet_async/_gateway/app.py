@@ -1,6 +1,7 @@
 """The gateway's aiohttp application: its routes, middlewares (access log, errors, auth), the
-``POST /v1/systemone`` handler (decode off the loop, admit, judge, answer) and the background
-probe that makes it ready."""
+``POST /v1/systemone`` handler (decode off the loop, admit, judge, answer), the ``POST
+/v1/decisions`` route (`typevet_async._gateway.decisions`) and the background probe that makes
+it ready."""
 
 from __future__ import annotations
 
@@ -11,25 +12,28 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 from aiohttp import web
 
 import typevet_async as tv
+from typevet_async._core.decisions import DecisionsCall
 from typevet_async._core.systemone import (
     ADVERTISEMENT,
     BATCH_PATH,
     SystemOneCall,
-    SystemOneValidationError,
     advertisement,
     response_to_system_one,
 )
-from typevet_async._errors import DecodeError
 from typevet_async._gateway.batch import systemone_batch
-from typevet_async._gateway.bodies import decode_error_response, decode_request, read_raw
+from typevet_async._gateway.bodies import (
+    decode_request,
+    decoded_body,
+)
 from typevet_async._gateway.config import GatewayConfig
+from typevet_async._gateway.decisions import handle_decisions, openai_error_shape
 from typevet_async._gateway.responses import (
     REQUEST_ID_HEADER,
     error_response,
@@ -145,7 +149,7 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     """Decode (off the loop), admit or shed, judge, answer."""
     state = request.app[STATE]
     session = request.app[SESSION]
-    decoded = await _decoded(request, state)
+    decoded = await decoded_body(request, state, decode_request)
     if isinstance(decoded, web.Response):
         return decoded
     call, images = decoded
@@ -164,41 +168,20 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     return json_response(200, body)
 
 
-async def _decoded(
-    request: web.Request, state: GatewayState
-) -> tuple[SystemOneCall, list[tv.Image]] | web.Response:
-    """The request's call and images, decoded in a worker thread under the budget; or the
-    answer that refuses the body."""
-    config = state.config
-    raw = await read_raw(request, config.max_body_bytes, config.body_timeout)
-    if isinstance(raw, web.Response):
-        return raw
-    try:
-        return await anyio.to_thread.run_sync(
-            decode_request,
-            raw,
-            request.headers.get("Content-Encoding", ""),
-            request.headers.get("Content-Type", ""),
-            config,
-            limiter=state.decoders,
-        )
-    except DecodeError as error:
-        if state.metrics is not None:
-            state.metrics.errors.labels(type(error).__name__).inc()
-        return decode_error_response(error)
-    except SystemOneValidationError as error:
-        if state.metrics is not None:
-            state.metrics.errors.labels("SystemOneValidationError").inc()
-        return json_response(422, {"detail": error.detail})
-    except tv.InvalidInputError as error:
-        return sdk_error_response(state.metrics, error)
+async def _decisions(request: web.Request) -> web.StreamResponse:
+    return await handle_decisions(request, _judged, lambda state: shed_response(state, 1))
 
 
 async def _judged(
-    state: GatewayState, session: tv.Session, call: SystemOneCall, images: list[tv.Image]
+    state: GatewayState,
+    session: tv.Session,
+    call: SystemOneCall | DecisionsCall,
+    images: list[tv.Image],
+    **options: Any,
 ) -> tv.Judgment | web.Response:
-    """The judgment of an admitted request, under a slot and the request's timeout; or the
-    answer for its failure (504, 503 when the shutdown cut it off, an SDK error's)."""
+    """The judgment of an admitted request (``options``: `Session.judge`'s), under a slot and
+    the request's timeout; or the answer for its failure (504, 503 when the shutdown cut it
+    off, an SDK error's)."""
     config = state.config
     state.admitted += 1
     task = asyncio.current_task()
@@ -209,7 +192,7 @@ async def _judged(
             if state.metrics is not None:
                 state.metrics.in_flight.inc()
             try:
-                return await session.judge(call.state, call.questions, images=images)
+                return await session.judge(call.state, call.questions, images=images, **options)
             finally:
                 if state.metrics is not None:
                     state.metrics.in_flight.dec()
@@ -333,7 +316,8 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     """The gateway's application over ``session`` (unopened: the app opens and closes it)."""
     config = config or GatewayConfig()
     app = web.Application(
-        client_max_size=config.max_body_bytes, middlewares=[_access, _errors, _auth]
+        client_max_size=config.max_body_bytes,
+        middlewares=[_access, openai_error_shape, _errors, _auth],
     )
     app[SESSION] = session
     app[STATE] = GatewayState(
@@ -346,6 +330,7 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     app.on_response_prepare.append(_send_request_id)
     app.router.add_post("/v1/systemone", _systemone)
     app.router.add_post(BATCH_PATH, systemone_batch)
+    app.router.add_post("/v1/decisions", _decisions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)

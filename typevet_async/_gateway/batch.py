@@ -45,8 +45,7 @@ from typevet_async._core.systemone import (
     response_to_system_one,
     validation_detail,
 )
-from typevet_async._errors import DecodeError
-from typevet_async._gateway.bodies import decode_error_response, read_raw
+from typevet_async._gateway.bodies import decoded_body
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.multipart import media_type
@@ -68,7 +67,7 @@ async def systemone_batch(request: web.Request) -> web.StreamResponse:
     """Decode (off the loop), admit or shed by its states, judge each, answer in order."""
     state = request.app[STATE]
     session = request.app[SESSION]
-    decoded = await _decoded(request, state)
+    decoded = await decoded_body(request, state, decode_batch)
     if isinstance(decoded, web.Response):
         return decoded
     batch = decoded
@@ -91,30 +90,6 @@ async def systemone_batch(request: web.Request) -> web.StreamResponse:
         state.metrics.batch_states.inc(len(batch.states))
     ordered = [results[index] for index in range(len(batch.states))]
     return json_response(200, batch_response(model, ordered), headers=headers)
-
-
-async def _decoded(request: web.Request, state: GatewayState) -> SystemOneBatch | web.Response:
-    config = state.config
-    raw = await read_raw(request, config.max_body_bytes, config.body_timeout)
-    if isinstance(raw, web.Response):
-        return raw
-    try:
-        return await anyio.to_thread.run_sync(
-            decode_batch,
-            raw,
-            request.headers.get("Content-Encoding", ""),
-            request.headers.get("Content-Type", ""),
-            config,
-            limiter=state.decoders,
-        )
-    except DecodeError as error:
-        if state.metrics is not None:
-            state.metrics.errors.labels(type(error).__name__).inc()
-        return decode_error_response(error)
-    except SystemOneValidationError as error:
-        if state.metrics is not None:
-            state.metrics.errors.labels("SystemOneValidationError").inc()
-        return json_response(422, {"detail": error.detail})
 
 
 def decode_batch(

@@ -5,7 +5,10 @@ app runs in a worker thread."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TypeVar
 
+import anyio.to_thread
 import orjson
 from aiohttp import web
 
@@ -16,15 +19,21 @@ from typevet_async._errors import (
     BadEncodingError,
     BodyTooLargeError,
     BudgetExceededError,
+    DecisionsValidationError,
     DecodeError,
     SystemOneValidationError,
 )
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.multipart import media_type, request_from_system_one_multipart
-from typevet_async._gateway.responses import error_response, json_response
+from typevet_async._gateway.responses import error_response, json_response, sdk_error_response
+from typevet_async._gateway.state import GatewayState
 
-__all__ = ["decode_error_response", "decode_request", "read_raw"]
+__all__ = ["decode_error_response", "decode_request", "decoded_body", "read_raw"]
+
+Decoded = TypeVar("Decoded")
+#: A route's pure decoder: the raw body, its Content-Encoding and Content-Type, the config.
+Decoder = Callable[[bytes, str, str, GatewayConfig], Decoded]
 
 
 async def read_raw(request: web.Request, cap: int, body_timeout: float) -> bytes | web.Response:
@@ -102,3 +111,35 @@ def decode_error_response(error: DecodeError) -> web.Response:
             ]
         },
     )
+
+
+async def decoded_body(
+    request: web.Request, state: GatewayState, decode: Decoder[Decoded]
+) -> Decoded | web.Response:
+    """The body read (`read_raw`) and decoded by the route's ``decode`` in a worker thread
+    under the budget, never on the event loop; or the answer that refuses it: the read's
+    413/408, a decode error's status, a validation failure's 422 detail, an SDK input error.
+    Every route of the gateway decodes through here."""
+    config = state.config
+    raw = await read_raw(request, config.max_body_bytes, config.body_timeout)
+    if isinstance(raw, web.Response):
+        return raw
+    try:
+        return await anyio.to_thread.run_sync(
+            decode,
+            raw,
+            request.headers.get("Content-Encoding", ""),
+            request.headers.get("Content-Type", ""),
+            config,
+            limiter=state.decoders,
+        )
+    except DecodeError as error:
+        if state.metrics is not None:
+            state.metrics.errors.labels(type(error).__name__).inc()
+        return decode_error_response(error)
+    except (SystemOneValidationError, DecisionsValidationError) as error:
+        if state.metrics is not None:
+            state.metrics.errors.labels(type(error).__name__).inc()
+        return json_response(422, {"detail": error.detail})
+    except tv.InvalidInputError as error:
+        return sdk_error_response(state.metrics, error)

@@ -1,0 +1,111 @@
+"""The gateway's ``POST /v1/decisions`` over the in-memory stub backend, through aiohttp's test
+server (real HTTP on localhost): responses the ``openai`` client's own types accept, errors in
+OpenAI's shape on this route only, and the route in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+from openai.types.decision import Decision
+
+import typevet_async as tv
+from typevet_async._gateway import GatewayConfig, running
+
+from .stubs import InMemoryStubBackend
+from .test_gateway import AUTH, KEY, assert_error_shape, request_body, start
+
+BODY: dict[str, Any] = {
+    "model": "gemma-3-270m",
+    "input": "charged twice",
+    "questions": [
+        {"type": "predicate", "name": "refund", "instructions": "Is a refund requested?"},
+        {
+            "type": "choice",
+            "instructions": "Angry?",
+            "choices": [{"value": True}, {"value": False}],
+        },
+    ],
+}
+
+
+def assert_openai_error(body: Any, kind: str) -> None:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == kind
+    assert body["error"]["message"]
+
+
+@pytest.mark.asyncio
+async def test_a_request_gets_a_decision_in_question_order() -> None:
+    client, _ = await start()
+    try:
+        response = await client.post("/v1/decisions", json=BODY, headers=AUTH)
+        assert response.status == 200
+        decision = Decision.model_validate(await response.json())
+        assert [a.type for a in decision.answers] == ["predicate", "choice"]
+        assert decision.answers[1].choice in (True, False)
+        assert decision.model == "stub-model"
+        assert response.headers["x-typesafe-request-id"].startswith("req_")
+        text = await (await client.get("/metrics")).text()
+        assert 'typevet_gateway_requests_total{route="/v1/decisions",status="200"} 1.0' in text
+    finally:
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_errors_on_the_route_are_in_openais_shape_and_elsewhere_unchanged() -> None:
+    client, _ = await start()
+    try:
+        denied = await client.post("/v1/decisions", json=BODY)
+        assert denied.status == 401
+        assert_openai_error(await denied.json(), "authentication_error")
+        bad = await client.post("/v1/decisions", json={**BODY, "questions": []}, headers=AUTH)
+        assert bad.status == 422
+        body = await bad.json()
+        assert_openai_error(body, "invalid_request_error")
+        assert body["error"]["param"] == "questions"
+        multipart = {**AUTH, "Content-Type": "multipart/form-data; boundary=x"}
+        refused = await client.post("/v1/decisions", data=b"--x--", headers=multipart)
+        assert refused.status == 415
+        assert_openai_error(await refused.json(), "invalid_request_error")
+        wrong_method = await client.get("/v1/decisions", headers=AUTH)
+        assert wrong_method.status == 405
+        assert_openai_error(await wrong_method.json(), "invalid_request_error")
+        system_one = await client.post("/v1/systemone", json=request_body(questions={}))
+        assert system_one.status == 401
+        assert_error_shape(await system_one.json(), 401)
+    finally:
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_session_openai_decisions_through_the_gateway_equals_the_direct_session() -> None:
+    questions: dict[str, tv.Question] = {
+        "refund": tv.Noul("Is a refund requested?"),
+        "route": tv.Choice({"billing": "money", "shipping": None}, instructions="Team?"),
+        "urgency": tv.Score(["low", "high"], instructions="How urgent?"),
+    }
+    config = GatewayConfig(keys=(KEY,), probe_interval=0.01)
+    async with tv.Session(InMemoryStubBackend()) as direct:
+        expected = await direct.judge({"ticket": "charged twice"}, questions)
+    async with running(tv.Session(InMemoryStubBackend()), config) as url:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):  # the probe runs in the background after startup
+                async with http.get(f"{url}/readyz") as ready:
+                    if ready.status == 200:
+                        break
+                await asyncio.sleep(0.01)
+        async with tv.Session.openai_decisions(url, api_key=KEY, max_retries=0) as remote:
+            judged = await remote.judge({"ticket": "charged twice"}, questions)
+    for qid, answer in expected.items():
+        for key, p in answer.probabilities.items():
+            assert judged[qid].probabilities[key] == pytest.approx(p, abs=1e-15)
+    assert judged.usage.prompt_tokens == expected.usage.prompt_tokens
+
+
+def test_a_decisions_session_refuses_what_the_server_decides() -> None:
+    with pytest.raises(tv.ConfigurationError, match="Decisions session"):
+        tv.Session.openai_decisions("http://127.0.0.1:9", off_menu_threshold=0.5)
