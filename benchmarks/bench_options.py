@@ -7,8 +7,10 @@ Modes: llama.cpp with its prompt cache (the default: the 5 follow-up reads evalu
 token each), llama.cpp in reproducible mode (no cache: every read evaluates the whole prompt),
 and vLLM (its automatic prefix cache; the follow-up reads go through ``/v1/completions`` on the
 rendered chat's tokens). Each judgment is about a fresh ticket (a run id and a number first),
-so no read finds its whole prompt cached from an earlier round; rounds rotate the order of the
-cases so drift hits all of them alike; the first round warms up and is not counted.
+so no read finds its whole prompt cached from an earlier round (the labels are short,
+``label0`` .. ``label254``: the 255-option prompt, about 2,000 tokens, fits vLLM's 2,048);
+rounds rotate the order of the cases so drift hits all of them alike; the first round warms
+up and is not counted.
 
     python -m benchmarks.bench_options [--rounds 5] [--url URL] [--vllm-url URL]
         [--backends llama_cpp vllm]
@@ -30,8 +32,8 @@ from benchmarks._shared import markdown_table, ticket, write_results
 
 NAME = "bench_options"
 QUESTIONS = {
-    10: tv.Choice([f"Queue {n:03d}" for n in range(10)], instructions="Which queue fits?"),
-    255: tv.Choice([f"Queue {n:03d}" for n in range(255)], instructions="Which queue fits?"),
+    10: tv.Choice([f"label{n}" for n in range(10)], instructions="Which label fits?"),
+    255: tv.Choice([f"label{n}" for n in range(255)], instructions="Which label fits?"),
 }
 
 

@@ -136,6 +136,31 @@ async def test_the_sync_client_gets_the_direct_answers(gateway_url: str, gemma3_
 
 
 @pytest.mark.asyncio
+async def test_a_choice_past_the_single_controls_is_read_through_two_token_codes(
+    gateway_url: str, gemma3_url: str
+) -> None:
+    # 100 values: past Gemma's 62 single-token controls, so each gets a two-token code (read
+    # as P(first) x P(second | first)); the answers equal the direct session's exactly.
+    values = [f"queue {n}" for n in range(100)]
+    wire = [{"type": "choice", "name": "queue", "instructions": "Which queue?",
+             "choices": [{"value": value} for value in values]}]  # fmt: skip
+    decision = await ask_async(gateway_url, wire)
+    async with gemma_session(gemma3_url) as session:
+        judgment = await session.judge(
+            STATE, {"queue": tv.Choice(values, instructions="Which queue?")}
+        )
+    direct_queue, [answer] = judgment["queue"], decision.answers
+    assert isinstance(direct_queue, tv.ChoiceAnswer)
+    assert judgment.diagnostics["queue"].controls[:2] == ("0A", "0B")
+    assert len(judgment.diagnostics["queue"].codes) == 100
+    assert [p.value for p in answer.probabilities] == values
+    assert [p.probability for p in answer.probabilities] == list(
+        direct_queue.probabilities.values()
+    )
+    assert answer.choice == direct_queue.choice
+
+
+@pytest.mark.asyncio
 async def test_messages_and_json_input_judge_as_the_state_they_hold(
     gateway_url: str, gemma3_url: str
 ) -> None:
