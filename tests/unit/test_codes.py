@@ -279,3 +279,21 @@ async def test_the_jev_layouts_keep_their_sixteen_letters() -> None:
         with pytest.raises(tv.TooManyOptionsError):
             await s.judge("state", {"many": choice(17)})
     assert backend.asked == []
+
+
+def test_a_code_read_of_logits_is_refused_not_softmaxed() -> None:
+    # Logits leave out each read's normaliser, and a code's two reads have two: no exact joint.
+    known = codes_in_context(BASE, {code: code_tokens(code) for code in CODES[:60]})
+    plan = bind_question(choice(11), Layout.TYPEVET, IDS, None, codes=known)
+    request = request_for("q", plan, "state", frame=None)
+    first = CandidateRead((IDS["0"],), (3.0,), 64, off_menu_known=False)
+    after = CandidateRead(tuple(range(2000, 2011)), (1.0,) * 11, 64, off_menu_known=False)
+    with pytest.raises(tv.InvalidLogprobsError, match="normalised logprobs"):
+        interpret_read(request, with_reads_after(first, [after]))
+
+
+@pytest.mark.asyncio
+async def test_vllm_in_a_logits_mode_refuses_codes_before_asking_the_server() -> None:
+    config = tv.VllmConfig(base_url="http://127.0.0.1:9", model="m", logprobs_mode="raw_logits")
+    with pytest.raises(tv.ConfigurationError, match="--logprobs-mode raw_logprobs"):
+        await tv.AsyncVllm(config).answer_tokens(["0A"])  # port 9: nothing was sent

@@ -178,7 +178,18 @@ class AsyncVllm:
 
     async def answer_tokens(self, answers: Sequence[str]) -> tuple[list[int], list[list[int]]]:
         """The probe message's answer position rendered by the template, and with each answer
-        as the assistant's (continued) answer."""
+        as the assistant's (continued) answer.
+
+        :raises ConfigurationError: the server returns logits (``*_logits`` mode): a code's
+            two reads have two normalisers that logits leave out, so no code can be read
+            exactly (asked before any read of the question is sent).
+        """
+        if not self.off_menu_known:
+            raise ConfigurationError(
+                f"questions past the single-token controls need two-token codes, whose two "
+                f"reads must be normalised logprobs; the server returns "
+                f"{self.config.logprobs_mode} (start it with --logprobs-mode raw_logprobs)"
+            )
         raw = await self.http.post("/tokenize", render_body(self.model))
         return decode_tokens(raw), await gather_in_order(answers, self._answer_tokens)
 

@@ -119,6 +119,11 @@ def _code_logprobs(
     """A code question's joint logprobs (`joint_logprobs`): ``read`` is its first read, and
     ``read.after`` the read after each distinct first token, in that order, each checked as
     the read it answers."""
+    if not read.off_menu_known:  # with_reads_after: known only if every read's is
+        raise InvalidLogprobsError(
+            "a two-token code's probability needs normalised logprobs from each of its reads; "
+            "this server returned logits, whose normaliser differs from read to read"
+        )
     firsts = code_firsts(request.codes)
     if len(read.after) != len(firsts):
         raise InvalidLogprobsError(
