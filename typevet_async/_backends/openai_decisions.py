@@ -22,45 +22,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Final, NoReturn
 
-import attrs
 import msgspec
 
 from typevet_async._backends import wire
-from typevet_async._backends.base import Capabilities
-from typevet_async._backends.http import HttpClient, HttpSettings
+from typevet_async._backends.remote import RemoteConfig, RemoteJudge, remote_capabilities
 from typevet_async._core.answers import Judgment, Usage
 from typevet_async._core.decisions import (
     DecisionsAnswer,
     answers_from_decisions,
     request_to_decisions,
 )
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe, check_served_model
+from typevet_async._core.probe import Probe
 from typevet_async._core.questions import Question
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
-    ConfigurationError,
     InvalidInputError,
     QuestionError,
     RefusalError,
     ServerError,
 )
-from typevet_async._options import Unset, non_empty_text, optional, url
-from typevet_async._redaction import redact, redacted_repr
+from typevet_async._options import Unset
 
 __all__ = ["AsyncOpenAIDecisions", "OpenAIDecisionsConfig", "decode_decisions"]
 
 PATH: Final = "/v1/decisions"
-
-_CAPABILITIES = Capabilities(
-    server="openai-decisions",
-    framing="remote",
-    prefix_reuse=False,
-    generation_images=False,
-    generation=False,
-)
 
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
@@ -164,44 +148,19 @@ def decode_decisions(raw: bytes, questions: Sequence[tuple[str, Question]]) -> J
     return Judgment(answers, usage)
 
 
-@attrs.frozen(kw_only=True)
-class OpenAIDecisionsConfig:
+class OpenAIDecisionsConfig(RemoteConfig):
     """A Decisions backend's settings; checked when built.
 
     :param base_url: the server's root (``/v1/decisions`` and ``/v1/models`` are under it).
     :param model: the model every request names; None: the first the server lists.
     """
 
-    base_url: str = attrs.field(validator=url, repr=redacted_repr)
-    model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
-    http: HttpSettings = attrs.field(factory=HttpSettings)
 
-
-class AsyncOpenAIDecisions:
+class AsyncOpenAIDecisions(RemoteJudge):
     """Judgment client for ``POST /v1/decisions``."""
 
-    def __init__(self, config: OpenAIDecisionsConfig) -> None:
-        self.config = config
-        self.http = HttpClient(config.base_url, config.http)
-        self._model = config.model
-
-    def __repr__(self) -> str:
-        base = redact(self.config.base_url)
-        return f"AsyncOpenAIDecisions({base!r}, model={self.config.model!r})"
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return _CAPABILITIES
-
-    @property
-    def model(self) -> str | None:
-        return self.config.model
-
-    async def open(self) -> None:
-        await self.http.open()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    wire_name = "Decisions"
+    _capabilities = remote_capabilities("openai-decisions")
 
     async def probe(self) -> Probe:
         """The models the server lists; the pinned one must be among them.
@@ -210,11 +169,7 @@ class AsyncOpenAIDecisions:
         """
         listed = wire.decode(_MODELS, await self.http.get("/v1/models"), "/v1/models")
         names = tuple(m.id for m in listed.data or ()) + tuple(m.name for m in listed.models or ())
-        check_served_model(self.config.model, names)
-        if not names:
-            raise ConfigurationError("the Decisions server lists no model (GET /v1/models)")
-        self._model = self.config.model or names[0]
-        return Probe(TemplateFamily.REMOTE, "", {}, 0, names)
+        return self.listed_models(names)
 
     async def judge(
         self,
@@ -231,7 +186,7 @@ class AsyncOpenAIDecisions:
         :raises InvalidInputError: the server refused the request (HTTP 400 or 422).
         :raises RefusalError: the server refused some questions.
         """
-        body = request_to_decisions(self._model or probe.model_ids[0], state, questions)
+        body = request_to_decisions(self.request_model(probe), state, questions)
         try:
             raw = await self.http.post(PATH, body, max_retries=max_retries)
         except ServerError as error:
@@ -239,18 +194,6 @@ class AsyncOpenAIDecisions:
                 _refused(error, questions)
             raise
         return decode_decisions(raw, questions)
-
-    async def read(
-        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
-    ) -> CandidateRead:
-        raise NotImplementedError("a Decisions server judges whole judgments: call judge")
-
-    async def special_runs(self, runs: Sequence[str]) -> None:
-        """None: the server frames caller text itself."""
-        return None
-
-    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
-        raise NotImplementedError("the Decisions API has no schema-bound generation")
 
 
 class _ErrorBody(wire.Reply):

@@ -29,10 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-import attrs
-
-from typevet_async._backends.base import Capabilities
-from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
+from typevet_async._backends.http import Attempts
+from typevet_async._backends.remote import RemoteConfig, RemoteJudge, remote_capabilities
 from typevet_async._backends.retrying import is_transient
 from typevet_async._backends.system_one_wire import (
     BATCH_PATH,
@@ -49,13 +47,9 @@ from typevet_async._backends.system_one_wire import (
 )
 from typevet_async._core.answers import Judgment
 from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe, check_served_model
+from typevet_async._core.probe import Probe
 from typevet_async._core.questions import Question
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
-    ConfigurationError,
     InvalidInputError,
     QuestionError,
     RequestTimeoutError,
@@ -63,8 +57,7 @@ from typevet_async._errors import (
     TypevetError,
     UnsupportedTemplateError,
 )
-from typevet_async._options import Unset, non_empty_text, optional, url
-from typevet_async._redaction import redact, redacted_repr
+from typevet_async._options import Unset
 
 __all__ = ["SESSION_SETTINGS_REFUSED", "AsyncSystemOne", "SystemOneConfig"]
 
@@ -72,55 +65,25 @@ __all__ = ["SESSION_SETTINGS_REFUSED", "AsyncSystemOne", "SystemOneConfig"]
 #: itself, so they could not apply.
 SESSION_SETTINGS_REFUSED: Final = frozenset({"layout", "prefix_reuse", "off_menu_threshold"})
 
-_CAPABILITIES = Capabilities(
-    server="system-one",
-    framing="remote",
-    prefix_reuse=False,
-    generation_images=False,
-    generation=False,
-)
 
-
-@attrs.frozen(kw_only=True)
-class SystemOneConfig:
+class SystemOneConfig(RemoteConfig):
     """A System One backend's settings; checked when built.
 
     :param base_url: the server's root (``/v1/systemone`` and ``/v1/models`` are under it).
     :param model: the model every request names; None: the first the server lists.
     """
 
-    base_url: str = attrs.field(validator=url, repr=redacted_repr)
-    model: str | None = attrs.field(default=None, validator=optional(non_empty_text))
-    http: HttpSettings = attrs.field(factory=HttpSettings)
 
-
-class AsyncSystemOne:
+class AsyncSystemOne(RemoteJudge):
     """Judgment client for ``POST /v1/systemone``."""
 
+    wire_name = "System One"
+    _capabilities = remote_capabilities("system-one")
+
     def __init__(self, config: SystemOneConfig) -> None:
-        self.config = config
-        self.http = HttpClient(config.base_url, config.http)
-        #: The model requests name: the pin, or the first the probe found listed.
-        self._model = config.model
+        super().__init__(config)
         #: States per batch request, as the server advertises it (None: no batch route).
         self._batch_limit: int | None = None
-
-    def __repr__(self) -> str:
-        return f"AsyncSystemOne({redact(self.config.base_url)!r}, model={self.config.model!r})"
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return _CAPABILITIES
-
-    @property
-    def model(self) -> str | None:
-        return self.config.model
-
-    async def open(self) -> None:
-        await self.http.open()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
 
     async def probe(self) -> Probe:
         """The models the server lists; the pinned one must be among them.
@@ -128,11 +91,7 @@ class AsyncSystemOne:
         :raises ConfigurationError: the pinned model is not listed, or none is.
         """
         names, self._batch_limit = decode_models(await self.http.get("/v1/models"))
-        check_served_model(self.config.model, names)
-        if not names:
-            raise ConfigurationError("the System One server lists no model (GET /v1/models)")
-        self._model = self.config.model or names[0]
-        return Probe(TemplateFamily.REMOTE, "", {}, 0, names)
+        return self.listed_models(names)
 
     async def judge(
         self,
@@ -144,7 +103,7 @@ class AsyncSystemOne:
     ) -> Judgment:
         """One ``POST /v1/systemone`` for the whole judgment, retried like any read (it is
         idempotent); the answers checked and typed."""
-        model = self._model or probe.model_ids[0]
+        model = self.request_model(probe)
         attempts = Attempts()
         try:
             raw = await self.http.post(
@@ -181,7 +140,7 @@ class AsyncSystemOne:
         outlived ``request_timeout``: it is not sent again whole (it would run as long again),
         each state goes alone under the retry policy.
         """
-        model = self._model or probe.model_ids[0]
+        model = self.request_model(probe)
         try:
             raw = await self.http.post(
                 BATCH_PATH, batch_body(model, states, questions), max_retries=max_retries,
@@ -204,18 +163,6 @@ class AsyncSystemOne:
             _item_failure(result, model) if isinstance(result, ItemError) else result
             for result in decode_batch(raw, questions, len(states))
         ]
-
-    async def read(
-        self, request: ScoringRequest, probe: Probe, *, max_retries: int | Unset
-    ) -> CandidateRead:
-        raise NotImplementedError("a System One server judges whole judgments: call judge")
-
-    async def special_runs(self, runs: Sequence[str]) -> None:
-        """None: the server frames caller text itself."""
-        return None
-
-    async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
-        raise NotImplementedError("System One has no schema-bound generation")
 
 
 def _refused(error: ServerError, model: str) -> NoReturn:
