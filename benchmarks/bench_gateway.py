@@ -149,10 +149,14 @@ async def wait_ready(http: aiohttp.ClientSession, url: str) -> None:
 
 
 async def timed_pass(
-    states: Sequence[str], one: Callable[[str], Awaitable[None]], gateway: Gateway | None
+    states: Sequence[str],
+    one: Callable[[str], Awaitable[None]],
+    gateway: Gateway | None,
+    concurrency: int = CONCURRENCY,
 ) -> Pass:
-    """``one`` for every state at concurrency 32: each request's latency, and the pass's."""
-    slots = asyncio.Semaphore(CONCURRENCY)
+    """``one`` for every state, ``concurrency`` at a time (32 unless given): each request's
+    latency, and the pass's wall time and the gateway's CPU time over it."""
+    slots = asyncio.Semaphore(concurrency)
     result = Pass(0.0, [])
 
     async def guarded(state: str) -> None:

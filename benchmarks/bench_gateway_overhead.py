@@ -50,7 +50,7 @@ import orjson
 import typevet_async as tv
 from benchmarks._shared import fmt, markdown_table, spread, write_results
 from benchmarks.bench_clients import Tickets
-from benchmarks.bench_gateway import KEY, Gateway, Pass, wait_ready
+from benchmarks.bench_gateway import KEY, Gateway, Pass, timed_pass, wait_ready
 from benchmarks.replay_server import ReplayServerProcess
 
 NAME = "bench_gateway_overhead"
@@ -99,36 +99,6 @@ class Clients:
         ]
 
 
-async def timed_pass(
-    states: Sequence[str],
-    one: Callable[[str], Awaitable[None]],
-    concurrency: int,
-    gateway: Gateway | None,
-) -> Pass:
-    """``one`` for every state, ``concurrency`` at a time: each request's latency, and the
-    pass's wall time and the gateway's CPU time over it."""
-    slots = asyncio.Semaphore(concurrency)
-    result = Pass(0.0, [])
-
-    async def guarded(state: str) -> None:
-        async with slots:
-            started = time.perf_counter()
-            try:
-                await one(state)
-            except Exception as error:
-                result.errors.append(repr(error)[:300])
-                return
-            result.latencies.append(time.perf_counter() - started)
-
-    cpu = gateway.cpu_seconds() if gateway is not None else 0.0
-    started = time.perf_counter()
-    await asyncio.gather(*(guarded(state) for state in states))
-    result.seconds = time.perf_counter() - started
-    if gateway is not None:
-        result.gateway_cpu_s = gateway.cpu_seconds() - cpu
-    return result
-
-
 async def interleaved_pass(
     states: Sequence[str], clients: Clients, order: Sequence[str], gateway: Gateway
 ) -> dict[str, Pass]:
@@ -174,7 +144,7 @@ async def run_upstream(url: str, args: argparse.Namespace) -> tuple[Cells, int]:
             await wait_ready(http, gateway.url)
             clients = Clients(session, http, gateway.url)
             for name in CLIENTS:  # untimed: connections open, server slots warm
-                await timed_pass(fresh.take(32), clients.of(name), 32, None)
+                await timed_pass(fresh.take(32), clients.of(name), None, 32)
             for round_index in range(args.rounds):
                 shift = round_index % len(CLIENTS)
                 order = CLIENTS[shift:] + CLIENTS[:shift]
@@ -185,7 +155,7 @@ async def run_upstream(url: str, args: argparse.Namespace) -> tuple[Cells, int]:
                 for name in order:
                     watched = None if name == "direct" else gateway
                     result = await timed_pass(
-                        fresh.take(4 * args.requests), clients.of(name), 32, watched
+                        fresh.take(4 * args.requests), clients.of(name), watched, 32
                     )
                     cells[(name, 32)].append(result)
                     report(round_index, name, 32, result)
