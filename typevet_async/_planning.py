@@ -91,8 +91,13 @@ class Planner:
         def question_runs(question: Question) -> frozenset[str]:
             return frozenset(marker_runs(_question_texts(question)))
 
+        @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+        def option_count(question: Question) -> int:
+            return len(question.options())
+
         self._bind = bind
         self._question_runs = question_runs
+        self._option_count = option_count
         #: Code -> its tokens in context, or None where the tokenizer writes it otherwise;
         #: None for a backend that cannot say (no codes: the single controls are the limit).
         self._codes: dict[str, CodeTokens | None] | None = (
@@ -118,8 +123,11 @@ class Planner:
         verdicts on new marker runs, and the tokens of the codes of a question with more
         options than single controls (no request in the common case)."""
         await self._learn_runs(state_text, questions)
-        widest = max((len(question.options()) for _, question in questions), default=0)
-        if widest > self._single_limit and self._codes is not None:
+        if self._codes is None:
+            return
+        # Per judgment, on the hot path: each question's option count is built once.
+        widest = max((self._option_count(question) for _, question in questions), default=0)
+        if widest > self._single_limit:
             await self._learn_codes(widest, self._codes)
 
     async def _learn_codes(self, count: int, known: dict[str, CodeTokens | None]) -> None:

@@ -252,11 +252,12 @@ def _bind_codes(
             limit=len(usable),
         )
     bound = bind_codes(options, usable)
-    pairs = tuple((b.token_id, b.second_id or 0) for b in bound)
-    widest = max(len(seconds_after(pairs, first)) for first in code_firsts(pairs))
-    _check_candidates(len(options), max(widest, len(code_firsts(pairs))), max_candidates)
     field_block = render_field_block(question, bound, is_special)
-    return QuestionPlan(question, layout, bound, (), field_block, order, usable[0][1].lead)
+    plan = QuestionPlan(question, layout, bound, (), field_block, order, usable[0][1].lead)
+    firsts = plan.token_ids  # the distinct first tokens: the first read's candidates
+    widest = max(len(seconds_after(plan.codes, first)) for first in firsts)
+    _check_candidates(len(options), max(widest, len(firsts)), max_candidates)
+    return plan
 
 
 def request_for(

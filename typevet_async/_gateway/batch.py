@@ -31,21 +31,18 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import orjson
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._core.decoding import CpuClock, check_json_budget
+from typevet_async._core.decoding import CpuClock
 from typevet_async._core.systemone import (
     SystemOneBatch,
-    SystemOneValidationError,
     batch_from_system_one,
     batch_item_error,
     batch_response,
     response_to_system_one,
-    validation_detail,
 )
-from typevet_async._gateway.bodies import decoded_body
+from typevet_async._gateway.bodies import decoded_body, json_within_budget
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.multipart import media_type
@@ -110,13 +107,7 @@ def decode_batch(
             "a batch is JSON (application/json): it carries no images",
             "unsupported_media_type",
         )  # fmt: skip
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise SystemOneValidationError(
-            [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
-        ) from None
-    check_json_budget(data, budget, clock)
+    data = json_within_budget(body, budget, clock)
     batch = batch_from_system_one(
         data, max_states=config.batch_cap(), max_questions=config.max_questions
     )

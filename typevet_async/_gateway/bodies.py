@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio.to_thread
 import orjson
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._core.decoding import CpuClock, check_json_budget
+from typevet_async._core.decoding import CpuClock, DecodeBudget, check_json_budget
 from typevet_async._core.systemone import SystemOneCall, request_from_system_one, validation_detail
 from typevet_async._errors import (
     BadEncodingError,
@@ -29,7 +29,13 @@ from typevet_async._gateway.multipart import media_type, request_from_system_one
 from typevet_async._gateway.responses import error_response, json_response, sdk_error_response
 from typevet_async._gateway.state import GatewayState
 
-__all__ = ["decode_error_response", "decode_request", "decoded_body", "read_raw"]
+__all__ = [
+    "decode_error_response",
+    "decode_request",
+    "decoded_body",
+    "json_within_budget",
+    "read_raw",
+]
 
 Decoded = TypeVar("Decoded")
 #: A route's pure decoder: the raw body, its Content-Encoding and Content-Type, the config.
@@ -81,13 +87,7 @@ def decode_request(
             "unsupported_media_type",
         )  # fmt: skip
     else:
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as error:
-            raise SystemOneValidationError(
-                [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
-            ) from None
-        check_json_budget(data, budget, clock)
+        data = json_within_budget(body, budget, clock)
         call = request_from_system_one(
             data, max_assets=config.max_assets, max_questions=config.max_questions
         )
@@ -143,3 +143,24 @@ async def decoded_body(
         return json_response(422, {"detail": error.detail})
     except tv.InvalidInputError as error:
         return sdk_error_response(state.metrics, error)
+
+
+def json_within_budget(
+    body: bytes,
+    budget: DecodeBudget,
+    clock: CpuClock,
+    invalid: type[SystemOneValidationError | DecisionsValidationError] = SystemOneValidationError,
+) -> Any:
+    """A decompressed body's JSON value, walked within ``budget`` (`check_json_budget`): every
+    route's JSON step. Not JSON: the route's 422 (``invalid``), naming the body.
+
+    :raises BudgetExceededError: the value is past the budget's items, depth or CPU time.
+    """
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise invalid(
+            [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
+        ) from None
+    check_json_budget(data, budget, clock)
+    return data

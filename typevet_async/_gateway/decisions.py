@@ -30,9 +30,8 @@ from typevet_async._core.decisions import (
     request_from_decisions,
     response_to_decisions,
 )
-from typevet_async._core.decoding import CpuClock, check_json_budget
-from typevet_async._core.systemone import validation_detail
-from typevet_async._gateway.bodies import decoded_body
+from typevet_async._core.decoding import CpuClock
+from typevet_async._gateway.bodies import decoded_body, json_within_budget
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.multipart import media_type
@@ -71,13 +70,7 @@ def decode_decisions(
             "unsupported_media_type",
         )  # fmt: skip
     body = decompress(raw, encoding, budget, clock)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise DecisionsValidationError(
-            [validation_detail(["body"], f"not valid JSON: {error}", "json_invalid")]
-        ) from None
-    check_json_budget(data, budget, clock)
+    data = json_within_budget(body, budget, clock, DecisionsValidationError)
     call = request_from_decisions(data, max_questions=config.max_questions)
     clock.check()
     return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images]
