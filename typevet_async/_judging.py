@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+import typevet_async._telemetry as telemetry
 from typevet_async._backends.base import Backend, RemoteJudging
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
@@ -31,6 +32,7 @@ from typevet_async._core.scoring import ScoringRequest, after_first
 from typevet_async._errors import (
     ConfigurationError,
     InvalidInputError,
+    OffMenuError,
     QuestionError,
     TypevetError,
 )
@@ -124,7 +126,31 @@ async def judge(
 ) -> Judgment:
     """One judgment of checked questions about a checked state (``state`` as the caller gave
     it, ``state_text`` as the SDK renders it): planned and read here, or, for a backend whose
-    server judges (``framing="remote"``), sent whole under one slot."""
+    server judges (``framing="remote"``), sent whole under one slot. Under telemetry
+    (`typevet_async._telemetry`), in a ``typevet.judge`` span."""
+    arguments = (planner, slots, state, state_text, questions, images, strategy, options)
+    if not telemetry.observing():  # the hot path: one check
+        return await _judge(*arguments)
+    backend = planner.backend
+    model = model_identity(backend.model, planner.probe.model_ids)
+    with telemetry.judgment_span(
+        backend.capabilities.server, model, len(questions), state_text
+    ) as span:
+        judgment = await _judge(*arguments)
+        telemetry.judged(span, judgment)
+        return judgment
+
+
+async def _judge(
+    planner: Planner,
+    slots: SlotShare,
+    state: Any,
+    state_text: str,
+    questions: Sequence[tuple[str, Question]],
+    images: tuple[Image, ...],
+    strategy: PrefixReuse,
+    options: ReadOptions,
+) -> Judgment:
     backend, probe = planner.backend, planner.probe
     if backend.capabilities.framing != "remote":
         readings = None
@@ -190,7 +216,27 @@ async def _score(
     request: ScoringRequest,
     options: ReadOptions,
 ) -> _Scored:
-    """One request read, under one of the session's slots, and interpreted."""
+    """One request read, under one of the session's slots, and interpreted (under telemetry,
+    in a ``typevet.question`` span)."""
+    if not telemetry.observing():  # the hot path: one check
+        return await _score_read(backend, probe, slots, request, options)
+    with telemetry.question_span(request) as span:
+        try:
+            scored = await _score_read(backend, probe, slots, request, options)
+        except OffMenuError:
+            telemetry.off_menu_raised(request)
+            raise
+        telemetry.answered(span, request, scored.diagnostics)
+        return scored
+
+
+async def _score_read(
+    backend: Backend,
+    probe: Probe,
+    slots: SlotShare,
+    request: ScoringRequest,
+    options: ReadOptions,
+) -> _Scored:
     if request.codes:
         read = await _read_codes(backend, probe, slots, request, options)
     else:

@@ -107,6 +107,10 @@ class FaultInjectingProxy:
         self.script: list[str] = []
         self.random_faults: RandomFaults | None = None
         self.seen: list[str] = []
+        #: Each request's W3C ``traceparent`` header (None: not sent), in arrival order.
+        self.traceparents: list[str | None] = []
+        #: Each request's path, in the same order.
+        self.paths: list[str] = []
         #: Set when the client closes the connection of a request the proxy never answered.
         self.client_hung_up = asyncio.Event()
         self.url = ""
@@ -151,6 +155,8 @@ class FaultInjectingProxy:
         raise AssertionError("unreachable: the second send returns or raises")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.traceparents.append(request.headers.get("traceparent"))
+        self.paths.append(request.path)
         if self.random_faults is not None:
             fault = self.random_faults.draw(request.path, await request.read())
         else:

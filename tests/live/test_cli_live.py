@@ -289,3 +289,34 @@ def test_cli_serve_local_on_the_port_of_a_running_server(gemma3_url: str) -> Non
         "(another server?): pick another with --port, or --port 0 for a free one\n"
     )
     assert time.monotonic() - started < 30  # refused before any model loads
+
+
+def test_cli_logs_each_read_as_json_lines_with_structured_fields(gemma3_url: str) -> None:
+    secret = "SECRET-STATE-91c2"
+    judged = subprocess.run(
+        cli("judge", f"{secret} {TICKET}", "--noul", "refund=Is a refund requested?",
+            "--choice", "route=Which team?:billing,shipping", "-vv", "--log-format", "json",
+            url=gemma3_url),
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert list(json.loads(judged.stdout)["answers"]) == ["refund", "route"]  # stdout: answers
+    records = [json.loads(line) for line in judged.stderr.splitlines()]
+    ours = [r for r in records if r["name"].startswith("typevet_async")]
+    asked = [r for r in ours if r["name"] == "typevet_async.read" and r["level"] == "DEBUG"]
+    assert sorted(r["question_id"] for r in asked) == ["refund", "route"]
+    for record in asked:
+        assert record["status"] == "answered"
+        assert record["duration_ms"] > 0
+        assert record["attempts"] >= 1
+        assert record["reads"] >= 1
+    [judgment] = [r for r in ours if r["name"] == "typevet_async.judgment"]
+    assert judgment["questions"] == 2
+    assert judgment["status"] == "ok"
+    assert secret not in judged.stderr
+    assert "charged twice" not in judged.stderr
+    # The default: text lines, warnings only (an escalation's, say): no record per read.
+    quiet = subprocess.run(
+        cli("judge", TICKET, "--noul", "refund=Is a refund requested?", url=gemma3_url),
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert all(" WARNING " in line for line in quiet.stderr.splitlines()), quiet.stderr

@@ -43,6 +43,7 @@ import attrs
 import orjson
 from aiohttp.connector import Connection
 
+import typevet_async._telemetry as telemetry
 from typevet_async._backends.http_errors import is_stale_connection, map_client_error, server_error
 from typevet_async._backends.http_secrets import register_api_key, register_url_credentials
 from typevet_async._backends.retrying import (
@@ -315,7 +316,9 @@ class HttpClient:
             state = "closed" if self._closed else "not open"
             raise SessionStateError(f"the HTTP client is {state}")
         url = f"{self.base_url}{path}"
-        headers = None if data is None else _JSON_HEADERS
+        # The current span's W3C trace context (a read's span), when one is recording: the
+        # server's own trace (vLLM's) joins the caller's.
+        headers = telemetry.with_trace_context(None if data is None else _JSON_HEADERS)
         await yield_if_busy(self._slice)  # sending costs CPU too: not in a used-up slice
         async with self._connections:
             # At most two sends: every request the SDK sends is idempotent, and a pooled

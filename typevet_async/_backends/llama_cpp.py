@@ -14,15 +14,17 @@ embedded server's lifecycle (`typevet_async._backends.embedded`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import attrs
 
+import typevet_async._telemetry as telemetry
 from typevet_async._backends.base import Capabilities
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
 from typevet_async._backends.llama_cpp_wire import (
+    Completion,
     completion_body,
     decode_completion,
     decode_models,
@@ -49,7 +51,7 @@ from typevet_async._core.framing import (
     turn_markers,
 )
 from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe, check_served_model
+from typevet_async._core.probe import Probe, check_served_model, model_identity
 from typevet_async._core.readings import (
     CandidateRead,
     clamp_missing,
@@ -182,6 +184,8 @@ class AsyncLlamaCpp:
         #: The probe prompt up to the answer position, in the frame a judgment ends in (set
         #: by `probe`): where `answer_tokens` tokenizes answers.
         self._answer_context: str | None = None
+        #: The served ids a read's span last named, and the name (`_telemetry_model`).
+        self._span_model: tuple[tuple[str, ...], str | None] = ((), None)
 
     def __repr__(self) -> str:
         where = redact(self.config.base_url) if self.config.base_url else "embedded"
@@ -362,6 +366,7 @@ class AsyncLlamaCpp:
         vocab_size = probe.vocab_size
         top_k = min(self.config.first_top_k(len(groups)), vocab_size)
         reads = prompt_tokens = cached_tokens = 0
+        model = self._telemetry_model(probe)
         while True:
             body = completion_body(
                 prompt,
@@ -370,10 +375,7 @@ class AsyncLlamaCpp:
                 images=images,
                 lead=request.lead,
             )
-            raw = await self.http.post(
-                "/completion", body, max_retries=max_retries, attempts=attempts
-            )
-            reply = decode_completion(raw, top_k)
+            reply = await self._read_top(body, top_k, reads, model, max_retries, attempts)
             reads, prompt_tokens, cached_tokens = (
                 reads + 1, prompt_tokens + reply.prompt_tokens, cached_tokens + reply.cached_tokens
             )  # fmt: skip
@@ -385,7 +387,9 @@ class AsyncLlamaCpp:
                         f"candidate token ids {[t for g in missing for t in g]} are missing "
                         "from a whole-vocabulary read"
                     )
-                top_k = next_top_k(top_k, vocab_size)
+                wider = next_top_k(top_k, vocab_size)
+                telemetry.escalated(top_k, wider, len(missing))
+                top_k = wider
                 continue
             if missing and policy == "error":
                 tokens = tuple(token for group in missing for token in group)
@@ -411,12 +415,54 @@ class AsyncLlamaCpp:
                 attempts=attempts.count,
             )
 
+    async def _read_top(
+        self,
+        body: dict[str, Any],
+        top_k: int,
+        escalation: int,
+        model: str | None,
+        max_retries: int | Unset,
+        attempts: Attempts,
+    ) -> Completion:
+        """One ``/completion`` read of the top ``top_k`` (the ``escalation``-th of its
+        question's), in its read span (`typevet_async._telemetry`)."""
+        with telemetry.read_span(
+            "text_completion", "llama.cpp", model, self.http.base_url,
+            top_k=top_k, escalation=escalation,
+        ) as span:  # fmt: skip
+            raw = await self.http.post(
+                "/completion", body, max_retries=max_retries, attempts=attempts
+            )
+            reply = decode_completion(raw, top_k)
+            if span is not None:
+                telemetry.read_usage(span, reply.prompt_tokens, reply.cached_tokens)
+            return reply
+
     async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
-        # Not retried after a timeout: it would generate from scratch, as long again.
-        raw = await self.http.post(
-            "/v1/chat/completions",
-            generation_body(request),
-            max_retries=max_retries,
-            retry_timeouts=False,
-        )
-        return decode_chat_output(raw)
+        with telemetry.generation_span(
+            "llama.cpp", self.config.model, self.http.base_url, request.max_tokens
+        ) as span:
+            # Not retried after a timeout: it would generate from scratch, as long again.
+            raw = await self.http.post(
+                "/v1/chat/completions",
+                generation_body(request),
+                max_retries=max_retries,
+                retry_timeouts=False,
+            )
+            output = decode_chat_output(raw)
+            if span is not None:
+                telemetry.generated(
+                    span, output.prompt_tokens, output.completion_tokens, output.finish_reason
+                )
+            return output
+
+    def _telemetry_model(self, probe: Probe) -> str | None:
+        """The model a read's span names: the pin, else the served model's file name (worked
+        out once per probe: every read asks)."""
+        if self.config.model is not None or not probe.model_ids:
+            return self.config.model
+        served, name = self._span_model
+        if served is not probe.model_ids:
+            name = model_identity(None, probe.model_ids)
+            self._span_model = (probe.model_ids, name)
+        return name

@@ -19,6 +19,7 @@ import attrs
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_base, wait_exponential_jitter
 
+import typevet_async._telemetry as telemetry
 from typevet_async._errors import RequestTimeoutError, ServerError, TransportError, TypevetError
 from typevet_async._options import non_negative_int, non_negative_number, positive_number
 
@@ -102,6 +103,7 @@ async def retrying(
         retry=retry_if_exception(retryable),
         reraise=True,
         sleep=sleep,
+        before_sleep=_note_retry,
     ):
         with tenacity_attempt:
             if failure is not None:
@@ -109,6 +111,15 @@ async def retrying(
                 raise raised
             return await attempt()
     raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def _note_retry(state: RetryCallState) -> None:
+    """Each retry reported (`typevet_async._telemetry.retried`: a span event, a metric, a
+    WARNING log record) before its wait."""
+    error = state.outcome.exception() if state.outcome else None
+    if error is not None:
+        wait = state.next_action.sleep if state.next_action else 0.0
+        telemetry.retried(state.attempt_number, error, wait)
 
 
 class WaitRetryAfter(wait_base):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import attrs
 
+import typevet_async._telemetry as telemetry
 from typevet_async._backends.base import Capabilities
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
 from typevet_async._backends.openai_chat import decode_chat_output
@@ -205,14 +206,20 @@ class AsyncVllm:
         """The candidates' logprobs from one read that names every one of them."""
         ids = request.read_ids
         attempts = Attempts()
-        if request.lead:
-            reply = await self._read_after_lead(request, max_retries, attempts)
-        else:
-            body = scoring_body(self.model, request.messages, ids)
-            raw = await self.http.post(
-                "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
-            )
-            reply = decode_scoring(raw, ids)
+        operation = "text_completion" if request.lead else "chat"
+        with telemetry.read_span(
+            operation, "vllm", self.model, self.http.base_url, top_k=len(ids)
+        ) as span:
+            if request.lead:
+                reply = await self._read_after_lead(request, max_retries, attempts)
+            else:
+                body = scoring_body(self.model, request.messages, ids)
+                raw = await self.http.post(
+                    "/v1/chat/completions", body, max_retries=max_retries, attempts=attempts
+                )
+                reply = decode_scoring(raw, ids)
+            if span is not None:
+                telemetry.read_usage(span, reply.prompt_tokens, reply.cached_tokens)
         logprobs = validated_logprobs(reply.top, allow_positive=not self.off_menu_known)
         # A read that names its ids returns every one of them, variants included.
         missing = missing_options(logprobs, [(token,) for token in ids])
@@ -261,8 +268,16 @@ class AsyncVllm:
 
     async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
         body = generation_body(self.model, request)
-        # Not retried after a timeout: it would generate from scratch, as long again.
-        raw = await self.http.post(
-            "/v1/chat/completions", body, max_retries=max_retries, retry_timeouts=False
-        )
-        return decode_chat_output(raw)
+        with telemetry.generation_span(
+            "vllm", self.model, self.http.base_url, request.max_tokens
+        ) as span:
+            # Not retried after a timeout: it would generate from scratch, as long again.
+            raw = await self.http.post(
+                "/v1/chat/completions", body, max_retries=max_retries, retry_timeouts=False
+            )
+            output = decode_chat_output(raw)
+            if span is not None:
+                telemetry.generated(
+                    span, output.prompt_tokens, output.completion_tokens, output.finish_reason
+                )
+            return output

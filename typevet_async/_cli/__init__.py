@@ -14,6 +14,7 @@ typevet_async._cli.serve_local``) starts without the other commands' modules.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from typevet_async._cli.exits import (
@@ -50,9 +51,14 @@ def _run(argv: list[str]) -> int:
     import asyncio
 
     from typevet_async._cli import batch, calibrate, evaluate, generate, judge, mcp, serve
+    from typevet_async._cli.logs import configure_logging
     from typevet_async._cli.parser import build_parser
 
     args = build_parser().parse_args(argv)
+    # The servers log every request at INFO; a one-shot command only what went wrong.
+    configure_logging(
+        args, default=logging.INFO if args.command in ("serve", "mcp") else logging.WARNING
+    )
     if args.command == "serve":  # aiohttp's server runs on asyncio
         return asyncio.run(serve.run_serve(args, sys.stdout))
     runners = {

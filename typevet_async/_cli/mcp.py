@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import sys
 from typing import TextIO
 
 import attrs
@@ -52,12 +50,6 @@ async def run_mcp(args: argparse.Namespace, out: TextIO) -> int:
         # The flags' session, with reproducible reads: same config, settings and server.
         reproducible = tv.AsyncLlamaCpp(attrs.evolve(backend.config, reproducible=True))
         session = tv.Session(reproducible, session.settings)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO,
-            stream=sys.stderr,  # stdout carries only the protocol
-            format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        )
     await _mcp.serve_stdio(session)
     # Only the interpreter's exit is left, and the MCP SDK's modules make its garbage
     # collections take about 0.6 s (measured; more on a busy machine), while a stdio client

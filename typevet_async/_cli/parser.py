@@ -9,6 +9,7 @@ from typevet_async._cli import batch, calibrate, evaluate, generate, judge, mcp,
 from typevet_async._cli.arguments import CommandParser
 from typevet_async._cli.exits import PROG
 from typevet_async._cli.help_texts import EXAMPLES, EXIT_CODES
+from typevet_async._cli.logs import logging_flags
 
 __all__ = ["build_parser"]
 
@@ -25,13 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        return commands.add_parser(
+        parser = commands.add_parser(
             name,
             help=help_text,
             description=help_text,
             epilog=EXAMPLES[name],
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if name != "serve-local":  # its flags are the embedded server's own
+            logging_flags(parser)
+        return parser
 
     for module in (judge, batch, evaluate, calibrate, generate, serve, mcp):
         module.add_parser(command)

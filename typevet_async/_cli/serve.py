@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 from typing import TextIO
@@ -150,9 +149,5 @@ async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
         shutdown_timeout=args.shutdown_timeout,
     )
     session = session_from_args(args, os.environ)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-        )
     await gateway.serve(session, config, args.host, args.port)
     return EXIT_OK

@@ -19,6 +19,7 @@ import anyio.to_thread
 from aiohttp import web
 
 import typevet_async as tv
+import typevet_async._telemetry as telemetry
 from typevet_async._core.decisions import DecisionsCall
 from typevet_async._core.systemone import (
     ADVERTISEMENT,
@@ -90,25 +91,45 @@ async def _access(
     request[_REQUEST_ID] = request_id = new_request_id()
     started = time.perf_counter()
     status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as error:
-        status = error.status
-        raise
-    except asyncio.CancelledError:
-        status = 499  # the client went away
-        raise
-    finally:
-        elapsed = time.perf_counter() - started
-        access_log.info(
-            "%s %s %d %.1fms %s", request.method, request.path, status, elapsed * 1000, request_id
-        )
-        if state.metrics is not None:
-            route = _route_of(request)
-            state.metrics.requests.labels(route, str(status)).inc()
-            state.metrics.latency.labels(route).observe(elapsed)
+    route = _route_of(request)
+    # A SERVER span joined to the caller's trace (its traceparent header): the judgment's
+    # spans, and the model server's read, are its children (`typevet_async._telemetry`).
+    with telemetry.server_span(
+        f"{request.method} {route}",
+        request.headers,
+        {"http.request.method": request.method, "http.route": route, "url.path": request.path,
+         "typevet.request_id": request_id},
+    ) as span:  # fmt: skip
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as error:
+            status = error.status
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away
+            raise
+        finally:
+            if span is not None:
+                span.set("http.response.status_code", status)
+                if status >= 500:
+                    span.failed_as(str(status))
+            _access_logged(request, state, status, started, request_id)
+
+
+def _access_logged(
+    request: web.Request, state: GatewayState, status: int, started: float, request_id: str
+) -> None:
+    """The access log's line and the Prometheus request metrics of one request."""
+    elapsed = time.perf_counter() - started
+    access_log.info(
+        "%s %s %d %.1fms %s", request.method, request.path, status, elapsed * 1000, request_id
+    )
+    if state.metrics is not None:
+        route = _route_of(request)
+        state.metrics.requests.labels(route, str(status)).inc()
+        state.metrics.latency.labels(route).observe(elapsed)
 
 
 @web.middleware

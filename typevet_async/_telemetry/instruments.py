@@ -1,0 +1,201 @@
+"""Whether telemetry is on, and the tracer and metric instruments of the installed providers
+(none without the ``otel`` extra); the SDK's loggers and the content switch."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = [
+    "CAPTURE_CONTENT",
+    "OTEL",
+    "Instruments",
+    "active",
+    "instruments",
+    "judgment_log",
+    "observing",
+    "read_log",
+    "retry_log",
+    "tracing",
+]
+
+#: The instrumentation scope's name, and the root of the SDK's loggers.
+SCOPE: Final = "typevet_async"
+#: The GenAI conventions' switch for recording message content (off unless "true").
+CAPTURE_CONTENT: Final = (
+    os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower()
+    == "true"
+)
+
+judgment_log = logging.getLogger("typevet_async.judgment")
+read_log = logging.getLogger("typevet_async.read")
+retry_log = logging.getLogger("typevet_async.retry")
+
+try:
+    from opentelemetry import metrics as _metrics
+    from opentelemetry import trace as _trace
+    from opentelemetry.metrics import NoOpMeterProvider as _NoOpMeterProvider
+    from opentelemetry.trace import NoOpTracerProvider as _NoOpTracerProvider
+    from opentelemetry.trace import ProxyTracerProvider as _ProxyTracerProvider
+
+    try:  # the API's placeholder before a meter provider is set (private, hence guarded)
+        from opentelemetry.metrics._internal import _ProxyMeterProvider
+    except ImportError:  # pragma: no cover - a future API without it
+        _ProxyMeterProvider = _NoOpMeterProvider  # type: ignore[assignment,misc]
+    OTEL = True
+except ImportError:  # the otel extra is not installed
+    OTEL = False
+
+
+def active() -> bool:
+    """A tracer or meter provider is installed: the SDK then records spans and metrics.
+
+    Two global reads; checked once per judgment and once per read, never cached (an
+    application may install its provider after the session opened)."""
+    if not OTEL:
+        return False
+    return not isinstance(
+        _trace.get_tracer_provider(), _ProxyTracerProvider | _NoOpTracerProvider
+    ) or not isinstance(_metrics.get_meter_provider(), _ProxyMeterProvider | _NoOpMeterProvider)
+
+
+def tracing() -> bool:
+    """A tracer provider is installed: spans are recorded."""
+    return OTEL and not isinstance(
+        _trace.get_tracer_provider(), _ProxyTracerProvider | _NoOpTracerProvider
+    )
+
+
+def observing() -> bool:
+    """`active`, or the SDK's DEBUG log records wanted: the pipelines then time their reads
+    and judgments (spans only where a tracer provider is installed)."""
+    return active() or judgment_log.isEnabledFor(logging.DEBUG)
+
+
+class _Nothing:
+    """An instrument that records nothing: every instrument without OpenTelemetry."""
+
+    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def record(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        pass
+
+
+class Instruments:
+    """The tracer and the metric instruments of one pair of providers (the installed ones)."""
+
+    def __init__(self, providers: tuple[Any, Any] = (None, None)) -> None:
+        #: The tracer and meter providers they were built from.
+        self.providers = providers
+        self.tracer: Any = None
+        if not OTEL:
+            nothing: Any = _Nothing()
+            self.operation_duration = self.token_usage = self.judgment_duration = nothing
+            self.reads = self.retries = self.escalations = self.errors = nothing
+            self.off_menu = self.in_flight = self.slot_wait = self.cache = nothing
+            return
+        version = _version()
+        tracer_provider, meter_provider = providers
+        self.tracer = tracer_provider.get_tracer(SCOPE, version)
+        meter = meter_provider.get_meter(SCOPE, version or "")
+        self._durations(meter)
+        self._counts(meter)
+
+    def _durations(self, meter: Any) -> None:
+        """The histograms: durations (seconds) and token usage."""
+        seconds = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96]
+        self.slot_wait = meter.create_histogram(
+            "typevet.slot.wait",
+            unit="s",
+            description="Time a read waited for one of the session's slots (reads that waited)",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.operation_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="Duration of a GenAI operation: one read or generation request",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Tokens a read or generation used",
+            explicit_bucket_boundaries_advisory=[
+                1,
+                4,
+                16,
+                64,
+                256,
+                1024,
+                4096,
+                16384,
+                65536,
+                262144,
+                1048576,
+            ],
+        )
+        self.judgment_duration = meter.create_histogram(
+            "typevet.judgment.duration",
+            unit="s",
+            description="Duration of a judgment, every question's reads included",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+
+    def _counts(self, meter: Any) -> None:
+        """The counters, and the reads in flight."""
+        self.reads = meter.create_counter(
+            "typevet.reads", unit="{read}", description="Scoring reads sent (escalations included)"
+        )
+        self.retries = meter.create_counter(
+            "typevet.retries", unit="{retry}", description="Retries of transient failures"
+        )
+        self.escalations = meter.create_counter(
+            "typevet.escalations",
+            unit="{escalation}",
+            description="Reads sent again with a larger top-K because a candidate was missing",
+        )
+        self.errors = meter.create_counter(
+            "typevet.errors", unit="{error}", description="Failed judgments and generations"
+        )
+        self.off_menu = meter.create_counter(
+            "typevet.off_menu.trips",
+            unit="{answer}",
+            description="Answers whose off-menu mass passed the judgment's threshold",
+        )
+        self.in_flight = meter.create_up_down_counter(
+            "typevet.reads.in_flight", unit="{read}", description="Reads in flight"
+        )
+        self.cache = meter.create_counter(
+            "typevet.cache.lookups",
+            unit="{lookup}",
+            description="Read-cache lookups, by outcome (hit or miss)",
+        )
+
+
+def _version() -> str | None:
+    """The installed distribution's version: the instrumentation scope's."""
+    try:
+        return importlib.metadata.version("typevet_async")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_instruments: Instruments | None = None
+
+
+def instruments() -> Instruments:
+    """The instruments of the installed providers, built again when an application installs
+    others (tests do; the API's proxies would keep the first ones)."""
+    global _instruments
+    if not OTEL:
+        if _instruments is None:
+            _instruments = Instruments()
+        return _instruments
+    providers = (_trace.get_tracer_provider(), _metrics.get_meter_provider())
+    if _instruments is None or _instruments.providers != providers:
+        _instruments = Instruments(providers)
+    return _instruments
