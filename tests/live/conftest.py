@@ -16,6 +16,7 @@ import pytest
 
 import typevet_async as tv
 
+from .otlp import OtlpReceiver
 from .servers import VllmServerProcess
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -72,8 +73,20 @@ def real_model_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def vllm_url() -> Iterator[str]:
-    """vLLM (CPU) serving the same model, dequantised, with --logprobs-mode raw_logprobs.
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """Where the vLLM server's own OpenTelemetry exporter sends its spans."""
+    receiver = OtlpReceiver()
+    receiver.start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_url(otlp_receiver: OtlpReceiver) -> Iterator[str]:
+    """vLLM (CPU) serving the same model, dequantised, with --logprobs-mode raw_logprobs, its
+    spans exported to `otlp_receiver` (each joined to its request's traceparent).
 
     ``TYPEVET_TEST_VLLM_URL`` reuses a server started by hand (development only: it must be
     started as tests/live/servers.py starts it).
@@ -83,7 +96,7 @@ def vllm_url() -> Iterator[str]:
         yield reuse
         return
 
-    yield from _serve_vllm(VllmServerProcess("vllm"))
+    yield from _serve_vllm(VllmServerProcess("vllm", otlp_traces_endpoint=otlp_receiver.endpoint))
 
 
 def _serve_vllm(server: VllmServerProcess) -> Iterator[str]:

@@ -43,8 +43,11 @@ class VllmServerProcess:
         served_name: str = VLLM_MODEL_ID,
         template: Path = GEMMA3_TEMPLATE,
         kv_cache_gib: int = 2,
+        otlp_traces_endpoint: str | None = None,
     ) -> None:
         self.cache = tv.cache_dir()
+        #: Where vLLM's own OpenTelemetry exporter sends its spans (OTLP/HTTP; None: none).
+        self.otlp_traces_endpoint = otlp_traces_endpoint
         self.python = self.cache / "vllm-venv" / "bin" / "python"
         self.model = model or self.cache / "models" / "gemma-3-270m-hf"
         self.served_name = served_name
@@ -80,6 +83,11 @@ class VllmServerProcess:
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--logprobs-mode", "raw_logprobs", "--max-logprobs", "128", "--enforce-eager",
         ]  # fmt: skip
+        if self.otlp_traces_endpoint is not None:
+            # Its spans join the trace of each request's traceparent; sent every 0.5 s.
+            command += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
+            env |= {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                    "OTEL_BSP_SCHEDULE_DELAY": "500"}  # fmt: skip
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env

@@ -24,6 +24,8 @@ import typevet_async as tv
 
 from .faults import FaultInjectingProxy
 from .helpers import TICKET
+from .otlp import OtlpReceiver
+from .servers import VLLM_MODEL_ID
 from .telemetry import Recorded, installed, total
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -355,3 +357,24 @@ async def test_an_mcp_tool_call_joins_the_agents_trace(gemma3_url: str, otel: Re
     [question_span] = otel.children(judge)
     assert otel.children(question_span)
     assert SECRET not in _everything_recorded(otel, [])
+
+
+async def test_vllms_own_read_span_joins_the_callers_trace_under_the_sdks_read(
+    vllm_url: str, otlp_receiver: OtlpReceiver, otel: Recorded
+) -> None:
+    async with tv.Session.vllm(vllm_url, model=VLLM_MODEL_ID) as session:
+        await session.probe()
+        with trace.get_tracer("app").start_as_current_span("POST /tickets") as request_span:
+            judgment = await session.judge(STATE, {"refund": QUESTIONS["refund"]})
+    assert judgment.usage.reads == 1
+    [read] = [span for span in otel.spans() if span.kind == SpanKind.CLIENT]
+    assert read.name == f"chat {VLLM_MODEL_ID}"
+    assert read.attributes is not None
+    assert read.attributes["gen_ai.provider.name"] == "vllm"
+    assert read.attributes["gen_ai.usage.input_tokens"] == judgment.usage.prompt_tokens
+    trace_id = format(request_span.get_span_context().trace_id, "032x")
+    # vLLM exports its span a moment later (its batch exporter, every 0.5 s here).
+    [served] = otlp_receiver.wait_for(trace_id)
+    assert served.name == "llm_request"
+    assert served.parent_span_id == _trace_ids(read)[1]
+    assert served.attributes["gen_ai.usage.prompt_tokens"] == judgment.usage.prompt_tokens
