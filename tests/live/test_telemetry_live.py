@@ -21,12 +21,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 import typevet_async as tv
+from tests.otel import Recorded, installed, total
 
 from .faults import FaultInjectingProxy
 from .helpers import TICKET
 from .otlp import OtlpReceiver
 from .servers import VLLM_MODEL_ID
-from .telemetry import Recorded, installed, total
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -208,6 +208,8 @@ async def test_an_escalated_read_is_a_second_read_span_under_its_question(
     assert "typevet.read.escalation" not in first.attributes
     assert second.attributes["typevet.read.top_k"] == diagnostics.top_k > 2
     assert second.attributes["typevet.read.escalation"] == 1
+    assert question_span.attributes is not None
+    assert question_span.attributes["typevet.read.escalations"] == 1
     [escalation] = [e for e in question_span.events if e.name == "typevet.escalation"]
     assert escalation.attributes is not None
     assert escalation.attributes["typevet.read.top_k"] == 2

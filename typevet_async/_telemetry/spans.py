@@ -233,6 +233,10 @@ def answered(span: Span, request: ScoringRequest, diagnostics: Diagnostics) -> N
     span.set("typevet.read.reads", diagnostics.reads)
     span.set("typevet.read.attempts", diagnostics.attempts)
     span.attributes["typevet.read.reads"] = diagnostics.reads
+    # Every read past the first is an escalation, but a code question's reads after each
+    # distinct first token (`typevet_async._core.codes`).
+    after = len({first for first, _ in diagnostics.codes})
+    span.set("typevet.read.escalations", max(diagnostics.reads - 1 - after, 0))
     span.attributes["typevet.read.attempts"] = diagnostics.attempts
     span.set("typevet.off_menu_mass", diagnostics.off_menu_mass)
     cache = getattr(diagnostics, "cache", None)
