@@ -302,13 +302,16 @@ def test_cli_logs_each_read_as_json_lines_with_structured_fields(gemma3_url: str
     assert list(json.loads(judged.stdout)["answers"]) == ["refund", "route"]  # stdout: answers
     records = [json.loads(line) for line in judged.stderr.splitlines()]
     ours = [r for r in records if r["name"].startswith("typevet_async")]
-    asked = [r for r in ours if r["name"] == "typevet_async.read" and r["level"] == "DEBUG"]
+    asked = [r for r in ours if r["name"] == "typevet_async.question"]
     assert sorted(r["question_id"] for r in asked) == ["refund", "route"]
     for record in asked:
         assert record["status"] == "answered"
         assert record["duration_ms"] > 0
         assert record["attempts"] >= 1
         assert record["reads"] >= 1
+    http_reads = [r for r in ours if r["name"] == "typevet_async.read" and r["level"] == "DEBUG"]
+    assert len(http_reads) >= 2
+    assert all(r["input_tokens"] > 0 for r in http_reads)
     [judgment] = [r for r in ours if r["name"] == "typevet_async.judgment"]
     assert judgment["questions"] == 2
     assert judgment["status"] == "ok"

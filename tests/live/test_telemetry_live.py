@@ -142,9 +142,13 @@ async def test_a_three_question_judgment_is_one_span_tree_down_to_each_read(
     assert token_point.attributes["gen_ai.token.type"] == "input"
     assert token_point.sum == judgment.usage.prompt_tokens
     # One DEBUG record per question, with its structured fields.
-    asked = [r for r in caplog.records if r.name == "typevet_async.read" and r.levelno == 10]
+    asked = [r for r in caplog.records if r.name == "typevet_async.question"]
     assert sorted(r.question_id for r in asked) == sorted(QUESTIONS)  # type: ignore[attr-defined]
     assert all(r.status == "answered" and r.duration_ms > 0 for r in asked)  # type: ignore[attr-defined]
+    # And one per HTTP read, with its tokens.
+    http_reads = [r for r in caplog.records if r.name == "typevet_async.read" and r.levelno == 10]
+    assert len(http_reads) == judgment.usage.reads
+    assert sum(r.input_tokens for r in http_reads) == judgment.usage.prompt_tokens  # type: ignore[attr-defined]
     # No state text anywhere by default.
     recorded = _everything_recorded(otel, caplog.records)
     assert SECRET not in recorded
@@ -217,7 +221,7 @@ async def test_an_escalated_read_is_a_second_read_span_under_its_question(
     points = otel.metrics()
     assert total(points["typevet.escalations"]) == 1
     assert total(points["typevet.reads"]) == 2
-    [warning] = [r for r in caplog.records if r.name == "typevet_async.read"]
+    [warning] = [r for r in caplog.records if r.name == "typevet_async.read" and r.levelno == 30]
     assert warning.levelno == logging.WARNING
     assert warning.top_k == 2
     assert warning.next_top_k == diagnostics.top_k

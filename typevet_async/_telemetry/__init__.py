@@ -19,10 +19,10 @@ error's message (which may quote a server's reply) unless the caller opts in wit
 conventions' own switch, ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (read
 once, at import): error types, counts, sizes and ids only.
 
-Logs: the ``typevet_async`` logger hierarchy (``typevet_async.judgment``, ``.read``,
-``.retry``, ...), structured fields in ``extra`` (``question_id``, ``attempts``, ``status``,
-``duration_ms``, ...): DEBUG for each read and judgment, WARNING for each retry and
-escalation, and the same content rule.
+Logs: the ``typevet_async`` logger hierarchy (``typevet_async.judgment``, ``.question``,
+``.read``, ``.retry``, ...), structured fields in ``extra`` (``question_id``, ``attempts``,
+``status``, ``duration_ms``, ...): DEBUG for each judgment, question and HTTP read, WARNING
+for each retry and escalation, and the same content rule.
 """
 
 from typevet_async._telemetry.events import (

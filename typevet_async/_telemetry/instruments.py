@@ -17,6 +17,7 @@ __all__ = [
     "instruments",
     "judgment_log",
     "observing",
+    "question_log",
     "read_log",
     "retry_log",
     "tracing",
@@ -31,6 +32,7 @@ CAPTURE_CONTENT: Final = (
 )
 
 judgment_log = logging.getLogger("typevet_async.judgment")
+question_log = logging.getLogger("typevet_async.question")
 read_log = logging.getLogger("typevet_async.read")
 retry_log = logging.getLogger("typevet_async.retry")
 
@@ -72,7 +74,12 @@ def tracing() -> bool:
 def observing() -> bool:
     """`active`, or the SDK's DEBUG log records wanted: the pipelines then time their reads
     and judgments (spans only where a tracer provider is installed)."""
-    return active() or judgment_log.isEnabledFor(logging.DEBUG)
+    return (
+        active()
+        or judgment_log.isEnabledFor(logging.DEBUG)
+        or question_log.isEnabledFor(logging.DEBUG)
+        or read_log.isEnabledFor(logging.DEBUG)
+    )
 
 
 class _Nothing:

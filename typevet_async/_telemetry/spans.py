@@ -17,6 +17,7 @@ from typevet_async._telemetry.instruments import (
     instruments,
     judgment_log,
     observing,
+    question_log,
     read_log,
     tracing,
 )
@@ -81,12 +82,14 @@ class Span:
     """One span under construction, and what its metrics and log record need: a thin wrapper
     so the pipelines set results without importing OpenTelemetry."""
 
-    __slots__ = ("_span", "attributes", "started")
+    __slots__ = ("_span", "attributes", "fields", "started")
 
     def __init__(self, span: Any, attributes: dict[str, Any]) -> None:
         self._span = span
         #: The low-cardinality attributes its metrics are recorded under.
         self.attributes = attributes
+        #: What its log record adds (counts, tokens: too many values for a metric attribute).
+        self.fields: dict[str, Any] = {}
         self.started = time.perf_counter()
 
     def set(self, name: str, value: Any) -> None:
@@ -205,10 +208,10 @@ def question_span(request: ScoringRequest) -> Iterator[Span]:
         attributes["typevet.question.rotation"] = request.order[0]
 
     def end(span: Span) -> None:
-        if read_log.isEnabledFor(logging.DEBUG):
+        if question_log.isEnabledFor(logging.DEBUG):
             elapsed = span.elapsed()
             failed = span.attributes.get("error.type")
-            read_log.debug(
+            question_log.debug(
                 "question %r %s in %.1f ms",
                 request.question_id,
                 failed or span.attributes.get("typevet.outcome", "ok"),
@@ -300,6 +303,21 @@ def _read_span(
         recorders.in_flight.add(-1, in_flight)
         recorders.operation_duration.record(elapsed, span.attributes)
         recorders.reads.add(1, span.attributes)
+        if read_log.isEnabledFor(logging.DEBUG):
+            failed = span.attributes.get("error.type")
+            read_log.debug(
+                "read of the top %d %s in %.1f ms",
+                top_k,
+                failed or "ok",
+                elapsed * 1000,
+                extra={
+                    "status": failed or "ok",
+                    "top_k": top_k,
+                    "escalation": escalation,
+                    "duration_ms": round(elapsed * 1000, 3),
+                    **span.fields,
+                },
+            )
 
     recorders.in_flight.add(1, in_flight)
     name = f"{operation} {model}" if model else operation
@@ -312,6 +330,7 @@ def read_usage(span: Span, prompt_tokens: int, cached_tokens: int) -> None:
     span.set("gen_ai.usage.input_tokens", prompt_tokens)
     span.set("gen_ai.usage.cache_read.input_tokens", cached_tokens)
     span.set("gen_ai.usage.output_tokens", 0)
+    span.fields["input_tokens"], span.fields["cached_tokens"] = prompt_tokens, cached_tokens
     instruments().token_usage.record(
         prompt_tokens, {**span.attributes, "gen_ai.token.type": "input"}
     )
