@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,12 +145,21 @@ def write_results(name: str, figures: dict[str, Any]) -> Path:
     return path
 
 
-def run_json_subprocess(args: Sequence[str], timeout: float = 3600) -> dict[str, Any]:
-    """Run ``python -m <args>`` in a fresh process from the repository root; its last stdout
-    line is JSON."""
+def run_json_subprocess(
+    args: Sequence[str],
+    timeout: float = 3600,
+    *,
+    code: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``python -m <args>`` (given ``code``, ``python -c <code> <args>``) in a fresh
+    process from the repository root, in ``env`` if given (else this process's environment);
+    its last stdout line is JSON."""
+    command = [sys.executable, *(["-c", code] if code is not None else ["-m"]), *args]
     done = subprocess.run(
-        [sys.executable, "-m", *args],
+        command,
         capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT,
+        env=None if env is None else dict(env),
     )  # fmt: skip
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-4000:])
