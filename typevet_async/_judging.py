@@ -114,7 +114,29 @@ def served_pins(
     )
 
 
-async def judge(
+def judge(
+    planner: Planner,
+    slots: SlotShare,
+    state: Any,
+    state_text: str,
+    questions: Sequence[tuple[str, Question]],
+    images: tuple[Image, ...],
+    strategy: PrefixReuse,
+    options: ReadOptions,
+) -> Awaitable[Judgment]:
+    """One judgment of checked questions about a checked state (``state`` as the caller gave
+    it, ``state_text`` as the SDK renders it): planned and read here, or, for a backend whose
+    server judges (``framing="remote"``), sent whole under one slot. Under telemetry
+    (`typevet_async._telemetry`), in a ``typevet.judge`` span."""
+    arguments = (planner, slots, state, state_text, questions, images, strategy, options)
+    # A plain function that hands back the coroutine to await: the hot path (no telemetry)
+    # costs one check and no coroutine layer of its own.
+    if not telemetry.observing():
+        return _judge(*arguments)
+    return _observed_judge(*arguments)
+
+
+async def _observed_judge(
     planner: Planner,
     slots: SlotShare,
     state: Any,
@@ -124,19 +146,15 @@ async def judge(
     strategy: PrefixReuse,
     options: ReadOptions,
 ) -> Judgment:
-    """One judgment of checked questions about a checked state (``state`` as the caller gave
-    it, ``state_text`` as the SDK renders it): planned and read here, or, for a backend whose
-    server judges (``framing="remote"``), sent whole under one slot. Under telemetry
-    (`typevet_async._telemetry`), in a ``typevet.judge`` span."""
-    arguments = (planner, slots, state, state_text, questions, images, strategy, options)
-    if not telemetry.observing():  # the hot path: one check
-        return await _judge(*arguments)
+    """`_judge` in a ``typevet.judge`` span."""
     backend = planner.backend
     model = model_identity(backend.model, planner.probe.model_ids)
     with telemetry.judgment_span(
         backend.capabilities.server, model, len(questions), state_text
     ) as span:
-        judgment = await _judge(*arguments)
+        judgment = await _judge(
+            planner, slots, state, state_text, questions, images, strategy, options
+        )
         telemetry.judged(span, judgment)
         return judgment
 
@@ -209,17 +227,28 @@ def _name_question(error: TypevetError, request: ScoringRequest) -> None:
         error.question_id = request.question_id
 
 
-async def _score(
+def _score(
+    backend: Backend,
+    probe: Probe,
+    slots: SlotShare,
+    request: ScoringRequest,
+    options: ReadOptions,
+) -> Awaitable[_Scored]:
+    """One request read, under one of the session's slots, and interpreted (under telemetry,
+    in a ``typevet.question`` span): the coroutine to await, with no layer of its own on the
+    hot path."""
+    if not telemetry.observing():
+        return _score_read(backend, probe, slots, request, options)
+    return _observed_score(backend, probe, slots, request, options)
+
+
+async def _observed_score(
     backend: Backend,
     probe: Probe,
     slots: SlotShare,
     request: ScoringRequest,
     options: ReadOptions,
 ) -> _Scored:
-    """One request read, under one of the session's slots, and interpreted (under telemetry,
-    in a ``typevet.question`` span)."""
-    if not telemetry.observing():  # the hot path: one check
-        return await _score_read(backend, probe, slots, request, options)
     with telemetry.question_span(request) as span:
         try:
             scored = await _score_read(backend, probe, slots, request, options)

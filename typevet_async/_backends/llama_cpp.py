@@ -13,7 +13,7 @@ embedded server's lifecycle (`typevet_async._backends.embedded`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -160,6 +160,30 @@ class LlamaCppConfig:
         while top_k < ENTRIES_PER_OPTION * options and top_k < ESCALATED_TOP_K:
             top_k *= 2
         return top_k
+
+
+def _candidates(
+    entries: Mapping[int, float],
+    groups: Sequence[tuple[int, ...]],
+    missing: Sequence[tuple[int, ...]],
+    policy: str,
+    top_k: int,
+) -> tuple[tuple[int, ...], tuple[float, ...], bool]:
+    """The candidates' ids and logprobs from a read's entries, and whether ``clamp`` filled
+    a missing one in (``exact`` never gets here with one missing).
+
+    :raises CandidateMissingError: an option is missing and the policy is ``error``.
+    """
+    if missing and policy == "error":
+        tokens = tuple(token for group in missing for token in group)
+        raise CandidateMissingError(
+            f"candidate token ids {list(tokens)} are outside the top {top_k} (on_missing='error')",
+            missing=tokens,
+        )
+    if missing:  # clamp
+        return clamp_missing(entries, groups)
+    ids, logprobs = present_candidates(entries, groups)
+    return ids, logprobs, False
 
 
 def next_top_k(top_k: int, vocab_size: int) -> int:
@@ -366,7 +390,6 @@ class AsyncLlamaCpp:
         vocab_size = probe.vocab_size
         top_k = min(self.config.first_top_k(len(groups)), vocab_size)
         reads = prompt_tokens = cached_tokens = 0
-        model = self._telemetry_model(probe)
         while True:
             body = completion_body(
                 prompt,
@@ -375,7 +398,13 @@ class AsyncLlamaCpp:
                 images=images,
                 lead=request.lead,
             )
-            reply = await self._read_top(body, top_k, reads, model, max_retries, attempts)
+            if telemetry.observing():
+                reply = await self._read_top(body, top_k, reads, probe, max_retries, attempts)
+            else:  # the hot path: no span, and no coroutine layer of its own
+                raw = await self.http.post(
+                    "/completion", body, max_retries=max_retries, attempts=attempts
+                )
+                reply = decode_completion(raw, top_k)
             reads, prompt_tokens, cached_tokens = (
                 reads + 1, prompt_tokens + reply.prompt_tokens, cached_tokens + reply.cached_tokens
             )  # fmt: skip
@@ -391,17 +420,7 @@ class AsyncLlamaCpp:
                 telemetry.escalated(top_k, wider, len(missing))
                 top_k = wider
                 continue
-            if missing and policy == "error":
-                tokens = tuple(token for group in missing for token in group)
-                raise CandidateMissingError(
-                    f"candidate token ids {list(tokens)} are outside the top {top_k} "
-                    "(on_missing='error')",
-                    missing=tokens,
-                )
-            ids, logprobs = present_candidates(entries, groups)
-            truncated = False
-            if missing:  # clamp
-                ids, logprobs, truncated = clamp_missing(entries, groups)
+            ids, logprobs, truncated = _candidates(entries, groups, missing, policy, top_k)
             return CandidateRead(
                 ids,
                 logprobs,
@@ -420,12 +439,13 @@ class AsyncLlamaCpp:
         body: dict[str, Any],
         top_k: int,
         escalation: int,
-        model: str | None,
+        probe: Probe,
         max_retries: int | Unset,
         attempts: Attempts,
     ) -> Completion:
         """One ``/completion`` read of the top ``top_k`` (the ``escalation``-th of its
         question's), in its read span (`typevet_async._telemetry`)."""
+        model = self._telemetry_model(probe)
         with telemetry.read_span(
             "text_completion", "llama.cpp", model, self.http.base_url,
             top_k=top_k, escalation=escalation,

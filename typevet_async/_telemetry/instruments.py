@@ -40,6 +40,7 @@ try:
     from opentelemetry import metrics as _metrics
     from opentelemetry import trace as _trace
     from opentelemetry.metrics import NoOpMeterProvider as _NoOpMeterProvider
+    from opentelemetry.metrics import _internal as _metrics_state
     from opentelemetry.trace import NoOpTracerProvider as _NoOpTracerProvider
     from opentelemetry.trace import ProxyTracerProvider as _ProxyTracerProvider
 
@@ -51,13 +52,33 @@ try:
 except ImportError:  # the otel extra is not installed
     OTEL = False
 
+#: Whether `active` may read the API's own provider globals (None until a provider is set):
+#: two attribute reads on the hot path, where ``get_tracer_provider`` and
+#: ``get_meter_provider`` also look up an environment variable each (about 1.9 µs the pair,
+#: three times a question: measured by benchmarks/bench_telemetry_cost.py). Not where a
+#: provider is named by ``OTEL_PYTHON_TRACER_PROVIDER`` or ``..._METER_PROVIDER`` (the API
+#: loads it at the first ``get_*_provider``), nor with an API that keeps them elsewhere.
+_GLOBALS_READABLE: Final = (
+    OTEL
+    and hasattr(_trace, "_TRACER_PROVIDER")
+    and hasattr(_metrics_state, "_METER_PROVIDER")
+    and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+    and "OTEL_PYTHON_METER_PROVIDER" not in os.environ
+)
+
 
 def active() -> bool:
     """A tracer or meter provider is installed: the SDK then records spans and metrics.
 
-    Two global reads; checked once per judgment and once per read, never cached (an
-    application may install its provider after the session opened)."""
+    Checked once per judgment and once per read, never cached (an application may install
+    its provider after the session opened): with none installed, two attribute reads."""
     if not OTEL:
+        return False
+    if (
+        _GLOBALS_READABLE
+        and _trace._TRACER_PROVIDER is None
+        and _metrics_state._METER_PROVIDER is None
+    ):
         return False
     return not isinstance(
         _trace.get_tracer_provider(), _ProxyTracerProvider | _NoOpTracerProvider

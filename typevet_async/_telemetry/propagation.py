@@ -23,7 +23,7 @@ def with_trace_context(headers: Mapping[str, str] | None) -> Mapping[str, str] |
     """``headers`` with the current span's W3C ``traceparent`` (and ``tracestate``, baggage:
     the global propagator's fields), when a span is recording; else ``headers`` as they are
     (one context lookup)."""
-    if not OTEL or not _trace.get_current_span().is_recording():
+    if not active() or not _trace.get_current_span().is_recording():
         return headers
     carrier: dict[str, str] = dict(headers) if headers else {}
     _propagate.inject(carrier)
