@@ -38,6 +38,7 @@ from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order
 from typevet_async._images import Image
 from typevet_async._planning import Planner
+from typevet_async._read_cache import CachedReads
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
 
 __all__ = ["Planner", "judge", "read_judgment"]
@@ -134,7 +135,9 @@ async def judge(
                 check_calibration(planner, questions, readings, options.calibration)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
-        return await read_judgment(backend, probe, slots, requests, strategy, options, readings)
+        return await read_judgment(
+            backend, probe, slots, requests, strategy, options, readings, planner.cached_reads
+        )
     permutations = options.permutations
     rotated = (
         max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
@@ -189,20 +192,48 @@ async def _score(
     slots: SlotShare,
     request: ScoringRequest,
     options: ReadOptions,
+    cached: CachedReads | None = None,
 ) -> _Scored:
-    """One request read, under one of the session's slots, and interpreted."""
-    if request.codes:
-        read = await _read_codes(backend, probe, slots, request, options)
+    """One request read, under one of the session's slots, and interpreted. With a read
+    cache, a stored read (or one shared with the same read in flight) takes no slot."""
+    if cached is not None:
+        read = await cached.read(
+            request, functools.partial(_read, backend, probe, slots, request, options)
+        )
+        hit = read.cache == "hit"
+        usage = (
+            Usage(cache_hits=1)
+            if hit
+            else Usage(read.prompt_tokens, read.cached_tokens, read.reads)
+        )
     else:
-        async with slots:
-            read = await backend.read(request, probe, max_retries=options.max_retries)
+        if request.codes:
+            read = await _read_codes(backend, probe, slots, request, options)
+        else:
+            async with slots:
+                read = await backend.read(request, probe, max_retries=options.max_retries)
+        usage = Usage(read.prompt_tokens, read.cached_tokens, read.reads)
     answer, diagnostics = interpret_read(
         request,
         read,
         off_menu_threshold=options.off_menu_threshold,
         raise_off_menu=options.raise_off_menu,
     )
-    return _Scored(answer, diagnostics, Usage(read.prompt_tokens, read.cached_tokens, read.reads))
+    return _Scored(answer, diagnostics, usage)
+
+
+async def _read(
+    backend: Backend,
+    probe: Probe,
+    slots: SlotShare,
+    request: ScoringRequest,
+    options: ReadOptions,
+) -> CandidateRead:
+    """A read the cache did not have, made as `_score` makes one without a cache."""
+    if request.codes:
+        return await _read_codes(backend, probe, slots, request, options)
+    async with slots:
+        return await backend.read(request, probe, max_retries=options.max_retries)
 
 
 async def _read_codes(
@@ -248,13 +279,15 @@ async def read_judgment(
     strategy: PrefixReuse,
     options: ReadOptions,
     readings: Mapping[str, Reading] | None = None,
+    cached: CachedReads | None = None,
 ) -> Judgment:
-    """Read every request (under ``strategy`` where the backend reuses prefixes) and gather
-    the answers in request order: a question read under rotations is settled from all its
-    reads (`settle_question`), and a calibration map applied."""
+    """Read every request (under ``strategy`` where the backend reuses prefixes; through
+    ``cached``, the session's read cache, if any) and gather the answers in request order: a
+    question read under rotations is settled from all its reads (`settle_question`), and a
+    calibration map applied."""
     if len(requests) == 1:  # one read (the common case): no closures, schedule or fan-out
         try:
-            scored = [await _score(backend, probe, slots, requests[0], options)]
+            scored = [await _score(backend, probe, slots, requests[0], options, cached)]
         except TypevetError as error:
             _name_question(error, requests[0])
             raise
@@ -263,7 +296,7 @@ async def read_judgment(
         scored, usage = await _read_many(
             requests,
             strategy if backend.capabilities.prefix_reuse and requests else "off",
-            lambda request: _score(backend, probe, slots, request, options),
+            lambda request: _score(backend, probe, slots, request, options, cached),
         )
     if readings is None and options.calibration is None:  # one read per question, as read
         return Judgment(
