@@ -39,11 +39,11 @@ TOUCH_BATCH: Final = 256
 #: Seconds a query waits for another process's write lock before it fails.
 BUSY_TIMEOUT: Final = 30.0
 
-_SCHEMA: Final = (
+_TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS reads "
-    "(key TEXT PRIMARY KEY, value BLOB NOT NULL, last_used INTEGER NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS reads_last_used ON reads (last_used)",
+    "(key TEXT PRIMARY KEY, value BLOB NOT NULL, last_used INTEGER NOT NULL)"
 )
+_INDEX: Final = "CREATE INDEX IF NOT EXISTS reads_last_used ON reads (last_used)"
 _COLUMNS: Final = [("key", "TEXT"), ("value", "BLOB"), ("last_used", "INTEGER")]
 _GET: Final = "SELECT value FROM reads WHERE key = ?"
 _PUT: Final = (
@@ -138,14 +138,14 @@ class SqliteReadCache:
                 f"{mode!r} mode, not WAL (a file system without shared memory?)"
             )
         await connection.execute("PRAGMA synchronous = NORMAL")
-        for statement in _SCHEMA:
-            await connection.execute(statement)
+        await connection.execute(_TABLE)
         columns = await connection.execute_fetchall("PRAGMA table_info(reads)")
         if [(row[1], str(row[2]).upper()) for row in columns] != _COLUMNS:
             raise ConfigurationError(
                 f"the read cache {str(self.path)!r} cannot be opened: its table 'reads' is "
                 "not a read cache's (another program's database?)"
             )
+        await connection.execute(_INDEX)
 
     async def aclose(self) -> None:
         """Write the pending ``last_used`` batch and close the file. Safe to call twice."""
@@ -183,13 +183,12 @@ class SqliteReadCache:
     async def put(self, key: str, value: bytes) -> None:
         """:raises SessionStateError: the cache is not open."""
         connection = self._open()
+        await self._touch(connection)  # the hits so far count before any eviction
         self._stores += 1
         if self._stores >= self._step:
             self._stores = 0
             await self._evict(connection)
         await connection.execute(_PUT, (key, value, time.time_ns()))
-        if self._touched:
-            await self._touch(connection)
 
     async def _touch(self, connection: aiosqlite.Connection) -> None:
         touched, self._touched = self._touched, {}
