@@ -113,7 +113,8 @@ class MemoryReadCache:
     def __repr__(self) -> str:
         return f"MemoryReadCache({len(self._entries)} of {self.max_entries} entries)"
 
-    def __len__(self) -> int:
+    async def entries(self) -> int:
+        """The reads it holds now."""
         return len(self._entries)
 
     async def get(self, key: str) -> bytes | None:

@@ -19,11 +19,12 @@ step each, until the next count).
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
+
+import anyio
 
 from typevet_async._errors import ConfigurationError, SessionStateError
 
@@ -52,6 +53,13 @@ _PUT: Final = (
 )
 _TOUCH: Final = "UPDATE reads SET last_used = ? WHERE key = ?"
 _EVICT: Final = "DELETE FROM reads WHERE key IN (SELECT key FROM reads ORDER BY last_used LIMIT ?)"
+
+
+def _openable(path: Path) -> None:
+    """:raises sqlite3.Error: SQLite cannot open (or create) the file ``path``."""
+    import sqlite3
+
+    sqlite3.connect(path, timeout=BUSY_TIMEOUT).close()
 
 
 def _positive(name: str, value: Any) -> int:
@@ -110,9 +118,14 @@ class SqliteReadCache:
             raise SessionStateError("cannot reopen a closed read cache")
         if self._state == "open":
             return
-        import aiosqlite  # the first store opened loads it (importing the SDK does not)
+        import sqlite3  # the first store opened loads them (importing the SDK does not)
+
+        import aiosqlite
 
         try:
+            # A file that cannot be opened is found on a worker thread first: aiosqlite stops
+            # its own thread on that failure without waiting for it, after the loop may be gone.
+            await anyio.to_thread.run_sync(_openable, self.path)
             connection = await aiosqlite.connect(
                 self.path, timeout=BUSY_TIMEOUT, isolation_level=None
             )

@@ -52,11 +52,11 @@ async def test_the_memory_cache_drops_the_least_recently_used_past_its_bound() -
         await cache.put(key, key.encode())
     assert await cache.get("a") == b"a"  # now the most recently used
     await cache.put("d", b"d")
-    assert len(cache) == 3
+    assert await cache.entries() == 3
     assert await cache.get("b") is None
     assert [await cache.get(key) for key in "acd"] == [b"a", b"c", b"d"]
     await cache.put("a", b"new")  # replaced, not added
-    assert len(cache) == 3
+    assert await cache.entries() == 3
     assert await cache.get("a") == b"new"
 
 
