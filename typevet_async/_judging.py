@@ -196,17 +196,16 @@ async def _score(
 ) -> _Scored:
     """One request read, under one of the session's slots, and interpreted. With a read
     cache, a stored read (or one shared with the same read in flight) takes no slot."""
-    if cached is not None:
+    if cached is not None:  # `_read` is what a miss sends
         read = await cached.read(
             request, functools.partial(_read, backend, probe, slots, request, options)
         )
-        hit = read.cache == "hit"
         usage = (
             Usage(cache_hits=1)
-            if hit
+            if read.cache == "hit"
             else Usage(read.prompt_tokens, read.cached_tokens, read.reads)
         )
-    else:
+    else:  # `_read` inline: the hot path without a cache keeps its cost (no frame more)
         if request.codes:
             read = await _read_codes(backend, probe, slots, request, options)
         else:
