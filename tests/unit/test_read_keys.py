@@ -114,6 +114,11 @@ def test_a_changed_probe_misses(change: dict[str, Any]) -> None:
     assert key(request(), probe=changed) != key(request())
 
 
+def test_the_servers_slots_do_not_change_the_probe_digest() -> None:
+    # How many reads run at once decides how many are sent, not what one reads.
+    assert probe_digest(attrs.evolve(PROBE, slots=8)) == probe_digest(PROBE)
+
+
 def test_the_backend_identity_changes_the_key() -> None:
     assert key(request(), identity="a") != key(request(), identity="b")
 

@@ -77,10 +77,14 @@ def _encode(value: Any, parts: list[bytes]) -> None:
 
 
 def probe_digest(probe: Probe) -> str:
-    """The hex SHA-256 of everything the probe learnt (cattrs-unstructured, every field: the
-    served models, the template's family, rendering and frame, the controls' ids and leads,
-    the vocabulary, vision): computed once per probe, part of every read's key."""
-    return hashlib.sha256(canonical(_converter.unstructure(probe))).hexdigest()
+    """The hex SHA-256 of what the probe learnt (cattrs-unstructured: the served models, the
+    template's family, rendering and frame, the controls' ids and leads, the vocabulary,
+    vision), computed once per probe, part of every read's key. Every field but ``slots``:
+    how many reads the server runs at once decides how many are sent, not what one reads (and
+    a fleet's endpoints may differ in it)."""
+    learnt = _converter.unstructure(probe)
+    del learnt["slots"]
+    return hashlib.sha256(canonical(learnt)).hexdigest()
 
 
 def read_key(identity: str, probe: str, request: ScoringRequest) -> str:
