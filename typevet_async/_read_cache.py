@@ -48,7 +48,7 @@ import attrs
 from typevet_async._backends.base import Backend, ReadIdentifying
 from typevet_async._core.probe import Probe
 from typevet_async._core.read_keys import probe_digest, read_key
-from typevet_async._core.read_values import MAX_VALUE_BYTES, decode_read, encode_read
+from typevet_async._core.read_values import decode_read, encode_read
 from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import ConfigurationError, TypevetError
@@ -276,7 +276,7 @@ class CachedReads:
         read = attrs.evolve(await fetch(), cache="miss")
         flight.read = read
         flight.done.set()  # the waiters go on; newcomers find the flight done until stored
-        await self._store(key, read)
+        await self._store(key, read, request)
         return read
 
     async def _lookup(self, key: str, request: ScoringRequest) -> CandidateRead | None:
@@ -292,9 +292,12 @@ class CachedReads:
         # the read made now replaces it.
         return None if value is None else decode_read(value, request)
 
-    async def _store(self, key: str, read: CandidateRead) -> None:
+    async def _store(self, key: str, read: CandidateRead, request: ScoringRequest) -> None:
+        """Store ``read``, once it is a value this request would take back: a read the
+        backend returned but the answer's checks refuse (its interpretation raises) is not
+        stored, nor one past `MAX_VALUE_BYTES`."""
         value = encode_read(read)
-        if len(value) > MAX_VALUE_BYTES:
+        if decode_read(value, request) is None:
             return
         try:
             await self.cache.put(key, value)

@@ -317,6 +317,24 @@ async def test_a_stored_value_that_is_corrupt_is_read_again_and_overwritten() ->
     assert await cache.get(key) == encode_read(read_of(req))
 
 
+async def test_only_a_read_that_would_be_taken_back_is_stored() -> None:
+    cache, req = tv.MemoryReadCache(), request()
+    reads = bound(cache)
+
+    async def invalid() -> tv.CandidateRead:  # the candidates' mass past 1: the answer refuses
+        return read_of(req, logprobs=(-0.01, -0.02, -0.03))
+
+    read = await reads.read(req, invalid)
+    assert read.cache == "miss"
+    assert await cache.entries() == 0
+
+    async def too_large() -> tv.CandidateRead:
+        return read_of(req, prompt="x" * (4 * 1024 * 1024))
+
+    await reads.read(req, too_large)
+    assert await cache.entries() == 0
+
+
 class BrokenStore:
     """A store whose disk is gone: every call fails."""
 
