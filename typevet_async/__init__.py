@@ -25,6 +25,7 @@ from typevet_async._backends.base import (
     BatchJudging,
     Capabilities,
     Framing,
+    ReadIdentifying,
     RemoteJudging,
 )
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
@@ -96,6 +97,7 @@ from typevet_async._errors import (
 )
 from typevet_async._images import Image
 from typevet_async._options import UNSET, Unset
+from typevet_async._read_cache import MemoryReadCache, ReadCache, SqliteReadCache
 from typevet_async._session import Session
 from typevet_async._settings import SessionSettings
 
@@ -178,6 +180,7 @@ __all__ = [
     "Layout",
     "LlamaCppConfig",
     "LocalModel",
+    "MemoryReadCache",
     "Message",
     "ModelIntegrityError",
     "Noul",
@@ -191,6 +194,8 @@ __all__ = [
     "ProtocolError",
     "Question",
     "QuestionError",
+    "ReadCache",
+    "ReadIdentifying",
     "ReadPlan",
     "Reading",
     "RefusalError",
@@ -206,6 +211,7 @@ __all__ = [
     "Session",
     "SessionSettings",
     "SessionStateError",
+    "SqliteReadCache",
     "SystemOneConfig",
     "SystemOneValidationError",
     "TemplateFamily",

@@ -470,7 +470,11 @@ class SessionFactories:
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, flags: Mapping[str, Any] | None = None
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        flags: Mapping[str, Any] | None = None,
+        **settings: Any,
     ) -> Self:
         """A session configured by ``TYPEVET_*`` variables.
 
@@ -484,7 +488,10 @@ class SessionFactories:
         :param flags: a command line's values of the same settings, by name (``backend``,
             ``base_url``, ``local_model``, ``model``, ``api_key``, ``max_concurrency``; None:
             not given): each wins over its variable, and a refusal names the flag with it.
+        :param settings: other `SessionSettings` by name (``cache``, ``layout``, ...; not
+            ``max_concurrency``, the variables' and flags').
         :raises ConfigurationError: naming the setting that is missing or wrong.
         """
-        environ = os.environ if environ is None else environ
-        return cls(*from_env(environ, flags))
+        backend, from_variables = from_env(os.environ if environ is None else environ, flags)
+        fixed = {"max_concurrency": "TYPEVET_MAX_CONCURRENCY (or --max-concurrency)"}
+        return cls(backend, from_variables.with_keywords(settings, fixed=fixed))

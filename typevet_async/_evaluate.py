@@ -78,6 +78,8 @@ async def evaluate(
     with sink if sink is not None else contextlib.nullcontext():
         async with contextlib.aclosing(stream):
             async for item in stream:
+                if item.judgment is not None:
+                    evaluation.usage += item.judgment.usage
                 line = _line(item, *pending.labels_of.pop(item.index))
                 evaluation.add_line(line)
                 _write(sink, line)

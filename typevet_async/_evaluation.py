@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 
 from typevet_async._core import fitting, metrics
+from typevet_async._core.answers import Usage
 from typevet_async._core.calibration import (
     CalibrationMap,
     Pins,
@@ -86,6 +87,9 @@ class Evaluation:
     failed: int = 0
     #: The first few failures, ``(record id, error type, message)``.
     failures: list[tuple[Any, str, str]] = attrs.Factory(list)
+    #: What this run's judgments cost the server (none for records resumed from a file):
+    #: ``reads`` sent, ``cache_hits`` answered by the session's read cache.
+    usage: Usage = attrs.Factory(Usage)
 
     @classmethod
     def from_reads(cls, path: str | os.PathLike[str]) -> Evaluation:

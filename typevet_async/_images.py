@@ -9,6 +9,8 @@ and every call checks the session's ``max_image_bytes`` (`check_images`).
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,6 +174,12 @@ class Image:
 
     def data_uri(self) -> str:
         return f"data:{self.mime_type};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The hex SHA-256 of ``data``: what a read cache's key holds (computed once per
+        image, not once per question that shows it)."""
+        return hashlib.sha256(self.data).hexdigest()
 
 
 def check_images(

@@ -40,6 +40,7 @@ from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order
 from typevet_async._images import Image
 from typevet_async._planning import Planner
+from typevet_async._read_cache import CachedReads
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
 
 __all__ = ["Planner", "judge", "read_judgment"]
@@ -178,7 +179,9 @@ async def _judge(
                 check_calibration(planner, questions, readings, options.calibration)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
-        return await read_judgment(backend, probe, slots, requests, strategy, options, readings)
+        return await read_judgment(
+            backend, probe, slots, requests, strategy, options, readings, planner.cached_reads
+        )
     permutations = options.permutations
     rotated = (
         max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
@@ -233,13 +236,14 @@ def _score(
     slots: SlotShare,
     request: ScoringRequest,
     options: ReadOptions,
+    cached: CachedReads | None = None,
 ) -> Awaitable[_Scored]:
-    """One request read, under one of the session's slots, and interpreted (under telemetry,
-    in a ``typevet.question`` span): the coroutine to await, with no layer of its own on the
-    hot path."""
+    """One request read, under one of the session's slots (through ``cached``, the session's
+    read cache, if any), and interpreted (under telemetry, in a ``typevet.question`` span):
+    the coroutine to await, with no layer of its own on the hot path."""
     if not telemetry.observing():
-        return _score_read(backend, probe, slots, request, options)
-    return _observed_score(backend, probe, slots, request, options)
+        return _score_read(backend, probe, slots, request, options, cached)
+    return _observed_score(backend, probe, slots, request, options, cached)
 
 
 async def _observed_score(
@@ -248,10 +252,11 @@ async def _observed_score(
     slots: SlotShare,
     request: ScoringRequest,
     options: ReadOptions,
+    cached: CachedReads | None,
 ) -> _Scored:
     with telemetry.question_span(request) as span:
         try:
-            scored = await _score_read(backend, probe, slots, request, options)
+            scored = await _score_read(backend, probe, slots, request, options, cached)
         except OffMenuError:
             telemetry.off_menu_raised(request)
             raise
@@ -265,19 +270,47 @@ async def _score_read(
     slots: SlotShare,
     request: ScoringRequest,
     options: ReadOptions,
+    cached: CachedReads | None = None,
 ) -> _Scored:
-    if request.codes:
-        read = await _read_codes(backend, probe, slots, request, options)
-    else:
-        async with slots:
-            read = await backend.read(request, probe, max_retries=options.max_retries)
+    """One request read, under one of the session's slots, and interpreted. With a read
+    cache, a stored read (or one shared with the same read in flight) takes no slot."""
+    if cached is not None:  # `_read` is what a miss sends
+        read = await cached.read(
+            request, functools.partial(_read, backend, probe, slots, request, options)
+        )
+        usage = (
+            Usage(cache_hits=1)
+            if read.cache == "hit"
+            else Usage(read.prompt_tokens, read.cached_tokens, read.reads)
+        )
+    else:  # `_read` inline: the hot path without a cache keeps its cost (no frame more)
+        if request.codes:
+            read = await _read_codes(backend, probe, slots, request, options)
+        else:
+            async with slots:
+                read = await backend.read(request, probe, max_retries=options.max_retries)
+        usage = Usage(read.prompt_tokens, read.cached_tokens, read.reads)
     answer, diagnostics = interpret_read(
         request,
         read,
         off_menu_threshold=options.off_menu_threshold,
         raise_off_menu=options.raise_off_menu,
     )
-    return _Scored(answer, diagnostics, Usage(read.prompt_tokens, read.cached_tokens, read.reads))
+    return _Scored(answer, diagnostics, usage)
+
+
+async def _read(
+    backend: Backend,
+    probe: Probe,
+    slots: SlotShare,
+    request: ScoringRequest,
+    options: ReadOptions,
+) -> CandidateRead:
+    """A read the cache did not have, made as `_score` makes one without a cache."""
+    if request.codes:
+        return await _read_codes(backend, probe, slots, request, options)
+    async with slots:
+        return await backend.read(request, probe, max_retries=options.max_retries)
 
 
 async def _read_codes(
@@ -323,13 +356,15 @@ async def read_judgment(
     strategy: PrefixReuse,
     options: ReadOptions,
     readings: Mapping[str, Reading] | None = None,
+    cached: CachedReads | None = None,
 ) -> Judgment:
-    """Read every request (under ``strategy`` where the backend reuses prefixes) and gather
-    the answers in request order: a question read under rotations is settled from all its
-    reads (`settle_question`), and a calibration map applied."""
+    """Read every request (under ``strategy`` where the backend reuses prefixes; through
+    ``cached``, the session's read cache, if any) and gather the answers in request order: a
+    question read under rotations is settled from all its reads (`settle_question`), and a
+    calibration map applied."""
     if len(requests) == 1:  # one read (the common case): no closures, schedule or fan-out
         try:
-            scored = [await _score(backend, probe, slots, requests[0], options)]
+            scored = [await _score(backend, probe, slots, requests[0], options, cached)]
         except TypevetError as error:
             _name_question(error, requests[0])
             raise
@@ -338,7 +373,7 @@ async def read_judgment(
         scored, usage = await _read_many(
             requests,
             strategy if backend.capabilities.prefix_reuse and requests else "off",
-            lambda request: _score(backend, probe, slots, request, options),
+            lambda request: _score(backend, probe, slots, request, options, cached),
         )
     if readings is None and options.calibration is None:  # one read per question, as read
         return Judgment(

@@ -30,6 +30,7 @@ from typevet_async._errors import (
     UnsupportedTemplateError,
 )
 from typevet_async._images import Image
+from typevet_async._read_cache import CachedReads
 from typevet_async._settings import SessionSettings
 
 __all__ = ["PLAN_CACHE_SIZE", "VERDICT_CACHE_SIZE", "Planner", "template_refusal"]
@@ -106,6 +107,8 @@ class Planner:
         self._single_limit = len(available_controls(ALPHABETS[controls], control_ids, leads))
         #: Numbers each judgment planned (`ScoringRequest.judgment`).
         self._judgments = itertools.count(1)
+        #: The session's read cache for this backend and probe (None: every read is sent).
+        self.cached_reads = CachedReads.bind(settings.cache, backend, probe)
 
     def is_special(self, run: str) -> bool:
         """The served tokenizer's verdict on a marker run (unknown: special, to be safe)."""

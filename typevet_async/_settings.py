@@ -30,6 +30,7 @@ from typevet_async._options import (
     resolve,
     unset_or,
 )
+from typevet_async._read_cache import ReadCache, check_cache
 
 #: A judgment's rotations of the options: one count for every question, or by question id.
 Permutations = int | Mapping[str, int]
@@ -108,6 +109,10 @@ class SessionSettings:
         rotations, before averaging (a question read under rotations needs all of them).
     :param calibration: a fitted `CalibrationMap` applied to every judgment's answers (it
         must have been fitted for this model, template family, server kind and questions).
+    :param cache: a read cache (`MemoryReadCache`, `SqliteReadCache` or any `ReadCache`):
+        each read is looked up by everything that decides its bytes before it is sent, and
+        stored once validated; identical reads in flight at once are sent once. None (the
+        default): every read is sent. The session never closes it (its owner does).
     """
 
     max_concurrency: int = attrs.field(default=DEFAULT_MAX_CONCURRENCY, validator=positive_int)
@@ -122,6 +127,7 @@ class SessionSettings:
     permutations: Permutations = attrs.field(default=1, validator=_permutations)
     label_prior: bool = attrs.field(default=False, validator=boolean)
     calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
+    cache: ReadCache | None = attrs.field(default=None, validator=check_cache)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> SessionSettings:
@@ -133,6 +139,16 @@ class SessionSettings:
                 f"unknown session setting(s) {unknown}; the settings are {sorted(known)}"
             )
         return cls(**keywords)
+
+    def with_keywords(
+        self, keywords: Mapping[str, Any], *, fixed: Mapping[str, str] | None = None
+    ) -> SessionSettings:
+        """These settings with others by name (`from_keywords`' rules); ``fixed`` maps the
+        settings that may not be given to where they come from."""
+        for name, source in (fixed or {}).items():
+            if name in keywords:
+                raise ConfigurationError(f"{name} comes from {source} here, not a keyword")
+        return SessionSettings.from_keywords({**attrs.asdict(self, recurse=False), **keywords})
 
 
 @attrs.frozen(kw_only=True)

@@ -384,3 +384,30 @@ async def test_vllms_own_read_span_joins_the_callers_trace_under_the_sdks_read(
     assert served.name == "llm_request"
     assert served.parent_span_id == _trace_ids(read)[1]
     assert served.attributes["gen_ai.usage.prompt_tokens"] == judgment.usage.prompt_tokens
+
+
+async def test_a_cached_read_is_a_question_span_with_no_read_under_it(
+    gemma3_url: str, otel: Recorded
+) -> None:
+    question = {"refund": QUESTIONS["refund"]}
+    async with tv.Session.llama_cpp(gemma3_url, cache=tv.MemoryReadCache()) as session:
+        fresh = await session.judge(STATE, question)
+        otel.exporter.clear()
+        otel.metrics()  # the first judgment's points, read and dropped (delta temporality)
+        again = await session.judge(STATE, question)
+    assert again.usage.reads == 0
+    assert again.usage.cache_hits == 1
+    assert again["refund"] == fresh["refund"]
+    [judge] = otel.named("typevet.judge")
+    assert judge.attributes is not None
+    assert judge.attributes["typevet.cache.hits"] == 1
+    assert judge.attributes["typevet.usage.reads"] == 0
+    [question_span] = otel.children(judge)
+    assert question_span.attributes is not None
+    assert question_span.attributes["typevet.cache"] == "hit"
+    assert not otel.children(question_span)  # nothing was sent
+    points = otel.metrics()
+    [lookup] = points["typevet.cache.lookups"]
+    assert lookup.value == 1
+    assert lookup.attributes["typevet.cache.outcome"] == "hit"
+    assert "typevet.reads" not in points

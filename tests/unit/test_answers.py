@@ -116,7 +116,7 @@ def test_json_round_trip_in_the_system_one_shape() -> None:
     assert data["answers"]["route"]["type"] == "choice"
     assert data["answers"]["route"]["choice"] == "a"
     assert data["answers"]["urgency"]["legend"] == ["l", "m", "h"]
-    assert data["usage"] == {"prompt_tokens": 30, "cached_tokens": 10, "reads": 3}
+    assert data["usage"] == {"prompt_tokens": 30, "cached_tokens": 10, "reads": 3, "cache_hits": 0}
     raw = tv.judgment_to_json(judgment)
     assert b'"probabilities":{"0":0.1,"1":0.2,"2":0.7}' in raw
     assert tv.judgment_from_json(raw) == judgment

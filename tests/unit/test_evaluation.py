@@ -251,3 +251,19 @@ def test_figures_have_unique_bounded_plain_names_and_the_report_survives_a_faile
     written = json.loads((tmp_path / "again" / "report.json").read_text())
     assert "RuntimeError: no renderer" in written["figures_not_drawn"][0]
     assert (tmp_path / "again" / "report.html").exists()
+
+
+def test_eval_names_a_cache_file_that_cannot_be_opened_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"id": 0, "state": "x", "labels": {"refund": true}}\n')
+    cache = tmp_path / "no-such-folder" / "reads.db"
+    code = _cli.main(["eval", str(data), "--questions", str(write_questions(tmp_path)),
+                      "--out", str(tmp_path / "out"), "--cache", str(cache),
+                      "--base-url", "http://127.0.0.1:9"])  # fmt: skip
+    assert code == _cli.EXIT_ERROR
+    error = capsys.readouterr().err
+    assert "ConfigurationError" in error
+    assert str(cache) in error
+    assert "TransportError" not in error

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import inspect
 
+import attrs
+
 import typevet_async as tv
 from typevet_async import _errors
 
@@ -69,3 +71,19 @@ def test_py_typed_ships() -> None:
     from importlib.resources import files
 
     assert files("typevet_async").joinpath("py.typed").is_file()
+
+
+def test_the_read_cache_is_public() -> None:
+    from typevet_async import _read_cache
+    from typevet_async._backends import base
+
+    assert tv.ReadCache is _read_cache.ReadCache
+    assert tv.MemoryReadCache is _read_cache.MemoryReadCache
+    assert tv.SqliteReadCache is _read_cache.SqliteReadCache
+    assert tv.ReadIdentifying is base.ReadIdentifying
+    for name in ("ReadCache", "MemoryReadCache", "SqliteReadCache", "ReadIdentifying"):
+        assert name in tv.__all__
+    # Both stores are read caches, and a session's settings take them.
+    assert isinstance(tv.MemoryReadCache(), tv.ReadCache)
+    assert isinstance(tv.SqliteReadCache("unused.db"), tv.ReadCache)
+    assert "cache" in {field.name for field in attrs.fields(tv.SessionSettings)}

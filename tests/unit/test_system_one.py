@@ -112,7 +112,12 @@ async def test_a_response_validates_against_the_official_response_model() -> Non
     assert parsed.usage.input_tokens == judgment.usage.prompt_tokens
     assert parsed.usage.output_tokens == 0  # no token is generated
     # Our richer record rides along; System One clients ignore it.
-    assert body[EXTENSION]["usage"] == {"prompt_tokens": 30, "cached_tokens": 0, "reads": 3}
+    assert body[EXTENSION]["usage"] == {
+        "prompt_tokens": 30,
+        "cached_tokens": 0,
+        "reads": 3,
+        "cache_hits": 0,
+    }
     assert set(body[EXTENSION]["diagnostics"]) == {"refund", "route", "urgency"}
     # And back, as `Session.system_one` reads it: the same judgment, diagnostics included.
     assert decode_judgment(orjson.dumps(body), list(call.questions.items())) == judgment

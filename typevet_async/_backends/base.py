@@ -8,6 +8,7 @@ The README's "Writing a backend" section walks through a new one.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -28,7 +29,9 @@ __all__ = [
     "BatchJudging",
     "Capabilities",
     "Framing",
+    "ReadIdentifying",
     "RemoteJudging",
+    "server_of",
 ]
 
 #: ``"sdk"``: the SDK frames the raw prefix in the served family's own turn markers and the
@@ -196,3 +199,30 @@ class BatchJudging(Protocol):
         :raises QuestionError: the server refused the questions.
         """
         ...
+
+
+@runtime_checkable
+class ReadIdentifying(Protocol):
+    """What a backend adds whose reads a session's read cache may keep
+    (`typevet_async._read_cache`): a text naming everything about the backend that decides a
+    read's bytes. Two backends with the same identity, the same probe and the same request must
+    be sent the same read; anything that could make them differ belongs in it (its kind, where
+    the server is, the served model it is pinned to, every setting of how it reads: llama.cpp's
+    first top-K rule, ``on_missing``, reproducible mode; vLLM's logprobs mode). A backend
+    without it (System One, OpenAI Decisions: their servers judge whole judgments) is not
+    cached."""
+
+    def read_identity(self) -> str | None:
+        """The backend's read identity (once open: an embedded server's is its options and
+        model file, not its port); None: this backend's reads may not be cached."""
+        ...
+
+
+def server_of(base_url: str | None) -> str | None:
+    """``base_url`` without its user and password: which server a read identity names (the
+    credentials decide who may read, not what is read; and an identity is text a caller may
+    print)."""
+    if base_url is None:
+        return None
+    parts = urllib.parse.urlsplit(base_url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

@@ -11,6 +11,7 @@ caller's GIL) on a free port, and exits when its parent closes its stdin, or die
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -128,9 +129,13 @@ class EmbeddedServer:
         self.options = options or ServerOptions()
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
+        #: What decides this server's reads whatever port it listens on (set by `start`):
+        #: part of the read cache's key of a session on it (`AsyncLlamaCpp.read_identity`).
+        self.read_identity: dict[str, Any] | None = None
 
     def start(self) -> str:
         model_path = self.options.model_path or ensure_model(self.options.model)
+        self.read_identity = _read_identity(self.options, model_path)
         log = self.options.log_file.open("ab") if self.options.log_file else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(
@@ -171,6 +176,35 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _read_identity(options: ServerOptions, model_path: Path) -> dict[str, Any]:
+    """What decides the reads of a server started with ``options`` on ``model_path``: the
+    model file (a local model by the sha256 it was verified against, any other GGUF by its
+    path, size and modification time), the template, the context and slots, the sliding-window
+    cache and the llama.cpp build (xllamacpp's version); not the port, new at each start."""
+    if options.model_path is None:
+        model: dict[str, Any] = {"name": options.model, "sha256": local_model(options.model).sha256}
+    else:
+        stat = model_path.stat()
+        model = {
+            "path": str(model_path.resolve()),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+        }
+    try:
+        build: str | None = importlib.metadata.version("xllamacpp")
+    except importlib.metadata.PackageNotFoundError:
+        build = None
+    return {
+        "model": model,
+        "chat_template": options.chat_template,
+        "jinja": options.jinja,
+        "n_ctx": options.n_ctx,
+        "n_parallel": options.n_parallel,
+        "swa_full": options.swa_full,
+        "xllamacpp": build,
+    }
 
 
 def stop_child(process: subprocess.Popen[Any], *, timeout: float) -> None:

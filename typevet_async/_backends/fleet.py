@@ -41,9 +41,16 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 import attrs
+import orjson
 from tenacity import RetryCallState
 
-from typevet_async._backends.base import AnswerTokenizing, Backend, Capabilities, RemoteJudging
+from typevet_async._backends.base import (
+    AnswerTokenizing,
+    Backend,
+    Capabilities,
+    ReadIdentifying,
+    RemoteJudging,
+)
 from typevet_async._backends.retrying import (
     RetryPolicy,
     is_transient,
@@ -183,6 +190,20 @@ class AsyncFleet:
     def endpoints(self) -> list[str]:
         """The endpoints' names, in the order given."""
         return [endpoint.name for endpoint in self._endpoints]
+
+    def read_identity(self) -> str | None:
+        """What decides this fleet's reads (`ReadIdentifying`): every endpoint's identity
+        (sorted: the same fleet given in another order is the same). Its endpoints agree on
+        the model, template and controls (`probe`), but a read is still kept under all of
+        them together, never under one. None if an endpoint's reads may not be cached."""
+        members = []
+        for endpoint in self._endpoints:
+            backend = endpoint.backend
+            identity = backend.read_identity() if isinstance(backend, ReadIdentifying) else None
+            if identity is None:
+                return None
+            members.append(identity)
+        return orjson.dumps({"backend": "fleet", "endpoints": sorted(members)}).decode()
 
     def endpoint_states(self) -> dict[str, str]:
         """Each endpoint's routing state: ``up``, ``cooling``, ``checking`` or ``excluded``."""

@@ -18,9 +18,10 @@ from typing import Any, Literal
 
 import anyio
 import attrs
+import orjson
 
 import typevet_async._telemetry as telemetry
-from typevet_async._backends.base import Capabilities
+from typevet_async._backends.base import Capabilities, server_of
 from typevet_async._backends.embedded import EmbeddedServer, ServerOptions
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
 from typevet_async._backends.llama_cpp_wire import (
@@ -235,6 +236,27 @@ class AsyncLlamaCpp:
     def embedded(self) -> bool:
         """Whether this backend starts and stops its own (embedded) server."""
         return self._server is not None
+
+    def read_identity(self) -> str | None:
+        """What decides this backend's reads (`ReadIdentifying`): the server (its URL; an
+        embedded server's model file, template, slots and build, not its port), the model pin,
+        and every setting of how a read is made (the first top-K and its rule, escalation,
+        ``on_missing``, ``reproducible``); None before an embedded server has started."""
+        config = self.config
+        if self._server is None:
+            where: dict[str, Any] = {"base_url": server_of(self.http.base_url)}
+        elif self._server.read_identity is None:
+            return None
+        else:
+            where = {"embedded": self._server.read_identity}
+        rule = (ENTRIES_PER_OPTION, MIN_FIRST_TOP_K, ESCALATED_TOP_K, DEFAULT_CLAMP_TOP_K,
+                ESCALATION_FACTOR)  # fmt: skip
+        identity = {
+            "backend": "llama.cpp", **where, "model": config.model, "top_k": config.top_k,
+            "top_k_rule": rule, "on_missing": config.on_missing,
+            "reproducible": config.reproducible,
+        }  # fmt: skip
+        return orjson.dumps(identity, option=orjson.OPT_SORT_KEYS).decode()
 
     async def open(self) -> None:
         """Start the embedded server, if this backend has one, then open the pool."""

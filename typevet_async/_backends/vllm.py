@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
+import orjson
 
 import typevet_async._telemetry as telemetry
-from typevet_async._backends.base import Capabilities
+from typevet_async._backends.base import Capabilities, server_of
 from typevet_async._backends.http import Attempts, HttpClient, HttpSettings
 from typevet_async._backends.openai_chat import decode_chat_output
 from typevet_async._backends.vllm_wire import (
@@ -127,6 +128,18 @@ class AsyncVllm:
     @property
     def off_menu_known(self) -> bool:
         return self.config.logprobs_mode.endswith("logprobs")
+
+    def read_identity(self) -> str:
+        """What decides this backend's reads (`ReadIdentifying`): the server's URL, the served
+        model every request names and the logprobs mode the reads are taken in."""
+        config = self.config
+        identity = {
+            "backend": "vllm",
+            "base_url": server_of(self.http.base_url),
+            "model": config.model,
+            "logprobs_mode": config.logprobs_mode,
+        }
+        return orjson.dumps(identity, option=orjson.OPT_SORT_KEYS).decode()
 
     async def open(self) -> None:
         await self.http.open()

@@ -4,6 +4,7 @@ metrics with intervals, reliability figures)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -57,6 +58,14 @@ def add_parser(command: AddCommand) -> None:
         default=1000,
         metavar="N",
         help="bootstrap resamples of the intervals (default: 1000; 0: none)",
+    )
+    evaluation.add_argument(
+        "--cache",
+        type=Path,
+        metavar="PATH",
+        help="keep every read in the SQLite file PATH (created if missing) and take the reads "
+        "it already holds from it: a re-run with the same model, server, template and records "
+        "sends no read (default: none, every read is sent)",
     )
     evaluation.add_argument("--no-progress", action="store_true", help="no progress bar")
     reading_flags(evaluation)
@@ -116,28 +125,42 @@ async def run_eval(args: argparse.Namespace, out: TextIO) -> int:
             raise CommandLineError(f"{args.input} line {number}: {error}") from None
         total += 1
     records = (record for _, record in _labelled_lines(args.input))
-    session = session_from_args(args, os.environ)
+    cache = None if args.cache is None else tv.SqliteReadCache(args.cache)
+    session = session_from_args(args, os.environ, cache=cache)
     bar = tqdm(
         total=total,
         unit="rec",
         disable=True if args.no_progress else None,
         file=sys.stderr,
     )
-    with bar:
-        async with session:
-            evaluation = await module.evaluate(
-                session,
-                records,
-                questions,
-                out=args.out / "reads.jsonl",
-                resume=args.resume,
-                on_progress=lambda progress: bar.update(1),
-                **reading,
-            )
+    async with contextlib.AsyncExitStack() as owned:
+        if cache is not None:  # the command owns the cache: open before, closed after
+            await owned.enter_async_context(cache)
+        with bar:
+            async with session:
+                evaluation = await module.evaluate(
+                    session,
+                    records,
+                    questions,
+                    out=args.out / "reads.jsonl",
+                    resume=args.resume,
+                    on_progress=lambda progress: bar.update(1),
+                    **reading,
+                )
     report = evaluation.write(args.out, bins=args.bins, resamples=args.resamples)
     print(_report_lines(report), file=out)
+    print(_reads_line(evaluation.usage, cache), file=out)
     print(f"report: {args.out / 'report.html'}", file=out)
     return EXIT_FAILED_RECORDS if evaluation.failed else EXIT_OK
+
+
+def _reads_line(usage: tv.Usage, cache: tv.SqliteReadCache | None) -> str:
+    """What the run read: an eval measures the served model, so a re-run says whether it
+    read it again or took the reads from ``--cache``."""
+    line = f"reads sent: {usage.reads:,}"
+    if cache is not None:
+        line += f"; answered by the read cache {cache.path}: {usage.cache_hits:,}"
+    return line
 
 
 def _report_lines(report: Mapping[str, Any]) -> str:

@@ -69,8 +69,11 @@ def questions_from_args(args: argparse.Namespace) -> dict[str, tv.Question]:
     return questions
 
 
-def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> tv.Session:
-    """The session the flags and variables describe (flags win); nothing is opened or started.
+def session_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str], **settings: Any
+) -> tv.Session:
+    """The session the flags and variables describe (flags win), with other settings by name
+    (``cache``); nothing is opened or started.
 
     :raises ConfigurationError: naming the flag (and its variable) that is missing or wrong.
     """
@@ -78,7 +81,7 @@ def session_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> t
         name: getattr(args, name, None)
         for name in ("backend", "base_url", "local_model", "model", "api_key", "max_concurrency")
     }
-    return tv.Session.from_env(environ, flags=flags)
+    return tv.Session.from_env(environ, flags=flags, **settings)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import attrs
 
@@ -190,6 +190,10 @@ class Diagnostics:
     #: (`typevet_async._core.codes`); ``token_ids`` are then the first tokens and ``logprobs``
     #: the codes' joint logprobs, log P(first) + log P(second | first). Empty: one token each.
     codes: tuple[tuple[int, int], ...] = ()
+    #: The session's read cache's outcome: ``"hit"`` (nothing was sent for it: ``reads`` and
+    #: ``attempts`` are 0; a question read under rotations is a hit only if every rotation
+    #: was), ``"miss"`` (read from the server and stored); None: the session has no cache.
+    cache: Literal["hit", "miss"] | None = None
 
 
 @attrs.frozen
@@ -202,12 +206,16 @@ class Usage:
     cached_tokens: int = 0
     #: HTTP scoring reads, escalations included.
     reads: int = 0
+    #: Scoring requests answered by the session's read cache, with nothing sent (one per
+    #: question and rotation; a two-token code question's reads are one).
+    cache_hits: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.cached_tokens + other.cached_tokens,
             self.reads + other.reads,
+            self.cache_hits + other.cache_hits,
         )
 
 

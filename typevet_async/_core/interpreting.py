@@ -7,6 +7,7 @@ from a question to a scoring request, is `typevet_async._core.scoring`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import attrs
 
@@ -81,6 +82,7 @@ def interpret_read(
         attempts=read.attempts,
         endpoint=read.endpoint,
         codes=request.codes,
+        cache=read.cache,
     )
     return answer, diagnostics
 
@@ -173,5 +175,13 @@ def settle_question(
         rotations=rotations,
         raw_probabilities=raw,
         calibration=calibration,
+        cache=_cache_outcome([read.cache for _, read in reads]),
     )
     return build_answer(question, probabilities), settled
+
+
+def _cache_outcome(outcomes: Sequence[str | None]) -> Literal["hit", "miss"] | None:
+    """A question's cache outcome from its reads': a hit only if every read was one."""
+    if outcomes[0] is None:
+        return None
+    return "hit" if all(outcome == "hit" for outcome in outcomes) else "miss"

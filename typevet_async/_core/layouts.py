@@ -46,6 +46,11 @@ class ImagePart(Protocol):
     @property
     def data(self) -> bytes: ...
 
+    @property
+    def sha256(self) -> str:
+        """The hex SHA-256 of ``data`` (what the read cache's key holds instead of the bytes)."""
+        ...
+
     def data_uri(self) -> str: ...
 
 

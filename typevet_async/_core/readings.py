@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
 
 import attrs
 
@@ -89,6 +90,10 @@ class CandidateRead:
     #: (`typevet_async._core.codes`); this read is then the first one, and the counts above
     #: (reads, tokens, attempts) are the whole question's.
     after: tuple[CandidateRead, ...] = ()
+    #: The session's read cache's outcome (`typevet_async._read_cache`): ``"hit"`` (stored, or
+    #: shared with the same read in flight: nothing was sent, every count above is 0),
+    #: ``"miss"`` (read from the server, then stored); None: the session has no cache.
+    cache: Literal["hit", "miss"] | None = None
 
 
 def validated_logprobs(

@@ -26,7 +26,6 @@ for each retry and escalation, and the same content rule.
 """
 
 from typevet_async._telemetry.events import (
-    cache_lookup,
     escalated,
     off_menu_raised,
     retried,
@@ -51,7 +50,6 @@ __all__ = [
     "Span",
     "active",
     "answered",
-    "cache_lookup",
     "escalated",
     "generated",
     "generation_span",

@@ -15,17 +15,12 @@ if TYPE_CHECKING:
 if OTEL:
     from opentelemetry import trace as _trace
 
-__all__ = ["cache_lookup", "escalated", "off_menu_raised", "retried", "slot_waited"]
+__all__ = ["escalated", "off_menu_raised", "retried", "slot_waited"]
 
 
 def off_menu_raised(request: ScoringRequest) -> None:
     """An off-menu trip that raised (``raise_off_menu``): counted like a flagged one."""
     instruments().off_menu.add(1, {"typevet.question.type": type(request.question).__name__})
-
-
-def cache_lookup(outcome: str) -> None:
-    """A read-cache lookup's outcome (``hit`` or ``miss``), counted."""
-    instruments().cache.add(1, {"typevet.cache.outcome": outcome})
 
 
 def retried(attempt: int, error: BaseException, wait: float) -> None:

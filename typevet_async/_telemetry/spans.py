@@ -189,9 +189,7 @@ def judged(span: Span, judgment: Judgment) -> None:
     span.set("typevet.usage.reads", usage.reads)
     span.set("gen_ai.usage.input_tokens", usage.prompt_tokens)
     span.set("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
-    hits = getattr(usage, "cache_hits", None)
-    if hits is not None:
-        span.set("typevet.cache.hits", hits)
+    span.set("typevet.cache.hits", usage.cache_hits)
 
 
 @contextmanager
@@ -242,9 +240,9 @@ def answered(span: Span, request: ScoringRequest, diagnostics: Diagnostics) -> N
     span.set("typevet.read.escalations", max(diagnostics.reads - 1 - after, 0))
     span.attributes["typevet.read.attempts"] = diagnostics.attempts
     span.set("typevet.off_menu_mass", diagnostics.off_menu_mass)
-    cache = getattr(diagnostics, "cache", None)
-    if cache is not None:
-        span.set("typevet.cache", cache)
+    if diagnostics.cache is not None:  # the read cache's outcome, counted
+        span.set("typevet.cache", diagnostics.cache)
+        instruments().cache.add(1, {"typevet.cache.outcome": diagnostics.cache})
     if diagnostics.endpoint is not None:
         span.set("typevet.endpoint", diagnostics.endpoint)
     if CAPTURE_CONTENT:
