@@ -13,7 +13,7 @@ embedded server's lifecycle (`typevet_async._backends.embedded`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import anyio
@@ -55,14 +55,12 @@ from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model, model_identity
 from typevet_async._core.readings import (
     CandidateRead,
-    clamp_missing,
     missing_options,
-    present_candidates,
     read_entries,
+    settle_candidates,
 )
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
-    CandidateMissingError,
     ConfigurationError,
     InvalidLogprobsError,
     ServerError,
@@ -161,30 +159,6 @@ class LlamaCppConfig:
         while top_k < ENTRIES_PER_OPTION * options and top_k < ESCALATED_TOP_K:
             top_k *= 2
         return top_k
-
-
-def _candidates(
-    entries: Mapping[int, float],
-    groups: Sequence[tuple[int, ...]],
-    missing: Sequence[tuple[int, ...]],
-    policy: str,
-    top_k: int,
-) -> tuple[tuple[int, ...], tuple[float, ...], bool]:
-    """The candidates' ids and logprobs from a read's entries, and whether ``clamp`` filled
-    a missing one in (``exact`` never gets here with one missing).
-
-    :raises CandidateMissingError: an option is missing and the policy is ``error``.
-    """
-    if missing and policy == "error":
-        tokens = tuple(token for group in missing for token in group)
-        raise CandidateMissingError(
-            f"candidate token ids {list(tokens)} are outside the top {top_k} (on_missing='error')",
-            missing=tokens,
-        )
-    if missing:  # clamp
-        return clamp_missing(entries, groups)
-    ids, logprobs = present_candidates(entries, groups)
-    return ids, logprobs, False
 
 
 def next_top_k(top_k: int, vocab_size: int) -> int:
@@ -442,7 +416,7 @@ class AsyncLlamaCpp:
                 telemetry.escalated(top_k, wider, len(missing))
                 top_k = wider
                 continue
-            ids, logprobs, truncated = _candidates(entries, groups, missing, policy, top_k)
+            ids, logprobs, truncated = settle_candidates(entries, groups, missing, policy, top_k)
             return CandidateRead(
                 ids,
                 logprobs,

@@ -17,7 +17,7 @@ from typing import Literal
 
 import attrs
 
-from typevet_async._errors import InvalidLogprobsError, ProtocolError
+from typevet_async._errors import CandidateMissingError, InvalidLogprobsError, ProtocolError
 
 __all__ = [
     "LOGPROB_SLACK",
@@ -30,6 +30,7 @@ __all__ = [
     "off_menu_mass",
     "present_candidates",
     "read_entries",
+    "settle_candidates",
     "softmax",
     "validated_entries",
     "validated_logprobs",
@@ -215,6 +216,31 @@ def clamp_missing(
     filled = {group[0]: floor for group in missing_options(logprobs, groups)}
     ids, values = present_candidates({**logprobs, **filled}, groups)
     return ids, values, bool(filled)
+
+
+def settle_candidates(
+    entries: Mapping[int, float],
+    groups: Sequence[tuple[int, ...]],
+    missing: Sequence[tuple[int, ...]],
+    policy: str,
+    top_k: int,
+) -> tuple[tuple[int, ...], tuple[float, ...], bool]:
+    """The candidates' ids and logprobs from a top-``top_k`` read's entries under a truncation
+    ``policy``, and whether ``clamp`` filled a missing option in (``exact`` escalates before
+    it gets here with one missing).
+
+    :raises CandidateMissingError: an option is missing and the policy is ``error``.
+    """
+    if missing and policy == "error":
+        tokens = tuple(token for group in missing for token in group)
+        raise CandidateMissingError(
+            f"candidate token ids {list(tokens)} are outside the top {top_k} (on_missing='error')",
+            missing=tokens,
+        )
+    if missing:  # clamp
+        return clamp_missing(entries, groups)
+    ids, logprobs = present_candidates(entries, groups)
+    return ids, logprobs, False
 
 
 def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
