@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -134,28 +134,30 @@ def judge(
     # costs one check and no coroutine layer of its own.
     if not telemetry.observing():
         return _judge(*arguments)
-    return _observed_judge(*arguments)
+    return _observed_judge(_JudgmentCall(*arguments))
 
 
-async def _observed_judge(
-    planner: Planner,
-    slots: SlotShare,
-    state: Any,
-    state_text: str,
-    questions: Sequence[tuple[str, Question]],
-    images: tuple[Image, ...],
-    strategy: PrefixReuse,
-    options: ReadOptions,
-) -> Judgment:
+class _JudgmentCall(NamedTuple):
+    """`judge`'s arguments, as `_judge` takes them."""
+
+    planner: Planner
+    slots: SlotShare
+    state: Any
+    state_text: str
+    questions: Sequence[tuple[str, Question]]
+    images: tuple[Image, ...]
+    strategy: PrefixReuse
+    options: ReadOptions
+
+
+async def _observed_judge(call: _JudgmentCall) -> Judgment:
     """`_judge` in a ``typevet.judge`` span."""
-    backend = planner.backend
-    model = model_identity(backend.model, planner.probe.model_ids)
+    backend = call.planner.backend
+    model = model_identity(backend.model, call.planner.probe.model_ids)
     with telemetry.judgment_span(
-        backend.capabilities.server, model, len(questions), state_text
+        backend.capabilities.server, model, len(call.questions), call.state_text
     ) as span:
-        judgment = await _judge(
-            planner, slots, state, state_text, questions, images, strategy, options
-        )
+        judgment = await _judge(*call)
         telemetry.judged(span, judgment)
         return judgment
 
@@ -243,24 +245,29 @@ def _score(
     the coroutine to await, with no layer of its own on the hot path."""
     if not telemetry.observing():
         return _score_read(backend, probe, slots, request, options, cached)
-    return _observed_score(backend, probe, slots, request, options, cached)
+    return _observed_score(_ReadCall(backend, probe, slots, request, options, cached))
 
 
-async def _observed_score(
-    backend: Backend,
-    probe: Probe,
-    slots: SlotShare,
-    request: ScoringRequest,
-    options: ReadOptions,
-    cached: CachedReads | None,
-) -> _Scored:
-    with telemetry.question_span(request) as span:
+class _ReadCall(NamedTuple):
+    """`_score`'s arguments, as `_score_read` takes them."""
+
+    backend: Backend
+    probe: Probe
+    slots: SlotShare
+    request: ScoringRequest
+    options: ReadOptions
+    cached: CachedReads | None
+
+
+async def _observed_score(call: _ReadCall) -> _Scored:
+    """`_score_read` in a ``typevet.question`` span."""
+    with telemetry.question_span(call.request) as span:
         try:
-            scored = await _score_read(backend, probe, slots, request, options, cached)
+            scored = await _score_read(*call)
         except OffMenuError:
-            telemetry.off_menu_raised(request)
+            telemetry.off_menu_raised(call.request)
             raise
-        telemetry.answered(span, request, scored.diagnostics)
+        telemetry.answered(span, call.request, scored.diagnostics)
         return scored
 
 

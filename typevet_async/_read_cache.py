@@ -39,7 +39,6 @@ import functools
 import importlib.metadata
 import logging
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import anyio
@@ -53,6 +52,7 @@ from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import ConfigurationError, TypevetError
 from typevet_async._read_cache_sqlite import DEFAULT_SQLITE_ENTRIES, SqliteReadCache
+from typevet_async._resources import AsyncResource
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
@@ -98,7 +98,7 @@ def _max_entries(value: Any) -> int:
     return value
 
 
-class MemoryReadCache:
+class MemoryReadCache(AsyncResource):
     """A read cache in this process's memory, bounded: past ``max_entries`` the least recently
     used read is dropped. Nothing to open or close (``async with`` works, for symmetry with
     `SqliteReadCache`); gone with the process.
@@ -131,17 +131,6 @@ class MemoryReadCache:
 
     async def aclose(self) -> None:
         """Nothing to release (the entries stay, for a cache used again)."""
-
-    async def __aenter__(self) -> MemoryReadCache:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def check_cache(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 
 from typevet_async._errors import ConfigurationError, SessionStateError
+from typevet_async._resources import AsyncResource
 
 if TYPE_CHECKING:
     import aiosqlite
@@ -68,7 +68,7 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-class SqliteReadCache:
+class SqliteReadCache(AsyncResource):
     """A read cache in the SQLite file ``path`` (created if missing), bounded to
     ``max_entries`` reads (least recently used dropped first), kept across runs.
 
@@ -94,18 +94,6 @@ class SqliteReadCache:
 
     def __repr__(self) -> str:
         return f"SqliteReadCache({str(self.path)!r}, max_entries={self.max_entries}, {self._state})"
-
-    async def __aenter__(self) -> SqliteReadCache:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def open(self) -> None:
         """Open (or create) the file, in WAL mode, and its table. Safe to call twice.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Literal, TypedDict, Unpack, overload
 
 import anyio
@@ -51,6 +50,7 @@ from typevet_async._options import (
     positive_number,
 )
 from typevet_async._planning import Planner
+from typevet_async._resources import AsyncResource
 from typevet_async._settings import (
     BatchOptions,
     GenerationOptions,
@@ -73,7 +73,7 @@ class _GenerationKeywords(TypedDict, total=False):
     max_retries: int | Unset
 
 
-class Session(SessionFactories):
+class Session(SessionFactories, AsyncResource):
     """An open connection to one model server, for judgments and schema-bound generations.
 
     Build one with `Session.llama_cpp`, `Session.vllm`, `Session.local` or `Session.from_env`
@@ -116,18 +116,6 @@ class Session(SessionFactories):
         return self._settings
 
     # -- lifecycle -----------------------------------------------------------------------
-
-    async def __aenter__(self) -> Session:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def open(self) -> None:
         """Open the backend (its pool; the embedded server, if any). Safe to call twice."""

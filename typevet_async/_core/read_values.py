@@ -56,16 +56,10 @@ class _After:
 
 
 @attrs.frozen
-class _Stored:
-    """A read as stored: what it read, not what it cost."""
+class _Stored(_After):
+    """A read as stored: what it read, not what it cost (a code question's reads after its
+    first tokens too)."""
 
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    top_k: int
-    off_menu_known: bool
-    prompt: str
-    policy: str
-    truncated: bool
     endpoint: str | None
     after: tuple[_After, ...]
 

@@ -116,6 +116,13 @@ class _Nothing:
 class Instruments:
     """The tracer and the metric instruments of one pair of providers (the installed ones)."""
 
+    reads: Any
+    retries: Any
+    escalations: Any
+    errors: Any
+    off_menu: Any
+    cache: Any
+
     def __init__(self, providers: tuple[Any, Any] = (None, None)) -> None:
         #: The tracer and meter providers they were built from.
         self.providers = providers
@@ -174,34 +181,25 @@ class Instruments:
         )
 
     def _counts(self, meter: Any) -> None:
-        """The counters, and the reads in flight."""
-        self.reads = meter.create_counter(
-            "typevet.reads", unit="{read}", description="Scoring reads sent (escalations included)"
-        )
-        self.retries = meter.create_counter(
-            "typevet.retries", unit="{retry}", description="Retries of transient failures"
-        )
-        self.escalations = meter.create_counter(
-            "typevet.escalations",
-            unit="{escalation}",
-            description="Reads sent again with a larger top-K because a candidate was missing",
-        )
-        self.errors = meter.create_counter(
-            "typevet.errors", unit="{error}", description="Failed judgments and generations"
-        )
-        self.off_menu = meter.create_counter(
-            "typevet.off_menu.trips",
-            unit="{answer}",
-            description="Answers whose off-menu mass passed the judgment's threshold",
-        )
+        """The counters (`_COUNTERS`), and the reads in flight."""
+        for attribute, name, unit, description in _COUNTERS:
+            setattr(self, attribute, meter.create_counter(name, unit=unit, description=description))
         self.in_flight = meter.create_up_down_counter(
             "typevet.reads.in_flight", unit="{read}", description="Reads in flight"
         )
-        self.cache = meter.create_counter(
-            "typevet.cache.lookups",
-            unit="{lookup}",
-            description="Read-cache lookups, by outcome (hit or miss)",
-        )
+
+
+#: Each counter: its `Instruments` attribute, name, unit and description.
+_COUNTERS: Final = (
+    ("reads", "typevet.reads", "{read}", "Scoring reads sent (escalations included)"),
+    ("retries", "typevet.retries", "{retry}", "Retries of transient failures"),
+    ("escalations", "typevet.escalations", "{escalation}",
+     "Reads sent again with a larger top-K because a candidate was missing"),
+    ("errors", "typevet.errors", "{error}", "Failed judgments and generations"),
+    ("off_menu", "typevet.off_menu.trips", "{answer}",
+     "Answers whose off-menu mass passed the judgment's threshold"),
+    ("cache", "typevet.cache.lookups", "{lookup}", "Read-cache lookups, by outcome (hit or miss)"),
+)  # fmt: skip
 
 
 def _version() -> str | None:
