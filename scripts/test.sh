@@ -37,6 +37,6 @@ fi
 step "docs: benchmark pages current (scripts/benchmark_pages.py --check), mkdocs build --strict"
 .venv/bin/python scripts/benchmark_pages.py --check
 NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --quiet --site-dir build/site
-step "pytest: unit tests, then live tests against real servers (about 21 min on a shared 2-core machine: unit 1.5, live 20; the longest, the web app's 50 requests and the Ray comparison, about 3 and 2)"
+step "pytest: unit tests, then live tests against real servers (about 22 min on a shared 2-core machine: unit 2, live 20; the longest, the web app's 50 requests and the Ray comparison, about 3 and 2)"
 # -v names each test as it starts: the long live tests are not one silent dot.
 exec .venv/bin/python -m pytest tests -v --durations=10 "$@"
