@@ -9,7 +9,10 @@ import contextlib
 import io
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -191,3 +194,42 @@ def test_a_program_that_configured_logging_itself_keeps_its_own() -> None:
         configure_logging(_parsed(["-vv"]))
         assert ours.level == before
         assert logging.getLogger().handlers == [handler]
+
+
+#: A judgment and the span helpers with the ``otel`` extra absent (every import of
+#: ``opentelemetry`` fails) and DEBUG logs on: the records still come, nothing else is needed.
+_WITHOUT_OPENTELEMETRY = """
+import asyncio, io, logging, sys
+sys.modules["opentelemetry"] = None
+import typevet_async as tv
+import typevet_async._telemetry as telemetry
+from tests.unit.stubs import InMemoryStubBackend
+assert not telemetry.active()
+stream = io.StringIO()
+logging.basicConfig(level=logging.DEBUG, stream=stream, format="%(name)s %(message)s")
+async def main():
+    async with tv.Session(InMemoryStubBackend()) as session:
+        judgment = await session.judge("a ticket", {"q": tv.Noul(instructions="Refund?")})
+    assert judgment["q"].noul is not None
+asyncio.run(main())
+with telemetry.read_span("text_completion", "llama.cpp", "m", "http://h:1", top_k=4) as span:
+    telemetry.read_usage(span, 10, 2)
+telemetry.retried(1, RuntimeError("x"), 0.1)
+telemetry.escalated(4, 64, 1)
+assert "opentelemetry" not in {name.split(".")[0] for name in sys.modules if sys.modules[name]}
+print(stream.getvalue())
+"""
+
+
+def test_without_the_otel_extra_debug_logs_still_time_every_step() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OPENTELEMETRY],
+        capture_output=True, text=True, timeout=120, check=False,
+        cwd=Path(__file__).parent.parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    names = [line.split(" ", 1)[0] for line in done.stdout.splitlines() if line]
+    assert "typevet_async.question" in names
+    assert "typevet_async.judgment" in names
+    assert "typevet_async.read" in names
+    assert "typevet_async.retry" in names

@@ -30,6 +30,14 @@ if OTEL:
     from opentelemetry.trace import SpanKind as _SpanKind
     from opentelemetry.trace import Status as _Status
     from opentelemetry.trace import StatusCode as _StatusCode
+else:
+
+    class _SpanKind:  # type: ignore[no-redef]
+        """Without OpenTelemetry no span is started: the kinds are never read (DEBUG logs
+        alone still time the reads)."""
+
+        INTERNAL = CLIENT = SERVER = None
+
 
 __all__ = [
     "Span",
