@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
-import importlib.metadata
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
@@ -53,6 +51,7 @@ from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import ConfigurationError, TypevetError
 from typevet_async._read_cache_sqlite import DEFAULT_SQLITE_ENTRIES, SqliteReadCache
 from typevet_async._resources import AsyncResource
+from typevet_async._version import installed_version
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
@@ -142,16 +141,6 @@ def check_cache(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
-@functools.cache
-def _sdk_version() -> str:
-    """The installed SDK's version: part of every key, so an upgrade never reads an older
-    SDK's entries (how a read is made may have changed)."""
-    try:
-        return importlib.metadata.version("typevet_async")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 class _Flight:
     """One read in flight: its leader's read, or its error, once done (neither: the leader
     was cancelled, and a waiter takes over)."""
@@ -217,7 +206,7 @@ class CachedReads:
         identity = backend.read_identity()
         if identity is None:
             return None
-        return cls(cache, f"{identity}\nsdk {_sdk_version()}", probe_digest(probe))
+        return cls(cache, f"{identity}\nsdk {installed_version()}", probe_digest(probe))
 
     async def read(
         self, request: ScoringRequest, fetch: Callable[[], Awaitable[CandidateRead]]

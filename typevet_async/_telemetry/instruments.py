@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any, Final
+
+from typevet_async._version import installed_version
 
 __all__ = [
     "CAPTURE_CONTENT",
@@ -133,10 +134,10 @@ class Instruments:
             self.reads = self.retries = self.escalations = self.errors = nothing
             self.off_menu = self.in_flight = self.slot_wait = self.cache = nothing
             return
-        version = _version()
+        version = installed_version()
         tracer_provider, meter_provider = providers
         self.tracer = tracer_provider.get_tracer(SCOPE, version)
-        meter = meter_provider.get_meter(SCOPE, version or "")
+        meter = meter_provider.get_meter(SCOPE, version)
         self._durations(meter)
         self._counts(meter)
 
@@ -200,14 +201,6 @@ _COUNTERS: Final = (
      "Answers whose off-menu mass passed the judgment's threshold"),
     ("cache", "typevet.cache.lookups", "{lookup}", "Read-cache lookups, by outcome (hit or miss)"),
 )  # fmt: skip
-
-
-def _version() -> str | None:
-    """The installed distribution's version: the instrumentation scope's."""
-    try:
-        return importlib.metadata.version("typevet_async")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 _instruments: Instruments | None = None
