@@ -49,6 +49,10 @@ BODY_FAULTS: dict[str, Callable[[bytes], bytes]] = {
         {**json.loads(body), "generation_settings": {"n_probs": 7}}
     ).encode(),
     "not_an_object": lambda body: b"[1, 2, 3]",
+    # /props of a server that declares vision (the test servers' models are text-only).
+    "vision_props": lambda body: json.dumps(
+        {**json.loads(body), "modalities": {"vision": True, "audio": False}}
+    ).encode(),
 }
 #: Faults answered without asking the real server: status codes.
 STATUS_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}

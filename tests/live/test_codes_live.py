@@ -25,6 +25,8 @@ import pytest
 
 import typevet_async as tv
 
+from .faults import FaultInjectingProxy
+from .helpers import InFlightCounter, png
 from .servers import VLLM_MODEL_ID
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -163,3 +165,38 @@ async def test_255_options_on_vllm_equal_the_product_of_independent_reads(vllm_u
         for head in firsts
     }
     check_answer(answer, diagnostics, codes, first, after)
+
+
+# Issue 43.1: a code's second read must end in its first token, and neither server's image
+# prompt can (llama.cpp's multimodal prompt is a string; vLLM's token prompt carries no image).
+# Before the fix llama.cpp's follow-up bodies dropped the first token, so each P(second | first)
+# was read at the answer position. Neither test server has a vision model, so llama.cpp's
+# /props is rewritten on its way back to declare vision (the fault proxy), as a vision server's
+# would; vLLM declares nothing and lets a text-only model refuse images itself.
+WIDE = tv.Choice([f"label{index}" for index in range(70)], instructions="Which label fits?")
+
+
+async def test_codes_with_images_on_llama_cpp_are_refused_before_any_read(gemma3_url: str) -> None:
+    async with FaultInjectingProxy(gemma3_url, path="/props") as proxy:
+        proxy.script = ["vision_props"]
+        async with tv.Session.llama_cpp(proxy.url) as session:
+            assert (await session.probe()).vision
+            with pytest.raises(tv.QuestionError, match="two-token codes") as refused:
+                await session.judge(STATE, {"fine": tv.Noul("Fine?"), "route": WIDE},
+                                    images=[png()])  # fmt: skip
+            sent_before = proxy.paths.count("/completion")
+            judged = await session.judge(STATE, {"route": WIDE})  # without images: read
+    assert refused.value.question_id == "route"
+    assert sent_before == 0  # not even the other question's read
+    assert judged.diagnostics["route"].reads >= 2  # the first read, then one after it at least
+
+
+async def test_codes_with_images_on_vllm_are_refused_before_any_read(vllm_url: str) -> None:
+    chats, tokens = InFlightCounter("/v1/chat/completions"), InFlightCounter("/v1/completions")
+    async with tv.Session.vllm(
+        vllm_url, model=VLLM_MODEL_ID, trace_configs=[chats.config, tokens.config]
+    ) as session:
+        with pytest.raises(tv.QuestionError, match="two-token codes") as refused:
+            await session.judge(STATE, {"route": WIDE}, images=[png()])
+    assert refused.value.question_id == "route"
+    assert chats.started == tokens.started == 0

@@ -17,6 +17,7 @@ import attrs
 import pytest
 
 import typevet_async as tv
+from typevet_async._backends.llama_cpp_wire import completion_body
 from typevet_async._core.codes import (
     CODES,
     CodeTokens,
@@ -179,6 +180,26 @@ def test_too_few_usable_codes_is_a_typed_refusal_naming_both_limits() -> None:
     assert (caught.value.count, caught.value.limit) == (13, 12)
     with pytest.raises(tv.TooManyOptionsError, match="only 10 single-token controls"):
         bind_question(choice(13), Layout.TYPEVET, IDS, None)  # a backend that cannot tell
+
+
+def test_a_code_question_with_images_is_refused_before_any_read_naming_the_question() -> None:
+    # Issue 43.1: llama.cpp's image prompt is a string, so a follow-up read's first token was
+    # dropped and every P(second | first) was read at the answer position, silently.
+    known = codes_in_context(BASE, {code: code_tokens(code) for code in CODES[:60]})
+    plan = bind_question(choice(11), Layout.TYPEVET, IDS, None, codes=known)
+    image = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 24, "image/png")
+    with pytest.raises(tv.QuestionError, match="two-token codes") as refused:
+        request_for("route", plan, "state", frame=None, images=(image,))
+    assert refused.value.question_id == "route"
+    assert "11 options" in str(refused.value)
+    assert request_for("route", plan, "state", frame=None).codes == plan.codes  # no images: read
+
+
+def test_a_multimodal_completion_body_never_drops_a_lead() -> None:
+    image = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 24, "image/png")
+    with pytest.raises(ValueError, match="cannot end in lead tokens"):
+        completion_body("p", 64, cache_prompt=True, images=(image,), lead=(5,))
+    assert completion_body("p", 64, cache_prompt=True, lead=(5,))["prompt"] == ["p", 5]
 
 
 def test_a_code_question_past_a_backends_candidate_limit_is_refused() -> None:

@@ -89,6 +89,8 @@ def completion_body(
     """
     body_prompt: Any = [prompt, *lead] if lead else prompt
     if images:
+        if lead:  # `request_for` refuses these first: the lead would be silently dropped
+            raise ValueError("a multimodal prompt is a string: it cannot end in lead tokens")
         body_prompt = {
             "prompt_string": prompt,
             "multimodal_data": [base64.b64encode(image.data).decode("ascii") for image in images],

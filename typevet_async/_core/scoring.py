@@ -277,11 +277,12 @@ def request_for(
     backend frames prompts; a Jev layout's server-rendered prompt then ends in the frame's
     prefill); with a ``media_marker`` one marker per image goes before the state text.
 
-    :raises QuestionError: images with controls that need a lead: neither server's image
-        prompt can end in a token.
+    :raises QuestionError: images with controls that need a lead token, or with two-token
+        codes (whose second read ends in the first token): neither server's image prompt can
+        end in a token.
     """
-    if images and plan.lead:
-        raise _lead_with_images_error(question_id, plan)
+    if images and (plan.lead or plan.codes):
+        raise _token_ending_with_images_error(question_id, plan)
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
     if plan.field_block is None:
         messages = jev_messages(
@@ -303,13 +304,25 @@ def request_for(
     return _planned_request(question_id, plan, messages, prompt, (), "", judgment)
 
 
-def _lead_with_images_error(question_id: str, plan: QuestionPlan) -> QuestionError:
-    """Controls that need a lead token, asked with images: neither server's image prompt can
-    end in a token."""
+def _token_ending_with_images_error(question_id: str, plan: QuestionPlan) -> QuestionError:
+    """A question whose reads must end in a token, asked with images: llama.cpp's image prompt
+    is a string (``prompt_string``) and vLLM's token prompt carries no image, so the read would
+    silently drop the token and score the wrong position."""
+    if plan.codes:
+        why = (
+            f"its {len(plan.bound)} options are past the single-token controls and get "
+            "two-token codes, whose second read must end in the code's first token"
+        )
+        fix = "ask it without images, or with fewer options"
+    else:
+        why = (
+            f"its controls ({''.join(plan.controls)}) need a lead token at the answer "
+            "position on this tokenizer"
+        )
+        fix = "controls='letters' need none on most such tokenizers"
     error = QuestionError(
-        f"its controls ({''.join(plan.controls)}) need a lead token at the answer position "
-        "on this tokenizer, and no server's image prompt can end in a token; "
-        "controls='letters' need none on most such tokenizers"
+        f"{why}, and no server's image prompt can end in a token, so it is refused before "
+        f"any read; {fix}"
     )
     error.question_id = question_id
     return error
