@@ -283,7 +283,9 @@ async def _score_read(
     cache, a stored read (or one shared with the same read in flight) takes no slot."""
     if cached is not None:  # `_read` is what a miss sends
         read = await cached.read(
-            request, functools.partial(_read, backend, probe, slots, request, options)
+            request,
+            functools.partial(_read, backend, probe, slots, request, options),
+            policy=options.max_retries,
         )
         usage = (
             Usage(cache_hits=1)

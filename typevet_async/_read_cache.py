@@ -21,10 +21,17 @@ code question's reads are one entry (the first read with its reads after each fi
 they hold one slot together where the server reuses prefixes, and a sub-read that waited for
 another question's flight while holding it could wait for a slot it holds itself.
 
+**Retry policies.** A flight is shared only by reads made with the same retry policy (the
+judgment's ``max_retries``): a waiter that would have retried a 503 never takes the error of a
+leader that would not, and one that would not never waits for a leader's retries.
+
 **A store that fails** (a full disk, a database locked past its timeout, a custom store's
-network) is logged (``typevet_async.read_cache``, WARNING) and the read goes on uncached: the
-cache can make a judgment cheaper, never fail it. An SDK error of the store (a cache not
-opened) is raised.
+network) is logged (``typevet_async.read_cache``, WARNING, the error's type only), counted
+(``typevet.cache.store_failures``) and the read goes on uncached: the cache can make a
+judgment cheaper, never fail it. Nor may a store make one wait: the leader awaits ``put``
+before its judgment goes on, so a store whose writes can wait (on a lock, a network) writes
+behind, as `SqliteReadCache` does. An SDK error of the store (a cache not opened) is
+raised.
 
 The stores (`MemoryReadCache`, `SqliteReadCache`) belong to whoever builds them: a session
 uses the cache it is given and never closes it (one cache may serve several sessions, and
@@ -36,12 +43,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import attrs
 
+from typevet_async import _telemetry as telemetry
 from typevet_async._backends.base import Backend, ReadIdentifying
 from typevet_async._core.probe import Probe
 from typevet_async._core.read_keys import probe_digest, read_key
@@ -87,7 +95,9 @@ class ReadCache(Protocol):
         ...
 
     async def put(self, key: str, value: bytes) -> None:
-        """Store ``value`` under ``key``, replacing what was there."""
+        """Store ``value`` under ``key``, replacing what was there. Return promptly: a
+        judgment waits for it, so a write that may wait (a lock, a network) is made behind it,
+        and a failed one is the store's to log."""
         ...
 
 
@@ -154,9 +164,9 @@ class _Flight:
         self.error: TypevetError | None = None
 
 
-#: (the cache object's id, key) -> the read in flight. An entry lives only while its leader
-#: reads (and stores), so the cache object is alive and its id not reused.
-_FLIGHTS: dict[tuple[int, str], _Flight] = {}
+#: (the cache object's id, key, retry policy) -> the read in flight. An entry lives only
+#: while its leader reads (and stores), so the cache object is alive and its id not reused.
+_FLIGHTS: dict[tuple[int, str, Hashable], _Flight] = {}
 
 
 def copy_error(error: E) -> E:
@@ -209,16 +219,21 @@ class CachedReads:
         return cls(cache, f"{identity}\nsdk {installed_version()}", probe_digest(probe))
 
     async def read(
-        self, request: ScoringRequest, fetch: Callable[[], Awaitable[CandidateRead]]
+        self,
+        request: ScoringRequest,
+        fetch: Callable[[], Awaitable[CandidateRead]],
+        *,
+        policy: Hashable = None,
     ) -> CandidateRead:
-        """``request``'s read: stored, shared with the same read in flight, or ``fetch``ed
+        """``request``'s read: stored, shared with the same read in flight made under the same
+        ``policy`` (what else decides ``fetch``'s outcome: its retry policy), or ``fetch``ed
         (then stored). Its ``cache`` says which (module docstring).
 
         :raises TypevetError: ``fetch``'s error (a waiter: its own copy of the leader's), or
             the store's own SDK error.
         """
         key = read_key(self.identity, self.probe, request)
-        token = (id(self.cache), key)
+        token = (id(self.cache), key, policy)
         loop = asyncio.get_running_loop()
         while (flight := _FLIGHTS.get(token)) is not None and flight.loop is loop:
             await flight.done.wait()
@@ -262,9 +277,10 @@ class CachedReads:
             value = await self.cache.get(key)
         except TypevetError:
             raise
-        except Exception:
-            log.warning("the read cache %r failed to get a read; reading it", self.cache,
-                        exc_info=True)  # fmt: skip
+        except Exception as error:
+            kind = type(error).__name__  # its type only: a store's message may quote a value
+            log.warning("the read cache %r failed to get a read (%s); reading it", self.cache,
+                        kind, extra={"error_type": kind})  # fmt: skip
             return None
         # A value this request may not use (corrupt, foreign, another request's) is a miss:
         # the read made now replaces it.
@@ -281,5 +297,8 @@ class CachedReads:
             await self.cache.put(key, value)
         except TypevetError:
             raise
-        except Exception:
-            log.warning("the read cache %r failed to store a read", self.cache, exc_info=True)
+        except Exception as error:
+            kind = type(error).__name__
+            telemetry.cache_store_failed(1, kind)
+            log.warning("the read cache %r failed to store a read: %s", self.cache, kind,
+                        extra={"error_type": kind, "reads": 1})  # fmt: skip

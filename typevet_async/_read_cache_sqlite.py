@@ -3,21 +3,35 @@ between processes.
 
 Why SQLite: it is in Python's standard library (no server to run or secure), one file a run can
 keep beside its results, transactional (a killed process never leaves half a value), and in
-WAL mode several processes read while one writes. Why aiosqlite: every query runs on the
+WAL mode several processes read while one writes. Why aiosqlite: every query runs on a
 connection's own thread, so the event loop never waits for the disk or for another process's
-lock (``busy_timeout``).
+lock.
+
+**Nothing a judgment awaits waits for a lock.** Another process may hold the file's write lock
+for as long as it likes (a long transaction, a stuck writer). So the store writes behind: `put`
+keeps the value in memory (where `get` finds it) and returns; one background task writes what
+is waiting in one transaction on a connection of its own, waiting at most `WRITE_BUSY_TIMEOUT`
+for the lock. A batch the file refuses (locked past that wait, a full disk) is dropped, logged
+(``typevet_async.read_cache``, WARNING, the error's type only) and counted
+(`SqliteReadCache.failed_stores`, the ``typevet.cache.store_failures`` metric): the read stays
+answered, only uncached. Lookups run on a second connection, so they never queue behind a
+write waiting for the lock (in WAL mode a writer does not block readers). `aclose` gives the
+writes waiting at most `CLOSE_TIMEOUT`.
 
 One table, ``reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER)``. A hit's
-``last_used`` is written in batches (`TOUCH_BATCH` hits, or with the next store, or at
-`SqliteReadCache.aclose`), not once per hit. Before the first store and then every step of
-stores (a sixteenth of ``max_entries``) the rows are counted, and past ``max_entries`` minus
-that step the least recently used go in one ``DELETE``, so the table stays within
-``max_entries`` (each process counts its own stores: several writing at once may pass it by a
-step each, until the next count).
+``last_used`` is written in batches (`TOUCH_BATCH` hits, or with the next write, or at
+`SqliteReadCache.aclose`), not once per hit. A batch of stores is written with each its own
+``last_used`` (when it was stored, or last found); with the first batch, and then whenever the
+stores since the last count may have filled the room it left, the rows are counted in the
+batch's transaction and past ``max_entries`` the least recently used go in one ``DELETE``, so
+the table stays within ``max_entries`` (each process counts its own stores: several writing at
+once may pass it, until their next counts).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from pathlib import Path
@@ -25,20 +39,40 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 
+from typevet_async import _telemetry as telemetry
 from typevet_async._errors import ConfigurationError, SessionStateError
 from typevet_async._resources import AsyncResource
 
 if TYPE_CHECKING:
     import aiosqlite
 
-__all__ = ["DEFAULT_SQLITE_ENTRIES", "TOUCH_BATCH", "SqliteReadCache"]
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "DEFAULT_SQLITE_ENTRIES",
+    "MAX_UNWRITTEN",
+    "TOUCH_BATCH",
+    "WRITE_BUSY_TIMEOUT",
+    "SqliteReadCache",
+]
+
+log = logging.getLogger("typevet_async.read_cache")
 
 #: A `SqliteReadCache`'s default bound: a read is about 1 KB, so about 100 MB on disk.
 DEFAULT_SQLITE_ENTRIES: Final = 100_000
 #: Hits whose ``last_used`` is kept in memory before one batch writes them.
 TOUCH_BATCH: Final = 256
-#: Seconds a query waits for another process's write lock before it fails.
-BUSY_TIMEOUT: Final = 30.0
+#: Seconds a write (in the background) waits for another process's write lock before its
+#: batch is dropped. Short: a lock held longer is someone else's long transaction, and the
+#: values wait in memory meanwhile.
+WRITE_BUSY_TIMEOUT: Final = 1.0
+#: Seconds a lookup waits for a lock (in WAL mode only a checkpoint or a recovery takes one
+#: that blocks readers); past it the lookup is a miss.
+READ_BUSY_TIMEOUT: Final = 1.0
+#: Values waiting to be written, at most (about 1 KB each); a store past it is dropped and
+#: counted: the file is refusing writes faster than they come.
+MAX_UNWRITTEN: Final = 4096
+#: Seconds `SqliteReadCache.aclose` gives the writes still waiting.
+CLOSE_TIMEOUT: Final = 5.0
 
 _TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS reads "
@@ -59,7 +93,7 @@ def _openable(path: Path) -> None:
     """:raises sqlite3.Error: SQLite cannot open (or create) the file ``path``."""
     import sqlite3
 
-    sqlite3.connect(path, timeout=BUSY_TIMEOUT).close()
+    sqlite3.connect(path, timeout=READ_BUSY_TIMEOUT).close()
 
 
 def _positive(name: str, value: Any) -> int:
@@ -75,6 +109,7 @@ class SqliteReadCache(AsyncResource):
     Open it before use and close it after (``async with tv.SqliteReadCache(path) as cache``,
     or `open` and `aclose`): its owner does, not the sessions that use it. One object may serve
     several sessions of one event loop at once; several processes may use one file at once.
+    Stores are written behind (module docstring): a judgment never waits for the file's lock.
 
     :raises ConfigurationError: ``max_entries`` is not a positive integer.
     """
@@ -84,13 +119,22 @@ class SqliteReadCache(AsyncResource):
     ) -> None:
         self.path = Path(path)
         self.max_entries = _positive("max_entries", max_entries)
-        #: Stores between two counts of the rows (and how far below the bound each leaves it).
-        self._step = max(1, self.max_entries // 16)
-        self._stores = self._step - 1  # the first store counts the rows (a file kept full)
-        self._connection: aiosqlite.Connection | None = None
+        #: Stores the file refused (locked past `WRITE_BUSY_TIMEOUT`, a full disk, past
+        #: `MAX_UNWRITTEN`): each logged, none waited on by a judgment.
+        self.failed_stores = 0
+        #: Rows the stores may add before the next count (none: the first store counts, for
+        #: a file kept full).
+        self._room = 0
+        self._reader: aiosqlite.Connection | None = None
+        self._writer: aiosqlite.Connection | None = None
         self._state: Literal["unopened", "open", "closed"] = "unopened"
+        #: Stored values not yet written (those of the batch being written included), which
+        #: lookups find here, with when each was stored.
+        self._unwritten: dict[str, tuple[bytes, int]] = {}
         #: Keys read since the last batch, with when.
         self._touched: dict[str, int] = {}
+        #: The task writing behind, while there is something to write.
+        self._writing: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"SqliteReadCache({str(self.path)!r}, max_entries={self.max_entries}, {self._state})"
@@ -110,23 +154,23 @@ class SqliteReadCache(AsyncResource):
 
         import aiosqlite
 
+        opened: list[aiosqlite.Connection] = []
         try:
             # A file that cannot be opened is found on a worker thread first: aiosqlite stops
             # its own thread on that failure without waiting for it, after the loop may be gone.
             await anyio.to_thread.run_sync(_openable, self.path)
-            connection = await aiosqlite.connect(
-                self.path, timeout=BUSY_TIMEOUT, isolation_level=None
-            )
-        except (sqlite3.Error, OSError) as error:
-            raise self._unusable(error) from None
-        try:
-            await self._prepare(connection)
+            for busy in (READ_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT):
+                opened.append(
+                    await aiosqlite.connect(self.path, timeout=busy, isolation_level=None)
+                )
+            await self._prepare(opened[1])
         except (sqlite3.Error, OSError, ConfigurationError) as error:
-            await connection.close()
+            for connection in opened:
+                await connection.close()
             if isinstance(error, ConfigurationError):
                 raise
             raise self._unusable(error) from None
-        self._connection, self._state = connection, "open"
+        (self._reader, self._writer), self._state = opened, "open"
 
     def _unusable(self, error: BaseException) -> ConfigurationError:
         return ConfigurationError(f"the read cache {str(self.path)!r} cannot be opened: {error}")
@@ -149,66 +193,147 @@ class SqliteReadCache(AsyncResource):
         await connection.execute(_INDEX)
 
     async def aclose(self) -> None:
-        """Write the pending ``last_used`` batch and close the file. Safe to call twice."""
-        connection, self._connection = self._connection, None
-        self._state = "closed"
-        if connection is None:
+        """Write what waits (the stores, the pending ``last_used`` batch) within
+        `CLOSE_TIMEOUT`, then close the file; what is still unwritten then is dropped and
+        counted. Safe to call twice."""
+        if self._state != "open":
+            self._state = "closed"
             return
-        try:
-            await self._touch(connection)
-        finally:
-            await connection.close()
+        self._state = "closed"
+        self._write_behind()  # the touches a batch had not taken yet
+        writing = self._writing
+        if writing is not None and not writing.done():
+            done, _ = await asyncio.wait({writing}, timeout=CLOSE_TIMEOUT)
+            if not done:
+                writing.cancel()  # its statement ends within WRITE_BUSY_TIMEOUT; close waits
+                self._failed(len(self._unwritten), "CloseTimeout")
+        reader, writer, self._reader, self._writer = self._reader, self._writer, None, None
+        for connection in (reader, writer):
+            if connection is not None:
+                await connection.close()
 
     def _open(self) -> aiosqlite.Connection:
-        if self._connection is None:
+        """The lookups' connection.
+
+        :raises SessionStateError: the cache is not open.
+        """
+        if self._reader is None or self._state != "open":
             if self._state == "closed":
                 raise SessionStateError("the read cache is closed")
             raise SessionStateError(
                 "open the read cache before a session uses it: "
                 "async with tv.SqliteReadCache(path) as cache"
             )
-        return self._connection
+        return self._reader
 
     async def get(self, key: str) -> bytes | None:
         """:raises SessionStateError: the cache is not open."""
-        connection = self._open()
-        rows = list(await connection.execute_fetchall(_GET, (key,)))
-        if not rows:
-            return None
+        reader = self._open()
+        waiting = self._unwritten.get(key)
+        if waiting is not None:
+            value = waiting[0]
+        else:
+            rows = list(await reader.execute_fetchall(_GET, (key,)))
+            if not rows or not isinstance(rows[0][0], bytes):
+                return None
+            value = rows[0][0]
         self._touched[key] = time.time_ns()
         if len(self._touched) >= TOUCH_BATCH:
-            await self._touch(connection)
-        value = rows[0][0]
-        return value if isinstance(value, bytes) else None
+            self._write_behind()
+        return value
 
     async def put(self, key: str, value: bytes) -> None:
-        """:raises SessionStateError: the cache is not open."""
-        connection = self._open()
-        await self._touch(connection)  # the hits so far count before any eviction
-        self._stores += 1
-        if self._stores >= self._step:
-            self._stores = 0
-            await self._evict(connection)
-        await connection.execute(_PUT, (key, value, time.time_ns()))
-
-    async def _touch(self, connection: aiosqlite.Connection) -> None:
-        touched, self._touched = self._touched, {}
-        if touched:
-            await connection.executemany(_TOUCH, [(when, key) for key, when in touched.items()])
-
-    async def _evict(self, connection: aiosqlite.Connection) -> None:
-        """Before every step-th store (the first included): past ``max_entries`` minus one
-        step, the least recently used rows go, leaving room for the step's stores until the
-        next count."""
-        ((count,),) = await connection.execute_fetchall("SELECT count(*) FROM reads")
-        keep = self.max_entries - self._step
-        if count > keep:
-            await connection.execute(_EVICT, (count - keep,))
-
-    async def entries(self) -> int:
-        """The rows the file holds now (all processes').
+        """Keep ``value`` to be written behind (module docstring); returns at once.
 
         :raises SessionStateError: the cache is not open.
         """
+        self._open()
+        if key not in self._unwritten and len(self._unwritten) >= MAX_UNWRITTEN:
+            self._failed(1, "BacklogFull")
+            return
+        self._unwritten[key] = (value, time.time_ns())
+        self._write_behind()
+
+    async def flush(self) -> None:
+        """Wait until the stores made so far are written or refused (counted in
+        `failed_stores`); each batch waits at most `WRITE_BUSY_TIMEOUT` for the lock.
+
+        :raises SessionStateError: the cache is not open.
+        """
+        self._open()
+        while (writing := self._writing) is not None and not writing.done():
+            await asyncio.shield(writing)
+
+    def _write_behind(self) -> None:
+        """Start the writing task, unless it runs (it takes what is waiting when it is done)."""
+        idle = self._writing is None or self._writing.done()
+        if idle and (self._unwritten or self._touched):
+            self._writing = asyncio.get_running_loop().create_task(self._write_all())
+
+    async def _write_all(self) -> None:
+        """Write what waits, batch after batch, until nothing does."""
+        while self._writer is not None and (self._unwritten or self._touched):
+            stores, touched, self._touched = dict(self._unwritten), self._touched, {}
+            rows = [
+                (key, value, max(stored, touched.pop(key, 0)))
+                for key, (value, stored) in stores.items()
+            ]
+            try:
+                await self._write(self._writer, rows, touched)
+            except Exception as error:  # a store never raises into a judgment (sqlite3.Error...)
+                self._failed(len(stores), type(error).__name__)
+            finally:
+                for key, entry in stores.items():  # written or dropped: no longer waiting
+                    if self._unwritten.get(key) is entry:
+                        del self._unwritten[key]
+
+    async def _write(
+        self,
+        writer: aiosqlite.Connection,
+        rows: list[tuple[str, bytes, int]],
+        touched: dict[str, int],
+    ) -> None:
+        """One transaction: the hits' ``last_used``, the stores (each ``last_used`` when it
+        was stored or last found), then, when they may have filled the room the last count
+        left, the count and eviction."""
+        await writer.execute("BEGIN IMMEDIATE")  # the lock first: one wait for the batch
+        try:
+            if touched:
+                await writer.executemany(_TOUCH, [(when, key) for key, when in touched.items()])
+            await writer.executemany(_PUT, rows)
+            room = self._room - len(rows)
+            if room < 0:
+                room = await self._evict(writer)
+            await writer.execute("COMMIT")
+        except Exception:
+            if writer.in_transaction:
+                await writer.execute("ROLLBACK")
+            raise
+        self._room = room
+
+    async def _evict(self, writer: aiosqlite.Connection) -> int:
+        """Past ``max_entries``, the least recently used rows go. The room left: the rows
+        the stores may add before the next count."""
+        ((count,),) = await writer.execute_fetchall("SELECT count(*) FROM reads")
+        if count > self.max_entries:
+            await writer.execute(_EVICT, (count - self.max_entries,))
+        return int(self.max_entries - min(count, self.max_entries))
+
+    def _failed(self, stores: int, kind: str) -> None:
+        if stores:
+            self.failed_stores += stores
+            telemetry.cache_store_failed(stores, kind)
+            log.warning(
+                "the read cache %r failed to store %d read(s): %s",
+                self, stores, kind, extra={"error_type": kind, "reads": stores},
+            )  # fmt: skip
+
+    async def entries(self) -> int:
+        """The rows the file holds now (all processes'), once this object's stores so far
+        are written (`flush`).
+
+        :raises SessionStateError: the cache is not open.
+        """
+        await self.flush()
         ((count,),) = await self._open().execute_fetchall("SELECT count(*) FROM reads")
         return int(count)

@@ -117,6 +117,9 @@ class FaultInjectingProxy:
         self.paths: list[str] = []
         #: Set when the client closes the connection of a request the proxy never answered.
         self.client_hung_up = asyncio.Event()
+        #: Set when a "held_503" request arrives; the test sets `release` to answer it 503.
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._client: aiohttp.ClientSession | None = None
@@ -170,6 +173,11 @@ class FaultInjectingProxy:
             await request.read()
             headers = {"Retry-After": "0"} if fault == "http_429" else {}
             return web.json_response({"error": fault}, status=STATUS_FAULTS[fault], headers=headers)
+        if fault == "held_503":  # in flight until the test releases it, then refused
+            await request.read()
+            self.holding.set()
+            await self.release.wait()
+            return web.json_response({"error": fault}, status=503)
         if fault == "hang":
             await request.read()
             # Never answer; notice (within 50 ms) when the client gives up on the request.

@@ -25,6 +25,7 @@ import pytest
 import typevet_async as tv
 from typevet_async._core.calibration import QuestionMap, Temperature, question_hash
 
+from .faults import FaultInjectingProxy
 from .helpers import TICKET, InFlightCounter, questions
 from .servers import VLLM_MODEL_ID
 
@@ -143,6 +144,32 @@ async def test_64_identical_questions_at_once_send_one_read(gemma3_url: str) -> 
     assert sum(j.usage.cache_hits for j in judgments) == 63
     assert len({j["refund"].probabilities["true"] for j in judgments}) == 1
     assert len({j.diagnostics["refund"].logprobs for j in judgments}) == 1
+
+
+async def test_a_judgment_that_may_retry_never_takes_the_503_of_one_that_may_not(
+    gemma3_url: str,
+) -> None:
+    ask = {"refund": questions()["refund"]}
+    async with (
+        FaultInjectingProxy(gemma3_url) as proxy,
+        tv.Session.llama_cpp(proxy.url, cache=tv.MemoryReadCache()) as session,
+    ):
+        await session.probe()
+        before = len(proxy.seen)
+        proxy.script = ["held_503"]  # the first read: in flight until released, then a 503
+        impatient = asyncio.create_task(session.judge(TICKET, ask, max_retries=0))
+        await proxy.holding.wait()
+        patient = asyncio.create_task(session.judge(TICKET, ask, max_retries=3))
+        await asyncio.sleep(0.3)  # the identical judgment is under way beside the first
+        proxy.release.set()
+        with pytest.raises(tv.ServerError) as refused:
+            await impatient
+        judged = await patient  # its own read (it shared the first one's flight: its 503)
+    assert refused.value.status == 503
+    assert judged.diagnostics["refund"].cache == "miss"
+    reads = [seen for path, seen in zip(proxy.paths, proxy.seen, strict=True) if path == COMPLETION]
+    assert reads[-2:] == ["held_503", "pass"]
+    assert len(proxy.seen) - before == 2
 
 
 async def test_rotations_and_a_calibration_map_on_cached_reads_answer_as_on_fresh_ones(

@@ -10,8 +10,12 @@ the cache are tested live (tests/live/test_read_cache_live.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,9 @@ import typevet_async as tv
 from typevet_async import _errors
 from typevet_async._core.read_values import encode_read
 from typevet_async._read_cache import CachedReads, copy_error
+from typevet_async._read_cache_sqlite import MAX_UNWRITTEN, TOUCH_BATCH
 
-from .stubs import InMemoryStubBackend, noul
+from .stubs import InMemoryStubBackend, noul, sleeping
 from .test_read_keys import PROBE, read_of, request
 
 pytestmark = pytest.mark.asyncio
@@ -124,6 +129,8 @@ async def test_sqlite_is_shared_by_two_stores_at_once(tmp_path: Path) -> None:
             for n in range(50):
                 group.start_soon(one.put, f"a{n}", b"1")
                 group.start_soon(two.put, f"b{n}", b"2")
+        await one.flush()  # each object writes behind: another sees its stores once written
+        await two.flush()
         assert await one.get("b49") == b"2"
         assert await two.get("a0") == b"1"
         assert await one.entries() == 100
@@ -270,6 +277,72 @@ async def test_a_failed_leaders_error_is_each_waiters_own_and_never_stored() -> 
     with pytest.raises(tv.ServerError):  # nothing stored: read again
         await reads.read(req, fetch)
     assert calls == 2
+
+
+async def test_a_flight_is_shared_only_under_the_same_retry_policy() -> None:
+    reads, req = bound(tv.MemoryReadCache()), request()
+    calls: list[str] = []
+
+    def fetch(policy: str) -> Any:
+        async def read() -> tv.CandidateRead:
+            calls.append(policy)
+            await anyio.sleep(0.05)
+            if policy == "no retries":  # gave up on the server's 503; a retry got through
+                raise tv.ServerError("busy", status=503, body="", retry_after=None)
+            return read_of(req)
+
+        return read
+
+    outcomes: dict[str, Any] = {}
+
+    async def one(policy: str) -> None:
+        try:
+            outcomes[policy] = await reads.read(req, fetch(policy), policy=policy)
+        except tv.ServerError as error:
+            outcomes[policy] = error
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(one, "no retries")
+        await anyio.sleep(0.01)  # its read is in flight
+        group.start_soon(one, "three retries")
+    assert isinstance(outcomes["no retries"], tv.ServerError)
+    assert isinstance(outcomes["three retries"], tv.CandidateRead)  # its own read, not the 503
+    assert outcomes["three retries"].cache == "miss"
+    assert calls == ["no retries", "three retries"]
+
+
+class RetryingStub(IdentifiedStub):
+    """A server that answers one question 503 once per read: a read with no retries fails,
+    one that may retry gets through (as `retrying.py` would, in one call)."""
+
+    async def read(
+        self, request: tv.ScoringRequest, probe: tv.Probe, *, max_retries: int | tv.Unset
+    ) -> tv.CandidateRead:
+        read = await super().read(request, probe, max_retries=max_retries)
+        if max_retries == 0:
+            raise tv.ServerError("upstream busy", status=503, body="", retry_after=None)
+        return read
+
+
+async def test_a_judgment_keeps_its_own_retry_policy_beside_an_identical_one() -> None:
+    backend = RetryingStub()
+    backend.behaviours["q"] = sleeping(0.05)
+    results: dict[str, Any] = {}
+
+    async def judge(session: tv.Session, name: str, retries: int) -> None:
+        try:
+            results[name] = await session.judge("s", {"q": noul()}, max_retries=retries)
+        except tv.ServerError as error:
+            results[name] = error
+
+    settings = tv.SessionSettings(cache=tv.MemoryReadCache())
+    async with tv.Session(backend, settings) as session, anyio.create_task_group() as group:
+        group.start_soon(judge, session, "no retries", 0)
+        await anyio.sleep(0.01)
+        group.start_soon(judge, session, "three retries", 3)
+    assert isinstance(results["no retries"], tv.ServerError)
+    assert isinstance(results["three retries"], tv.Judgment)
+    assert backend.retries_seen == [0, 3]
 
 
 async def test_every_sdk_error_can_be_copied_for_a_waiter() -> None:
@@ -455,3 +528,106 @@ async def test_a_read_identity_protocol_is_what_marks_a_cacheable_backend() -> N
     assert isinstance(IdentifiedStub(), tv.ReadIdentifying)
     assert not isinstance(InMemoryStubBackend(), tv.ReadIdentifying)
     assert attrs.has(CachedReads)
+
+
+# -- SqliteReadCache under another process's lock ------------------------------------------
+
+
+@contextlib.contextmanager
+def write_locked(path: Path) -> Iterator[None]:
+    """Another process holds ``path``'s write lock (``BEGIN IMMEDIATE``) until the block ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        yield
+    finally:
+        holder.stdin.close()  # the holder commits and exits
+        assert holder.wait(timeout=30) == 0
+        holder.stdout.close()
+
+
+_HOLD_LOCK = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()
+connection.execute("COMMIT")
+"""
+
+
+async def test_a_file_locked_by_another_process_never_holds_a_judgment(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "reads.db"
+    backend = IdentifiedStub()
+    async with tv.SqliteReadCache(path) as cache:
+        async with tv.Session(backend, tv.SessionSettings(cache=cache)) as session:
+            with write_locked(path), caplog.at_level(logging.WARNING, "typevet_async.read_cache"):
+                # The read has arrived: the judgment does not wait for the store (SQLite's
+                # 30 s busy timeout held it past this deadline).
+                judgment = await session.judge("locked out", {"q": noul()}, timeout=4)
+                assert judgment.diagnostics["q"].cache == "miss"
+                await cache.flush()  # the store behind it: refused by the lock, counted
+            assert cache.failed_stores == 1
+            (record,) = caplog.records
+            assert "OperationalError" in record.getMessage()
+            assert "database is locked" not in record.getMessage()  # its type, not its text
+            again = await session.judge("locked out", {"q": noul()}, timeout=4)
+            assert again.diagnostics["q"].cache == "miss"  # the store was dropped, not kept
+            await cache.flush()
+            third = await session.judge("locked out", {"q": noul()}, timeout=4)
+        assert third.diagnostics["q"].cache == "hit"  # stored once the lock was gone
+        assert (await cache.entries(), cache.failed_stores) == (1, 1)
+    assert backend.reads == ["q", "q"]
+
+
+async def test_hits_and_close_never_wait_for_another_process_s_lock(tmp_path: Path) -> None:
+    path = tmp_path / "reads.db"
+    cache = tv.SqliteReadCache(path)
+    await cache.open()
+    await cache.put("k", b"v")
+    assert await cache.entries() == 1  # written (a count waits for this object's writes)
+    with write_locked(path):
+        # Every TOUCH_BATCH-th hit writes the batch's last_used, behind the hits (it waited
+        # SQLite's busy timeout, 30 s, in the hit that filled the batch).
+        with anyio.fail_after(10):
+            for _ in range(TOUCH_BATCH + 10):
+                assert await cache.get("k") == b"v"
+            await cache.put("k2", b"v2")
+            assert await cache.get("k2") == b"v2"  # not yet written: found where it waits
+            await cache.aclose()  # bounded: the pending writes fail after a short wait
+    assert cache.failed_stores == 1
+    async with tv.SqliteReadCache(path) as again:
+        assert (await again.get("k"), await again.get("k2")) == (b"v", None)
+
+
+async def test_stores_waiting_for_a_locked_file_are_bounded_in_memory(tmp_path: Path) -> None:
+    path = tmp_path / "reads.db"
+    async with tv.SqliteReadCache(path) as cache:
+        with write_locked(path):
+            for n in range(MAX_UNWRITTEN + 10):  # no await suspends: none is written yet
+                await cache.put(f"k{n}", b"v")
+            assert cache.failed_stores == 10  # refused at once, past the bound
+            assert await cache.get(f"k{MAX_UNWRITTEN - 1}") == b"v"  # kept, still unwritten
+            assert await cache.get(f"k{MAX_UNWRITTEN}") is None
+            await cache.flush()  # the batch the lock refused: dropped and counted
+            assert cache.failed_stores == MAX_UNWRITTEN + 10
+        assert await cache.entries() == 0
+
+
+async def test_eval_says_how_many_reads_its_cache_failed_to_store(tmp_path: Path) -> None:
+    from typevet_async._cli.evaluate import _reads_line
+
+    cache = tv.SqliteReadCache(tmp_path / "reads.db")
+    usage = tv.Usage(100, 0, 4, 2)
+    assert _reads_line(usage, cache) == (
+        f"reads sent: 4; answered by the read cache {cache.path}: 2"
+    )
+    cache.failed_stores = 3
+    assert _reads_line(usage, cache).endswith("; reads it failed to store: 3 (see the log)")

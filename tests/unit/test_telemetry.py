@@ -114,6 +114,15 @@ def test_a_retry_is_an_event_a_count_and_a_warning(
     assert otel.metrics()["typevet.retries"][0].value == 1
 
 
+def test_a_store_the_read_cache_failed_is_counted_by_its_type(otel: Recorded) -> None:
+    telemetry.cache_store_failed(3, "OperationalError")
+    telemetry.cache_store_failed(1, "OSError")
+    points = otel.metrics()["typevet.cache.store_failures"]
+    assert sorted((p.attributes["error.type"], p.value) for p in points) == [
+        ("OSError", 1), ("OperationalError", 3),
+    ]  # fmt: skip
+
+
 def test_the_gateways_server_span_joins_the_incoming_trace(otel: Recorded) -> None:
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     with telemetry.server_span(

@@ -160,6 +160,8 @@ def _reads_line(usage: tv.Usage, cache: tv.SqliteReadCache | None) -> str:
     line = f"reads sent: {usage.reads:,}"
     if cache is not None:
         line += f"; answered by the read cache {cache.path}: {usage.cache_hits:,}"
+        if cache.failed_stores:  # a locked or full file: the run went on, uncached
+            line += f"; reads it failed to store: {cache.failed_stores:,} (see the log)"
     return line
 
 

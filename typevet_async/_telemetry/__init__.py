@@ -26,6 +26,7 @@ for each retry and escalation, and the same content rule.
 """
 
 from typevet_async._telemetry.events import (
+    cache_store_failed,
     escalated,
     off_menu_raised,
     retried,
@@ -50,6 +51,7 @@ __all__ = [
     "Span",
     "active",
     "answered",
+    "cache_store_failed",
     "escalated",
     "generated",
     "generation_span",

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 if OTEL:
     from opentelemetry import trace as _trace
 
-__all__ = ["escalated", "off_menu_raised", "retried", "slot_waited"]
+__all__ = ["cache_store_failed", "escalated", "off_menu_raised", "retried", "slot_waited"]
 
 
 def off_menu_raised(request: ScoringRequest) -> None:
@@ -71,3 +71,10 @@ def slot_waited(seconds: float) -> None:
     """A read waited ``seconds`` for a session slot (only reads that waited are recorded)."""
     if active():
         instruments().slot_wait.record(seconds)
+
+
+def cache_store_failed(reads: int, kind: str) -> None:
+    """The read cache failed to store ``reads`` reads, for an error of type ``kind``: counted
+    (the store logs it; a judgment never waits on it)."""
+    if active():
+        instruments().cache_failures.add(reads, {"error.type": kind})

@@ -123,6 +123,7 @@ class Instruments:
     errors: Any
     off_menu: Any
     cache: Any
+    cache_failures: Any
 
     def __init__(self, providers: tuple[Any, Any] = (None, None)) -> None:
         #: The tracer and meter providers they were built from.
@@ -133,6 +134,7 @@ class Instruments:
             self.operation_duration = self.token_usage = self.judgment_duration = nothing
             self.reads = self.retries = self.escalations = self.errors = nothing
             self.off_menu = self.in_flight = self.slot_wait = self.cache = nothing
+            self.cache_failures = nothing
             return
         version = installed_version()
         tracer_provider, meter_provider = providers
@@ -200,6 +202,8 @@ _COUNTERS: Final = (
     ("off_menu", "typevet.off_menu.trips", "{answer}",
      "Answers whose off-menu mass passed the judgment's threshold"),
     ("cache", "typevet.cache.lookups", "{lookup}", "Read-cache lookups, by outcome (hit or miss)"),
+    ("cache_failures", "typevet.cache.store_failures", "{read}",
+     "Reads the read cache failed to store (a locked or full file, a store's own error)"),
 )  # fmt: skip
 
 
