@@ -92,8 +92,9 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="requests that may wait for a slot; one more is a 429 with Retry-After (default: "
-        "as many as the measured drain rate serves within --request-deadline, at least "
-        f"{gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before anything is measured)",
+        "as many as are judged within --request-deadline at the capacity measured from recent "
+        f"service times, at least {gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before "
+        "anything is measured)",
     )
     serve.add_argument(
         "--request-deadline",

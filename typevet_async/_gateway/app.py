@@ -208,15 +208,19 @@ async def _judged(
     task = asyncio.current_task()
     if task is not None:
         state.judging.add(task)
+    held: float | None = None  # when it got its slot
     try:
         async with asyncio.timeout(config.request_deadline), state.slots:
+            held = state.now()
             if state.metrics is not None:
                 state.metrics.in_flight.inc()
             try:
-                return await session.judge(call.state, call.questions, images=images, **options)
+                judgment = await session.judge(call.state, call.questions, images=images, **options)
             finally:
                 if state.metrics is not None:
                     state.metrics.in_flight.dec()
+            state.held_since(held)  # it did the work: its time is the capacity's measure
+            return judgment
     except asyncio.CancelledError:
         if not state.cut_off or task is None:
             raise  # the client went away (or a cancellation that is not the shutdown's)
@@ -230,6 +234,8 @@ async def _judged(
             "unavailable", headers={"Retry-After": "1", "Connection": "close"},
         )  # fmt: skip
     except TimeoutError as error:
+        if held is not None:  # cut by a timeout (ours or the SDK's): it held its slot all along
+            state.held_since(held)
         if isinstance(error, tv.TypevetError):
             return sdk_error_response(state.metrics, error)
         if state.metrics is not None:
@@ -243,7 +249,6 @@ async def _judged(
         return sdk_error_response(state.metrics, error)
     finally:
         state.admitted -= 1
-        state.finished.append(time.monotonic())
         if task is not None:
             state.judging.discard(task)
 

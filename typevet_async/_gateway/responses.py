@@ -92,13 +92,15 @@ def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Res
 
 def shed_response(state: GatewayState, judgments: int) -> web.Response | None:
     """The 429 for a request of ``judgments`` judgments (a batch's states each count) when
-    admitting it would pass ``max_active_requests`` plus the queue; None: admit it."""
+    admitting it would pass ``max_active_requests`` plus the queue; None: admit it. Its
+    ``Retry-After`` is whole seconds (rounded up, at least 1: the header's unit) and its
+    ``retry-after-ms`` the estimate itself (`GatewayState.retry_after`)."""
     if state.admitted + judgments <= state.config.max_active_requests + state.queue_limit():
         return None
-    wait = state.retry_after()
-    retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
+    wait = state.retry_after(judgments)
+    retry = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(round(wait * 1000))}
     return error_response(
-        429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
+        429, ["server"], f"too many requests in flight: retry in {wait:.2f} s",
         "rate_limited", headers=retry,
     )  # fmt: skip
 
