@@ -40,6 +40,7 @@ from typevet_async._gateway.responses import (
     error_response,
     extension,
     json_response,
+    log_failure,
     new_request_id,
     sdk_error_response,
     shed_response,
@@ -144,8 +145,9 @@ async def _errors(
             raise
         kind = "too_large" if error.status == 413 else "http_error"
         return error_response(error.status, ["request"], error.reason, kind)
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
+    except Exception as error:  # a bug: its frames in the log, not its message (`log_failure`)
+        where = f"unexpected error on {request.method} {_route_of(request)}"
+        log_failure(log, logging.ERROR, where, error, stack=True)
         return error_response(500, ["server"], "internal server error", "internal_error")
 
 

@@ -49,10 +49,11 @@ from typevet_async._gateway.responses import (
     error_response,
     extension,
     json_response,
+    log_failure,
     shed_response,
 )
 from typevet_async._gateway.state import SESSION, STATE, GatewayState
-from typevet_async._presenting import error_text, present_error, served_model
+from typevet_async._presenting import present_error, served_model
 
 __all__ = ["decode_batch", "systemone_batch"]
 
@@ -208,9 +209,9 @@ def _item_error(state: GatewayState, error: Exception) -> dict[str, Any]:
         state.metrics.errors.labels(type(error).__name__).inc()
     presented = present_error(error)
     if presented is None:
-        log.error("batch item failed: %s", error_text(error), exc_info=error)
+        log_failure(log, logging.ERROR, "batch item failed", error, stack=True)
         return batch_item_error(500, "internal_error", "internal server error")
     if presented.hides_details:
-        log.warning("batch item failed: %s", error_text(error))
+        log_failure(log, logging.WARNING, "batch item failed", error)
     loc = list(presented.loc) if presented.status == 422 else None
     return batch_item_error(presented.status, presented.kind, presented.message, loc)
