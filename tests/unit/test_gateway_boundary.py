@@ -1,21 +1,28 @@
 """What crosses the System One gateway's trust boundary besides the answers (issue 43): its
 log lines carry an upstream failure's type and status, never the upstream's reply (which may
-quote the customer's prompt) unless the content switch is on.
+quote the customer's prompt) unless the content switch is on; and a caller's ``tracestate``
+and ``baggage`` reach the model server only when the gateway is told to forward them.
 
-Over the in-memory stub backend through aiohttp's test server.
+Over the in-memory stub backend through aiohttp's test server; the headers "sent to the model
+server" are those `typevet_async._telemetry.with_trace_context` gives a read, which is how
+every backend builds its requests' headers.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import typevet_async as tv
 import typevet_async._telemetry as telemetry
+from tests.otel import Recorded, installed
+from typevet_async._cli import main
 from typevet_async._core.systemone import BATCH_PATH
+from typevet_async._gateway import GatewayConfig
 
 from .stubs import Behaviour, InMemoryStubBackend, failing_after
 from .test_gateway import AUTH, request_body, start
@@ -128,3 +135,89 @@ async def test_a_bug_is_logged_with_its_frames_and_not_its_message(
     for record in errors:  # where it happened is kept: the frames, down to the raise
         assert "in behaviour" in record.getMessage()
         assert record.exc_info is None
+
+
+# -- the caller's tracestate and baggage -------------------------------------------------------
+
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_HEADERS = {
+    "traceparent": f"00-{CALLER_TRACE}-b7ad6b7169203331-01",
+    "tracestate": "vendor=caller-chosen-state",
+    "baggage": "customer.email=someone%40example.com,tenant=acme",
+}
+
+
+@pytest.fixture
+def otel() -> Iterator[Recorded]:
+    with installed() as recorded:
+        yield recorded
+
+
+def recording_headers(sent: list[dict[str, str]]) -> Behaviour:
+    """A read that keeps the trace headers a backend would send with it."""
+
+    async def behaviour() -> None:
+        sent.append(dict(telemetry.with_trace_context({}) or {}))
+
+    return behaviour
+
+
+async def headers_sent_upstream(**config: Any) -> dict[str, str]:
+    backend = InMemoryStubBackend()
+    sent: list[dict[str, str]] = []
+    backend.behaviours["refund"] = recording_headers(sent)
+    client, _ = await start(backend, **config)
+    try:
+        headers = {**AUTH, **CALLER_HEADERS}
+        response = await client.post("/v1/systemone", json=request_body(), headers=headers)
+        assert response.status == 200
+    finally:
+        await client.close()
+    [read] = sent
+    return read
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("otel")
+async def test_the_callers_tracestate_and_baggage_stop_at_the_gateway_by_default() -> None:
+    read = await headers_sent_upstream()
+    # The trace is joined: the read is in the caller's trace.
+    assert read["traceparent"].split("-")[1] == CALLER_TRACE
+    # What the caller chose to put in it is not carried to the model server.
+    assert "tracestate" not in read
+    assert "baggage" not in read
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("otel")
+async def test_forwarding_them_is_a_setting() -> None:
+    read = await headers_sent_upstream(forward_tracestate_baggage=True)
+    assert read["traceparent"].split("-")[1] == CALLER_TRACE
+    assert read["tracestate"] == CALLER_HEADERS["tracestate"]
+    assert read["baggage"] == CALLER_HEADERS["baggage"]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_the_setting_is_a_bool(value: Any) -> None:
+    with pytest.raises(tv.ConfigurationError, match="forward_tracestate_baggage"):
+        GatewayConfig(forward_tracestate_baggage=value)
+
+
+def test_the_serve_flag_sets_it_and_takes_no_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs: list[GatewayConfig] = []
+
+    async def serving(session: tv.Session, config: GatewayConfig, *args: Any) -> None:
+        configs.append(config)
+
+    monkeypatch.setattr("typevet_async._gateway.serve", serving)
+    argv = ["serve", "--base-url", "http://127.0.0.1:9", "--no-auth"]
+    assert main(argv) == 0
+    assert main([*argv, "--forward-tracestate-baggage"]) == 0
+    assert [c.forward_tracestate_baggage for c in configs] == [False, True]
+    capsys.readouterr()
+    assert main([*argv, "--forward-tracestate-baggage=yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--forward-tracestate-baggage" in err

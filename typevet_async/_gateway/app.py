@@ -11,12 +11,13 @@ import datetime
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 from aiohttp import web
+from multidict import CIMultiDict
 
 import typevet_async as tv
 import typevet_async._telemetry as telemetry
@@ -97,7 +98,7 @@ async def _access(
     # spans, and the model server's read, are its children (`typevet_async._telemetry`).
     with telemetry.server_span(
         f"{request.method} {route}",
-        request.headers,
+        _trace_carrier(request, state.config),
         {"http.request.method": request.method, "http.route": route, "url.path": request.path,
          "typevet.request_id": request_id},
     ) as span:  # fmt: skip
@@ -117,6 +118,26 @@ async def _access(
                 if status >= 500:
                     span.failed_as(str(status))
             _access_logged(request, state, status, started, request_id)
+
+
+#: What a caller writes into a trace besides joining it (W3C trace context's vendor state, and
+#: baggage): it stops at the gateway unless ``forward_tracestate_baggage`` is set.
+_CALLER_TRACE_DATA: Final = ("tracestate", "baggage")
+
+
+def _trace_carrier(request: web.Request, config: GatewayConfig) -> Mapping[str, str]:
+    """The headers the server span joins the caller's trace from: without the caller's
+    ``tracestate`` and ``baggage`` unless the gateway forwards them. Left out here, they are
+    in neither this process's context nor, hence, the model server's requests."""
+    headers = request.headers
+    if config.forward_tracestate_baggage or not telemetry.active():
+        return headers
+    if not any(name in headers for name in _CALLER_TRACE_DATA):
+        return headers
+    kept = CIMultiDict(headers)
+    for name in _CALLER_TRACE_DATA:
+        kept.popall(name, None)
+    return kept
 
 
 def _access_logged(

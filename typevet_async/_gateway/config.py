@@ -12,6 +12,7 @@ import attrs
 import typevet_async as tv
 from typevet_async._core.decoding import DecodeBudget
 from typevet_async._options import (
+    boolean,
     non_negative_int,
     optional,
     positive_int,
@@ -95,6 +96,11 @@ class GatewayConfig:
     shutdown_timeout: float = attrs.field(default=30.0, validator=positive_number)
     #: Seconds between probe attempts until the server is ready.
     probe_interval: float = attrs.field(default=1.0, validator=positive_number)
+    #: Forward the caller's W3C ``tracestate`` and ``baggage`` headers to the model server
+    #: (sent only with OpenTelemetry on). Off by default: their content is whatever the
+    #: caller chose, and the gateway is a trust boundary; the caller's ``traceparent`` is
+    #: joined either way, so the trace still runs from the caller to the model server's read.
+    forward_tracestate_baggage: bool = attrs.field(default=False, validator=boolean)
 
     def batch_cap(self) -> int:
         """States a batch may carry: ``max_batch_states``, but at most ``max_active_requests``
