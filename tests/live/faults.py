@@ -56,6 +56,8 @@ BODY_FAULTS: dict[str, Callable[[bytes], bytes]] = {
 }
 #: Faults answered without asking the real server: status codes.
 STATUS_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
+#: The W3C trace context headers the proxy records per request.
+TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 class RandomFaults:
@@ -113,6 +115,9 @@ class FaultInjectingProxy:
         self.seen: list[str] = []
         #: Each request's W3C ``traceparent`` header (None: not sent), in arrival order.
         self.traceparents: list[str | None] = []
+        #: Each request's trace context headers (``traceparent``, ``tracestate``, ``baggage``:
+        #: those it carried), in the same order.
+        self.trace_headers: list[dict[str, str]] = []
         #: Each request's path, in the same order.
         self.paths: list[str] = []
         #: Set when the client closes the connection of a request the proxy never answered.
@@ -163,6 +168,9 @@ class FaultInjectingProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.traceparents.append(request.headers.get("traceparent"))
+        self.trace_headers.append(
+            {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
+        )
         self.paths.append(request.path)
         if self.random_faults is not None:
             fault = self.random_faults.draw(request.path, await request.read())
@@ -178,6 +186,12 @@ class FaultInjectingProxy:
             self.holding.set()
             await self.release.wait()
             return web.json_response({"error": fault}, status=503)
+        if fault == "http_500_quoting":
+            # An upstream whose error reply quotes the request it could not serve (its prompt
+            # included), as some servers' do.
+            sent = (await request.read()).decode("utf-8", errors="replace")
+            message = {"error": {"message": f"cannot serve this request: {sent[:4000]}"}}
+            return web.json_response(message, status=500)
         if fault == "hang":
             await request.read()
             # Never answer; notice (within 50 ms) when the client gives up on the request.

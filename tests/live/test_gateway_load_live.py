@@ -7,9 +7,10 @@ in it derived from the prompt the read carried (its size: UTF-8 bytes): ``tokens
 is that size, and each logprob is lowered by an amount proportional to it (`derived_logprob`),
 so each request's answer is its own. What it proves is the
 gateway's, not the model's: the model's server is proven elsewhere (``test_gateway_live``: the
-gateway's answers equal a direct session's over real llama.cpp and vLLM, 200 requests at
-concurrency 32 lost none; ``test_qwen_live``: the prompt tokens a judgment reports are the
-server's tokenization of its prompt). The same load over the real llama.cpp server is
+gateway's answers equal a direct session's over real llama.cpp and vLLM, 96 requests at
+concurrency 32 lost none after the client's retries; ``test_qwen_live``: the prompt tokens a
+judgment reports are the server's tokenization of its prompt). The same load over the real
+llama.cpp server is
 ``benchmarks/bench_gateway_load.py``.
 
 Every request is told apart, so that an answer matched to the wrong request fails:

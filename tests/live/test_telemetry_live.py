@@ -339,6 +339,39 @@ async def test_the_gateway_joins_the_callers_trace_down_to_the_model_servers_rea
     assert SECRET not in _everything_recorded(otel, [])
 
 
+@pytest.mark.parametrize("forward", [False, True])
+async def test_the_callers_tracestate_and_baggage_reach_the_model_server_only_if_forwarded(
+    gemma3_url: str, otel: Recorded, forward: bool
+) -> None:
+    from typevet_async._gateway import GatewayConfig, running
+
+    question = {"type": "noul", "instructions": "Is a refund requested?"}
+    body = {"model": "gemma-3-270m", "state": STATE, "questions": {"refund": question}}
+    caller = {
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "tracestate": "vendor=caller-chosen",
+        "baggage": "customer.email=someone%40example.com",
+    }
+    config = GatewayConfig(forward_tracestate_baggage=forward)
+    async with (
+        FaultInjectingProxy(gemma3_url) as proxy,
+        running(tv.Session.llama_cpp(proxy.url), config) as gateway,
+        aiohttp.ClientSession() as http,
+        http.post(f"{gateway}/v1/systemone", json=body, headers=caller) as reply,
+    ):
+        assert reply.status == 200, await reply.text()
+    scored = [
+        h for h, path in zip(proxy.trace_headers, proxy.paths, strict=True) if path == "/completion"
+    ]
+    assert scored
+    for headers in scored:  # each read joined the caller's trace
+        assert headers["traceparent"].split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    forwarded = {(h.get("tracestate"), h.get("baggage")) for h in scored}
+    # before the setting: always forwarded
+    expected = (caller["tracestate"], caller["baggage"]) if forward else (None, None)
+    assert forwarded == {expected}
+
+
 async def test_an_mcp_tool_call_joins_the_agents_trace(gemma3_url: str, otel: Recorded) -> None:
     import mcp
 

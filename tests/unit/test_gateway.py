@@ -7,7 +7,6 @@ import asyncio
 import base64
 import gzip
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,9 +26,6 @@ import typevet_async as tv
 from typevet_async._core.decoding import CpuClock, DecodeBudget
 from typevet_async._core.systemone import NOUL_DEFAULT_INSTRUCTIONS
 from typevet_async._gateway import (
-    DEFAULT_AUTO_QUEUE,
-    MIN_AUTO_QUEUE,
-    STATE,
     BodyTooLargeError,
     GatewayConfig,
     NoKeysError,
@@ -313,36 +309,6 @@ async def test_a_full_gateway_answers_429_with_retry_after() -> None:
         assert response.headers["retry-after-ms"] == "1000"
         assert_error_shape(await response.json())
         assert [(await r).status for r in first] == [200, 200]
-    finally:
-        await client.close()
-
-
-@pytest.mark.asyncio
-async def test_the_default_queue_and_retry_after_follow_the_measured_drain_rate() -> None:
-    # The queue stopped at 8 + 16 (below a common client pool) with a constant Retry-After of 1.
-    backend = InMemoryStubBackend()
-    client, _ = await start(backend, max_active_requests=2, request_deadline=60.0)
-    state = client.app[STATE]
-    try:
-        assert state.queue_limit() == DEFAULT_AUTO_QUEUE  # nothing measured yet
-        backend.behaviours["refund"] = sleeping(0.25)
-        # 16 judgments, 2 at a time, 0.25 s each: about 8 a second.
-        statuses = await asyncio.gather(
-            *(client.post("/v1/systemone", json=request_body(), headers=AUTH) for _ in range(16))
-        )
-        assert [r.status for r in statuses] == [200] * 16
-        rate = state.drain_rate()
-        assert rate is not None
-        assert rate > 0
-        # Requests that would be served within the timeout may wait: rate x 60 s of them.
-        assert state.queue_limit() == max(MIN_AUTO_QUEUE, int(rate * 60))
-        state.admitted = 2 + state.queue_limit() + 9  # as if that many were waiting already
-        wait = state.retry_after()
-        assert wait == pytest.approx(10 / rate, rel=0.2)
-        response = await client.post("/v1/systemone", json=request_body(), headers=AUTH)
-        assert response.status == 429
-        assert int(response.headers["Retry-After"]) == math.ceil(wait)
-        state.admitted = 0
     finally:
         await client.close()
 

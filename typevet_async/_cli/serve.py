@@ -30,6 +30,7 @@ def add_parser(command: AddCommand) -> None:
     serve.add_argument("--port", type=port, default=8000, help="the port (default: 8000)")
     _auth_flags(serve)
     _limit_flags(serve)
+    _trace_flags(serve)
     connection_flags(serve)
 
 
@@ -52,6 +53,16 @@ def _auth_flags(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         help="serve without bearer keys: anyone who reaches the port can use the model. "
         "Without keys and without this flag, serve refuses to start (exit 2)",
+    )
+
+
+def _trace_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--forward-tracestate-baggage",
+        action="store_true",
+        help="forward the caller's W3C tracestate and baggage headers to the model server "
+        "(with OpenTelemetry on). By default they stop at the gateway: their content is the "
+        "caller's choice; the caller's traceparent is joined either way",
     )
 
 
@@ -92,8 +103,9 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="requests that may wait for a slot; one more is a 429 with Retry-After (default: "
-        "as many as the measured drain rate serves within --request-deadline, at least "
-        f"{gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before anything is measured)",
+        "as many as are judged within --request-deadline at the capacity measured from recent "
+        f"service times, at least {gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before "
+        "anything is measured)",
     )
     serve.add_argument(
         "--request-deadline",
@@ -147,6 +159,7 @@ async def run_serve(args: argparse.Namespace, out: TextIO) -> int:
         request_deadline=args.request_deadline,
         max_body_bytes=args.max_body_bytes,
         shutdown_timeout=args.shutdown_timeout,
+        forward_tracestate_baggage=args.forward_tracestate_baggage,
     )
     session = session_from_args(args, os.environ)
     await gateway.serve(session, config, args.host, args.port)

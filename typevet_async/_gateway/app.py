@@ -11,12 +11,13 @@ import datetime
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
 import anyio.to_thread
 from aiohttp import web
+from multidict import CIMultiDict
 
 import typevet_async as tv
 import typevet_async._telemetry as telemetry
@@ -40,6 +41,7 @@ from typevet_async._gateway.responses import (
     error_response,
     extension,
     json_response,
+    log_failure,
     new_request_id,
     sdk_error_response,
     shed_response,
@@ -96,7 +98,7 @@ async def _access(
     # spans, and the model server's read, are its children (`typevet_async._telemetry`).
     with telemetry.server_span(
         f"{request.method} {route}",
-        request.headers,
+        _trace_carrier(request, state.config),
         {"http.request.method": request.method, "http.route": route, "url.path": request.path,
          "typevet.request_id": request_id},
     ) as span:  # fmt: skip
@@ -116,6 +118,26 @@ async def _access(
                 if status >= 500:
                     span.failed_as(str(status))
             _access_logged(request, state, status, started, request_id)
+
+
+#: What a caller writes into a trace besides joining it (W3C trace context's vendor state, and
+#: baggage): it stops at the gateway unless ``forward_tracestate_baggage`` is set.
+_CALLER_TRACE_DATA: Final = ("tracestate", "baggage")
+
+
+def _trace_carrier(request: web.Request, config: GatewayConfig) -> Mapping[str, str]:
+    """The headers the server span joins the caller's trace from: without the caller's
+    ``tracestate`` and ``baggage`` unless the gateway forwards them. Left out here, they are
+    in neither this process's context nor, hence, the model server's requests."""
+    headers = request.headers
+    if config.forward_tracestate_baggage or not telemetry.active():
+        return headers
+    if not any(name in headers for name in _CALLER_TRACE_DATA):
+        return headers
+    kept = CIMultiDict(headers)
+    for name in _CALLER_TRACE_DATA:
+        kept.popall(name, None)
+    return kept
 
 
 def _access_logged(
@@ -144,8 +166,9 @@ async def _errors(
             raise
         kind = "too_large" if error.status == 413 else "http_error"
         return error_response(error.status, ["request"], error.reason, kind)
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
+    except Exception as error:  # a bug: its frames in the log, not its message (`log_failure`)
+        where = f"unexpected error on {request.method} {_route_of(request)}"
+        log_failure(log, logging.ERROR, where, error, stack=True)
         return error_response(500, ["server"], "internal server error", "internal_error")
 
 
@@ -208,15 +231,19 @@ async def _judged(
     task = asyncio.current_task()
     if task is not None:
         state.judging.add(task)
+    held: float | None = None  # when it got its slot
     try:
         async with asyncio.timeout(config.request_deadline), state.slots:
+            held = state.now()
             if state.metrics is not None:
                 state.metrics.in_flight.inc()
             try:
-                return await session.judge(call.state, call.questions, images=images, **options)
+                judgment = await session.judge(call.state, call.questions, images=images, **options)
             finally:
                 if state.metrics is not None:
                     state.metrics.in_flight.dec()
+            state.held_since(held)  # it did the work: its time is the capacity's measure
+            return judgment
     except asyncio.CancelledError:
         if not state.cut_off or task is None:
             raise  # the client went away (or a cancellation that is not the shutdown's)
@@ -230,6 +257,8 @@ async def _judged(
             "unavailable", headers={"Retry-After": "1", "Connection": "close"},
         )  # fmt: skip
     except TimeoutError as error:
+        if held is not None:  # cut by a timeout (ours or the SDK's): it held its slot all along
+            state.held_since(held)
         if isinstance(error, tv.TypevetError):
             return sdk_error_response(state.metrics, error)
         if state.metrics is not None:
@@ -243,7 +272,6 @@ async def _judged(
         return sdk_error_response(state.metrics, error)
     finally:
         state.admitted -= 1
-        state.finished.append(time.monotonic())
         if task is not None:
             state.judging.discard(task)
 

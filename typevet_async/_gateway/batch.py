@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import anyio
@@ -50,10 +49,11 @@ from typevet_async._gateway.responses import (
     error_response,
     extension,
     json_response,
+    log_failure,
     shed_response,
 )
 from typevet_async._gateway.state import SESSION, STATE, GatewayState
-from typevet_async._presenting import error_text, present_error, served_model
+from typevet_async._presenting import present_error, served_model
 
 __all__ = ["decode_batch", "systemone_batch"]
 
@@ -129,19 +129,26 @@ async def _judged(
         f"the batch outlived the gateway's {config.request_deadline}s deadline before this "
         "state was judged",
     )  # fmt: skip
+    # the slot times of the states judging when a cancellation came: the deadline's cut counts
+    # them as work (they held their slots all along), a shutdown or a client gone does not
+    cut: list[float] = []
     state.admitted += len(indices)
     task = asyncio.current_task()
     if task is not None:
         state.judging.add(task)
 
-    async def judge_one(index: int) -> None:
+    async def judge_one(index: int, held: float) -> None:
         started.add(index)  # before any await: from here on this task releases its slot
         try:
-            results[index] = await _result(state, session, batch, index, model)
+            results[index], worked = await _result(state, session, batch, index, model)
+            if worked:
+                state.held_since(held)
+        except asyncio.CancelledError:
+            cut.append(held)
+            raise
         finally:
             state.slots.release()
             state.admitted -= 1
-            state.finished.append(time.monotonic())
 
     try:
         async with asyncio.timeout(config.request_deadline):
@@ -149,8 +156,10 @@ async def _judged(
                 for index in indices:  # one slot at a time: others queue between our states
                     await state.slots.acquire()
                     handed.append(index)
-                    group.start_soon(judge_one, index)
+                    group.start_soon(judge_one, index, state.now())
     except TimeoutError:
+        for held in cut:
+            state.held_since(held)
         if state.metrics is not None:
             state.metrics.errors.labels("Timeout").inc()
     except asyncio.CancelledError:
@@ -173,23 +182,25 @@ async def _judged(
 
 async def _result(
     state: GatewayState, session: tv.Session, batch: SystemOneBatch, index: int, model: str
-) -> dict[str, Any]:
-    """One state's result: the body ``/v1/systemone`` would answer, or its error as an item."""
+) -> tuple[dict[str, Any], bool]:
+    """One state's result: the body ``/v1/systemone`` would answer, or its error as an item;
+    and whether it did the work (answered, or cut by the SDK's timeout), for the capacity."""
     metrics = state.metrics
     if metrics is not None:
         metrics.in_flight.inc()
     try:
         judgment = await session.judge(batch.states[index], batch.questions)
     except Exception as error:  # an item's error never fails the batch; cancellation does
-        return _item_error(state, error)
+        return _item_error(state, error), isinstance(error, TimeoutError)
     finally:
         if metrics is not None:
             metrics.in_flight.dec()
     if metrics is not None:
         metrics.reads.inc(judgment.usage.reads)
-    return response_to_system_one(
+    body = response_to_system_one(
         judgment, model, score_criteria=batch.score_criteria, extension=extension(judgment)
     )
+    return body, True
 
 
 def _item_error(state: GatewayState, error: Exception) -> dict[str, Any]:
@@ -198,9 +209,9 @@ def _item_error(state: GatewayState, error: Exception) -> dict[str, Any]:
         state.metrics.errors.labels(type(error).__name__).inc()
     presented = present_error(error)
     if presented is None:
-        log.error("batch item failed: %s", error_text(error), exc_info=error)
+        log_failure(log, logging.ERROR, "batch item failed", error, stack=True)
         return batch_item_error(500, "internal_error", "internal server error")
     if presented.hides_details:
-        log.warning("batch item failed: %s", error_text(error))
+        log_failure(log, logging.WARNING, "batch item failed", error)
     loc = list(presented.loc) if presented.status == 422 else None
     return batch_item_error(presented.status, presented.kind, presented.message, loc)

@@ -12,6 +12,7 @@ import attrs
 import typevet_async as tv
 from typevet_async._core.decoding import DecodeBudget
 from typevet_async._options import (
+    boolean,
     non_negative_int,
     optional,
     positive_int,
@@ -34,7 +35,7 @@ DEFAULT_KEYS_ENV: Final = "TYPEVET_SERVE_KEYS"
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 #: The automatic queue's floor: a client's connection pool (commonly 32 to 64) is never shed.
 MIN_AUTO_QUEUE: Final = 64
-#: The automatic queue before a drain rate has been measured.
+#: The automatic queue before any judgment's service time has been measured.
 DEFAULT_AUTO_QUEUE: Final = 256
 #: The automatic queue's ceiling.
 MAX_AUTO_QUEUE: Final = 4096
@@ -50,9 +51,11 @@ class GatewayConfig:
     )
     #: Requests judged at once.
     max_active_requests: int = attrs.field(default=8, validator=positive_int)
-    #: Requests that may wait for a slot; one more is a 429. None (the default): as many as the
-    #: measured drain rate serves within ``request_deadline`` (at least `MIN_AUTO_QUEUE`, and
-    #: `DEFAULT_AUTO_QUEUE` before anything has been measured): a request is shed only when it
+    #: Requests that may wait for a slot; one more is a 429. None (the default): as many as get
+    #: a slot and are judged within ``request_deadline`` at the capacity measured from recent
+    #: service times (``max_active_requests`` over the mean time a judgment that did the work
+    #: held its slot; fast failures are not counted), at least `MIN_AUTO_QUEUE` and
+    #: `DEFAULT_AUTO_QUEUE` before anything has been measured: a request is shed when it
     #: would wait past its deadline anyway.
     max_queue: int | None = attrs.field(default=None, validator=optional(non_negative_int))
     #: Seconds per request, waiting for a slot included (None: no limit) -> 504.
@@ -93,6 +96,11 @@ class GatewayConfig:
     shutdown_timeout: float = attrs.field(default=30.0, validator=positive_number)
     #: Seconds between probe attempts until the server is ready.
     probe_interval: float = attrs.field(default=1.0, validator=positive_number)
+    #: Forward the caller's W3C ``tracestate`` and ``baggage`` headers to the model server
+    #: (sent only with OpenTelemetry on). Off by default: their content is whatever the
+    #: caller chose, and the gateway is a trust boundary; the caller's ``traceparent`` is
+    #: joined either way, so the trace still runs from the caller to the model server's read.
+    forward_tracestate_baggage: bool = attrs.field(default=False, validator=boolean)
 
     def batch_cap(self) -> int:
         """States a batch may carry: ``max_batch_states``, but at most ``max_active_requests``

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import traceback
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ import orjson
 from aiohttp import web
 
 import typevet_async as tv
+import typevet_async._telemetry as telemetry
 from typevet_async._core.systemone import validation_detail
 from typevet_async._gateway.state import GatewayState, Metrics
 from typevet_async._presenting import error_text, judgment_fields, present_error
@@ -32,6 +34,7 @@ __all__ = [
     "error_response",
     "extension",
     "json_response",
+    "log_failure",
     "new_request_id",
     "sdk_error_response",
     "shed_response",
@@ -76,29 +79,52 @@ def json_response(
     )
 
 
+def log_failure(
+    logger: logging.Logger, level: int, what: str, error: BaseException, *, stack: bool = False
+) -> None:
+    """Log that ``what`` failed with ``error``: its type and HTTP status (``extra``:
+    ``error_type``, ``status``), never its text, since an upstream's reply quoted in it may
+    quote the caller's prompt; the text (and a bug's whole traceback) only under the content
+    switch, ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``. ``stack``: a bug,
+    whose frames (the code's lines, no values) are logged without its message."""
+    status = getattr(error, "status", None)
+    status = status if isinstance(status, int) and not isinstance(status, bool) else None
+    said = f" (HTTP {status})" if status is not None else ""
+    extra = {"error_type": type(error).__name__, "status": status}
+    if telemetry.CAPTURE_CONTENT:
+        exc_info = error if stack else None
+        logger.log(level, "%s: %s%s", what, error_text(error), said, exc_info=exc_info, extra=extra)
+        return
+    frames = "".join(traceback.format_tb(error.__traceback__)) if stack else ""
+    tail = f"\nTraceback (its message and causes withheld):\n{frames.rstrip()}" if frames else ""
+    logger.log(level, "%s: %s%s%s", what, type(error).__name__, said, tail, extra=extra)
+
+
 def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Response:
     """An SDK error as the gateway's answer (counted by its type); a 5xx's details, which name
-    the model server, go to the log only."""
+    the model server, go to the log only, and only by type and status (`log_failure`)."""
     if metrics is not None:
         metrics.errors.labels(type(error).__name__).inc()
     presented = present_error(error)
     if presented is None:
-        log.error("judgment failed: %s", type(error).__name__)
+        log_failure(log, logging.ERROR, "judgment failed", error, stack=True)
         return error_response(500, ["server"], "internal server error", "internal_error")
     if presented.hides_details:
-        log.warning("judgment failed: %s", error_text(error))
+        log_failure(log, logging.WARNING, "judgment failed", error)
     return error_response(presented.status, list(presented.loc), presented.message, presented.kind)
 
 
 def shed_response(state: GatewayState, judgments: int) -> web.Response | None:
     """The 429 for a request of ``judgments`` judgments (a batch's states each count) when
-    admitting it would pass ``max_active_requests`` plus the queue; None: admit it."""
+    admitting it would pass ``max_active_requests`` plus the queue; None: admit it. Its
+    ``Retry-After`` is whole seconds (rounded up, at least 1: the header's unit) and its
+    ``retry-after-ms`` the estimate itself (`GatewayState.retry_after`)."""
     if state.admitted + judgments <= state.config.max_active_requests + state.queue_limit():
         return None
-    wait = state.retry_after()
-    retry = {"Retry-After": str(math.ceil(wait)), "retry-after-ms": str(round(wait * 1000))}
+    wait = state.retry_after(judgments)
+    retry = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(round(wait * 1000))}
     return error_response(
-        429, ["server"], f"too many requests in flight: retry in {wait:.1f} s",
+        429, ["server"], f"too many requests in flight: retry in {wait:.2f} s",
         "rate_limited", headers=retry,
     )  # fmt: skip
 

@@ -1,10 +1,11 @@
-"""The gateway's running state: admission (slots, the queue and its drain rate), readiness,
-the judgments in flight, and the Prometheus metrics."""
+"""The gateway's running state: admission (slots, and the queue and 429 waits sized from the
+measured service times), readiness, the judgments in flight, and the Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from typing import Any, Final
 
@@ -25,10 +26,26 @@ try:
 except ImportError:  # pragma: no cover - without the serve extra
     prometheus_client = None  # type: ignore[assignment]
 
-__all__ = ["SESSION", "STATE", "GatewayState", "Metrics"]
+__all__ = [
+    "RETRY_CEILING",
+    "RETRY_FLOOR",
+    "RETRY_UNMEASURED",
+    "SESSION",
+    "STATE",
+    "GatewayState",
+    "Metrics",
+]
 
-#: Judgments the drain rate is measured over (the most recent).
-_DRAIN_WINDOW: Final = 64
+#: Service times the capacity is measured over (the most recent judgments that did the work).
+_SERVICE_WINDOW: Final = 64
+#: The shortest wait a 429 advises (``retry-after-ms``): a retry sooner than this finds the
+#: gateway as it left it (its own round trip and decode take a few ms), and a client that
+#: honours the header tries at most 20 times a second.
+RETRY_FLOOR: Final = 0.05
+#: The longest wait a 429 advises: clients that read ``Retry-After`` commonly ignore more.
+RETRY_CEILING: Final = 60.0
+#: What a 429 advises before any service time is measured.
+RETRY_UNMEASURED: Final = 1.0
 
 
 @attrs.define
@@ -98,35 +115,67 @@ class GatewayState:
     judging: set[asyncio.Task[Any]] = attrs.Factory(set)
     #: Set once the shutdown timeout passed: the judgments still running answer 503.
     cut_off: bool = False
-    #: When the most recent judgments ended (monotonic seconds), for the drain rate.
-    finished: collections.deque[float] = attrs.Factory(
-        lambda: collections.deque(maxlen=_DRAIN_WINDOW)
+    #: How long each of the most recent judgments that did the work held its slot (seconds):
+    #: those answered, and those cut by a timeout, which held it all along. A fast failure (a
+    #: refusal, an upstream 5xx) is not one: it says nothing of how long work takes.
+    service_times: collections.deque[float] = attrs.Factory(
+        lambda: collections.deque(maxlen=_SERVICE_WINDOW)
     )
+    #: When the last place promised to a shed request should free (monotonic seconds): each
+    #: 429 promises the next departures after it, so requests shed together are told to come
+    #: back one departure apart, not all at the same instant.
+    promised_until: float = 0.0
 
-    def drain_rate(self) -> float | None:
-        """Judgments ended per second over the recent window (None: too few to tell)."""
-        if len(self.finished) < 2:
+    def now(self) -> float:
+        """The gateway's clock: monotonic seconds (read through the module, so a test can move
+        it without moving the event loop's)."""
+        return time.monotonic()
+
+    def held_since(self, since: float) -> None:
+        """Record one judgment that did the work: it held its slot from ``since`` to now."""
+        self.service_times.append(max(0.0, self.now() - since))
+
+    def service_time(self) -> float | None:
+        """The mean of the recent service times (None: no judgment has done the work yet)."""
+        if not self.service_times:
             return None
-        span = max(time.monotonic(), self.finished[-1]) - self.finished[0]
-        return (len(self.finished) - 1) / span if span > 0 else None
+        return max(sum(self.service_times) / len(self.service_times), 1e-6)
+
+    def capacity(self) -> float | None:
+        """Judgments a second the slots serve while all are busy: ``max_active_requests`` over
+        the mean service time (Little's law); None before any judgment did the work. It
+        depends on no idle time and no fast failure."""
+        mean = self.service_time()
+        return None if mean is None else self.config.max_active_requests / mean
 
     def queue_limit(self) -> int:
-        """Requests that may wait for a slot now."""
+        """Requests that may wait for a slot now: those that, at the measured capacity, get a
+        slot and are judged within ``request_deadline`` (at least `MIN_AUTO_QUEUE`, at most
+        `MAX_AUTO_QUEUE`; `DEFAULT_AUTO_QUEUE` before anything is measured)."""
         if self.config.max_queue is not None:
             return self.config.max_queue
-        rate = self.drain_rate()
-        if rate is None or self.config.request_deadline is None:
+        capacity, mean = self.capacity(), self.service_time()
+        deadline = self.config.request_deadline
+        if capacity is None or mean is None or deadline is None:
             return DEFAULT_AUTO_QUEUE
-        return int(min(MAX_AUTO_QUEUE, max(MIN_AUTO_QUEUE, rate * self.config.request_deadline)))
+        # the last in line waits for that many departures, then is judged itself
+        fits = math.floor(capacity * (deadline - mean))
+        return min(MAX_AUTO_QUEUE, max(MIN_AUTO_QUEUE, fits))
 
-    def retry_after(self) -> float:
-        """Seconds until a place in the queue is likely free, from the drain rate (1 s before
-        anything is measured), between 1 and 60."""
-        rate = self.drain_rate()
-        if rate is None:
-            return 1.0
-        excess = self.admitted - (self.config.max_active_requests + self.queue_limit()) + 1
-        return min(60.0, max(1.0, excess / rate))
+    def retry_after(self, judgments: int = 1) -> float:
+        """Seconds until a request of ``judgments`` judgments (a batch's states each count)
+        shed now would be admitted: the departures it needs, at the measured capacity, after
+        those promised to requests shed before it; between `RETRY_FLOOR` and `RETRY_CEILING`
+        (`RETRY_UNMEASURED` before anything is measured). Each call promises those places."""
+        capacity = self.capacity()
+        if capacity is None:
+            return RETRY_UNMEASURED
+        now = self.now()
+        limit = self.config.max_active_requests + self.queue_limit()
+        needed = max(1, self.admitted + judgments - limit)
+        free_at = max(now, self.promised_until) + needed / capacity
+        self.promised_until = min(free_at, now + RETRY_CEILING)
+        return min(RETRY_CEILING, max(RETRY_FLOOR, free_at - now))
 
 
 SESSION: Final = web.AppKey("session", tv.Session)
