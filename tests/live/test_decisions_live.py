@@ -253,6 +253,50 @@ async def test_errors_are_the_clients_typed_exceptions(gateway_url: str) -> None
     print("images on a text-only model:", blind.value.message)
 
 
+async def refusals(url: str) -> float:
+    """The gateway's 422 answers on ``/v1/decisions`` so far (its Prometheus counter)."""
+    line = 'typevet_gateway_requests_total{route="/v1/decisions",status="422"} '
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
+        rows = (await response.text()).splitlines()
+    return sum(float(row[len(line) :]) for row in rows if row.startswith(line))
+
+
+@pytest.mark.asyncio
+async def test_a_question_refused_while_judging_is_named_once_and_the_sdk_stops_once(
+    gemma3_url: str,
+) -> None:
+    # Issue 43.8. Under the Jev "fused" layout (letters A to P) a 17-value choice passes the
+    # route's validation (2 to 255 values) and is refused while its reads are planned.
+    values = [f"queue {n}" for n in range(17)]
+    wide = {"type": "choice", "name": "queue", "instructions": "Which queue?",
+            "choices": [{"value": value} for value in values]}  # fmt: skip
+    typed = {"refund": TYPED["refund"], "queue": tv.Choice(values, instructions="Which queue?")}
+    async with running(
+        gemma_session(gemma3_url, layout="fused"), GatewayConfig(keys=(KEY,))
+    ) as url:
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            await ask_async(url, [WIRE_QUESTIONS[0], wide])
+        print("refused while judging:", refused.value.param, refused.value.message)
+        assert refused.value.param == "questions[1]"  # the route's own spelling; was questions.1
+        assert refused.value.type == "invalid_request_error"
+        assert "17 options" in refused.value.message
+        with pytest.raises(openai.UnprocessableEntityError) as validated:
+            await ask_async(url, [WIRE_QUESTIONS[0], {**wide, "choices": wide["choices"][:1]}])
+        assert validated.value.param == "questions[1].choices"
+        before = await refusals(url)
+        async with tv.Session.openai_decisions(url, api_key=KEY) as remote:
+            with pytest.raises(tv.QuestionError) as alone:
+                await remote.judge(STATE, typed)
+            records = [f"{STATE} ({n})" for n in range(6)]
+            with pytest.raises(tv.QuestionError) as batch:
+                async for _ in remote.judge_many(records, typed, max_in_flight=1):
+                    pass
+        sent = await refusals(url) - before
+    print(f"Session.openai_decisions: judge and a judge_many of 6 sent {sent:.0f} requests")
+    assert alone.value.question_id == batch.value.question_id == "queue"
+    assert sent == 2  # one for the judge, one for the batch; was 1 + 6, each record's error
+
+
 @pytest.mark.asyncio
 async def test_a_full_gateway_sheds_with_the_clients_rate_limit_error(gemma3_url: str) -> None:
     config = GatewayConfig(keys=(KEY,), max_active_requests=1, max_queue=0)

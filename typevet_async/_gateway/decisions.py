@@ -106,8 +106,17 @@ _TYPES: Final = {401: "authentication_error", 403: "permission_error", 429: "rat
 
 
 def _param(loc: Sequence[Any]) -> str | None:
-    """A 422 entry's ``loc`` as OpenAI names a parameter: ``questions[3].choices``."""
+    """A 422 entry's ``loc`` as OpenAI names a parameter: ``questions[3].choices``.
+
+    One spelling for a question, whoever refused it: the SDK's errors name a question by its
+    id, which on this route is its position as text (``"3"``), so a refusal while judging is
+    ``questions[3]`` as the route's own validation writes it (it was ``questions.3``, which
+    `Session.openai_decisions` did not read as a question's, issue 43.8)."""
     path = [part for part in loc if part != "body"]
+    if len(path) > 1 and path[0] == "questions" and isinstance(path[1], str):
+        position = path[1]
+        if position.isascii() and position.isdecimal():
+            path[1] = int(position)
     text = ""
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
