@@ -301,3 +301,61 @@ def counting_tasks() -> Iterator[Counter[str]]:
             name = task.get_name() if isinstance(task, asyncio.Task) else ""
             created[qualname if name.startswith("Task-") or not name else name] += 1
         tasks.clear()
+
+
+class VisionRecordingProxy:
+    """A recording proxy in front of the real llama.cpp server, written for the tests, for the
+    one thing no server here can do: read images (the test models are text-only). Its stubs,
+    named: ``GET /props`` declares vision, and a multimodal ``/completion`` body
+    (``{"prompt_string", "multimodal_data"}``) is recorded as sent, then forwarded as a plain
+    text read of its prompt with the media markers taken out, so the real server answers
+    with real logprobs. Everything else is forwarded as it came."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        #: Every ``/completion`` body the SDK sent, parsed, in arrival order.
+        self.completions: list[dict[str, Any]] = []
+        #: The server's media marker, from ``/props``.
+        self.media_marker = ""
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> VisionRecordingProxy:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._client = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._client is not None
+        assert self._runner is not None
+        await self._client.close()
+        await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        assert self._client is not None
+        data = await request.read()
+        if request.path == "/completion":
+            body = json.loads(data)
+            self.completions.append(body)
+            prompt = body["prompt"]
+            if isinstance(prompt, dict):  # the stub: the read forwarded as text
+                text = prompt["prompt_string"].replace(f"{self.media_marker}\n", "")
+                data = json.dumps({**body, "prompt": text}).encode()
+        headers = {"Content-Type": "application/json"} if data else None
+        async with self._client.request(
+            request.method, f"{self.upstream}{request.rel_url}", data=data or None,
+            headers=headers,
+        ) as upstream:  # fmt: skip
+            status, reply = upstream.status, await upstream.read()
+        if request.path == "/props" and status == 200:
+            props = json.loads(reply)
+            self.media_marker = props["media_marker"]
+            reply = json.dumps({**props, "modalities": {"vision": True, "audio": False}}).encode()
+        return web.Response(status=status, body=reply, content_type="application/json")

@@ -21,6 +21,7 @@ import pytest_asyncio
 import typevet_async as tv
 from typevet_async._gateway import GatewayConfig, running
 
+from .faults import VisionRecordingProxy
 from .helpers import PNG_HEADER
 from .servers import VLLM_MODEL_ID
 
@@ -251,6 +252,66 @@ async def test_errors_are_the_clients_typed_exceptions(gateway_url: str) -> None
     with pytest.raises(openai.UnprocessableEntityError) as blind:
         await ask_async(gateway_url, WIRE_QUESTIONS[:1], input=pictured)
     print("images on a text-only model:", blind.value.message)
+
+
+def png_url(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.mark.asyncio
+async def test_a_questions_images_go_with_its_own_read_only_after_the_state(
+    gemma3_url: str,
+) -> None:
+    # Issue 43.7. No server here reads images; the proxy in front of the real llama.cpp server
+    # (its stubs named in faults.py: /props declares vision, a multimodal read is recorded,
+    # then read as text) shows which read body carries which image, and where.
+    state_image, first, second = (PNG_HEADER + bytes([n]) * 8 for n in (1, 2, 3))
+    ticket = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": STATE},
+                {"type": "input_image", "image_url": png_url(state_image)},
+            ],
+        }
+    ]
+    pictured = {"type": "predicate", "name": "pictured", "instructions": [
+        {"type": "input_text", "text": "Does this photo show the parcel"},
+        {"type": "input_image", "image_url": png_url(first)},
+        {"type": "input_text", "text": "or this one?"},
+        {"type": "input_image", "image_url": png_url(second)},
+    ]}  # fmt: skip
+    questions = [WIRE_QUESTIONS[0], pictured]
+    async with (
+        VisionRecordingProxy(gemma3_url) as proxy,
+        running(gemma_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
+    ):
+        decision = await ask_async(url, questions, input=ticket)
+    assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]
+    marker = proxy.media_marker
+    reads: dict[str, tuple[str, list[bytes]]] = {}
+    for body in proxy.completions:
+        prompt = body["prompt"]
+        assert isinstance(prompt, dict), "a read with images is multimodal"
+        text = prompt["prompt_string"]
+        which = "pictured" if "Does this photo" in text else "refund"
+        reads[which] = (text, [base64.b64decode(data) for data in prompt["multimodal_data"]])
+    assert set(reads) == {"refund", "pictured"}
+    refund_text, refund_images = reads["refund"]
+    assert refund_images == [state_image]  # was all three
+    assert refund_text.count(marker) == 1
+    assert refund_text.index(marker) < refund_text.index(STATE)
+    text, images = reads["pictured"]
+    assert images == [state_image, first, second]
+    markers = [n for n in range(len(text)) if text.startswith(marker, n)]
+    print(f"pictured read: markers at {markers}, state at {text.index(STATE)}, instructions "
+          f"at {text.index('Does this photo')}")  # fmt: skip
+    assert len(markers) == 3
+    # the state's image before the state; the question's own after it, in request order, just
+    # before its instructions, whose text numbers them as the read shows them
+    assert markers[0] < text.index(STATE) < markers[1] < markers[2] < text.index("Does this")
+    assert "Does this photo show the parcel [image 2] or this one? [image 3]" in text
+    assert "[image 1]" in text[: markers[1]]
 
 
 async def refusals(url: str) -> float:

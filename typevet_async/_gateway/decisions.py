@@ -50,11 +50,17 @@ Judged = Callable[..., Awaitable["tv.Judgment | web.Response"]]
 Shed = Callable[[GatewayState], "web.Response | None"]
 
 
+#: A Decisions request, its input's images and each question's own (`Session.judge`'s
+#: ``images`` and ``question_images``).
+Decoded = tuple[DecisionsCall, list["tv.Image"], dict[str, list["tv.Image"]]]
+
+
 def decode_decisions(
     raw: bytes, encoding: str, content_type: str, config: GatewayConfig
-) -> tuple[DecisionsCall, list[tv.Image]] | web.Response:
-    """A body as the Decisions request it holds and its images, within ``config``'s budget
-    (pure and CPU-bound: the gateway runs it in a worker thread).
+) -> Decoded | web.Response:
+    """A body as the Decisions request it holds and its images (the input's, each question's
+    own), within ``config``'s budget (pure and CPU-bound: the gateway runs it in a worker
+    thread).
 
     :raises DecodeError: past the budget, or an encoding that does not decode.
     :raises DecisionsValidationError: not a Decisions request, or past a count limit.
@@ -73,7 +79,11 @@ def decode_decisions(
     data = json_within_budget(body, budget, clock, DecisionsValidationError)
     call = request_from_decisions(data, max_questions=config.max_questions)
     clock.check()
-    return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images]
+    own = {
+        question_id: [tv.Image.from_bytes(image, mime) for mime, image in images]
+        for question_id, images in call.question_images.items()
+    }
+    return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images], own
 
 
 async def handle_decisions(request: web.Request, judged: Judged, shed: Shed) -> web.Response:
@@ -84,11 +94,13 @@ async def handle_decisions(request: web.Request, judged: Judged, shed: Shed) -> 
     decoded = await decoded_body(request, state, decode_decisions)
     if isinstance(decoded, web.Response):
         return decoded
-    call, images = decoded
+    call, images, own = decoded
     refusal = shed(state)
     if refusal is not None:
         return refusal
-    judgment = await judged(state, session, call, images, raise_off_menu=False)
+    # A question's own images go with its reads only (issue 43.7: they went with every
+    # question's, before the state).
+    judgment = await judged(state, session, call, images, raise_off_menu=False, question_images=own)
     if isinstance(judgment, web.Response):
         return judgment
     if state.metrics is not None:
