@@ -12,7 +12,7 @@ import base64
 import functools
 import hashlib
 import struct
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,13 +243,13 @@ NO_IMAGES = JudgmentImages()
 def check_judgment_images(
     images: Image | Sequence[Image],
     question_images: Mapping[str, Image | Sequence[Image]] | None,
-    question_ids: Collection[str],
+    questions: Sequence[tuple[str, object]],
     *,
     max_images: int,
     max_bytes: int,
 ) -> JudgmentImages:
     """A judgment's images once each passes `check_images` and, all together, the session's
-    ``max_images``; each question's own keyed by one of ``question_ids``.
+    ``max_images``; each question's own keyed by the id of one of ``questions``.
 
     :raises InvalidInputError: as `check_images`; ``question_images`` not a mapping, or naming
         a question the judgment does not ask; more images in all than ``max_images``.
@@ -266,6 +266,7 @@ def check_judgment_images(
             "question_images must map question ids to a tv.Image or a sequence of them, got "
             f"{type(question_images).__name__}"
         )
+    question_ids = {question_id for question_id, _ in questions}
     own: dict[str, tuple[Image, ...]] = {}
     for question_id, given in question_images.items():
         if question_id not in question_ids:

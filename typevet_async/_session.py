@@ -253,7 +253,7 @@ class Session(SessionFactories, AsyncResource):
         settings = self._settings
         state_text = render_state(state)
         shown = check_judgment_images(
-            images, question_images, dict(checked),
+            images, question_images, checked,
             max_images=settings.max_images, max_bytes=settings.max_image_bytes,
         )  # fmt: skip
         options = ReadOptions.for_call(

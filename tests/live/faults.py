@@ -304,17 +304,20 @@ def counting_tasks() -> Iterator[Counter[str]]:
 
 
 class VisionRecordingProxy:
-    """A recording proxy in front of the real llama.cpp server, written for the tests, for the
-    one thing no server here can do: read images (the test models are text-only). Its stubs,
-    named: ``GET /props`` declares vision, and a multimodal ``/completion`` body
-    (``{"prompt_string", "multimodal_data"}``) is recorded as sent, then forwarded as a plain
-    text read of its prompt with the media markers taken out, so the real server answers
-    with real logprobs. Everything else is forwarded as it came."""
+    """A recording proxy in front of the real llama.cpp or vLLM server, written for the tests,
+    for the one thing no server here can do: read images (the test models are text-only). Its
+    stubs, named: llama.cpp's ``GET /props`` declares vision, and a read with images is
+    recorded as sent, then forwarded without them so the real server answers with real
+    logprobs: a multimodal ``/completion`` body (``{"prompt_string", "multimodal_data"}``) as
+    a text read of its prompt with the media markers taken out, a chat read's content parts
+    as their text joined. Everything else is forwarded as it came."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         #: Every ``/completion`` body the SDK sent, parsed, in arrival order.
         self.completions: list[dict[str, Any]] = []
+        #: Every ``/v1/chat/completions`` body the SDK sent, parsed, in arrival order.
+        self.chats: list[dict[str, Any]] = []
         #: The server's media marker, from ``/props``.
         self.media_marker = ""
         self.url = ""
@@ -348,6 +351,11 @@ class VisionRecordingProxy:
             if isinstance(prompt, dict):  # the stub: the read forwarded as text
                 text = prompt["prompt_string"].replace(f"{self.media_marker}\n", "")
                 data = json.dumps({**body, "prompt": text}).encode()
+        elif request.path == "/v1/chat/completions":
+            body = json.loads(data)
+            self.chats.append(body)
+            messages = [_text_only(message) for message in body["messages"]]
+            data = json.dumps({**body, "messages": messages}).encode()  # the stub, as above
         headers = {"Content-Type": "application/json"} if data else None
         async with self._client.request(
             request.method, f"{self.upstream}{request.rel_url}", data=data or None,
@@ -359,3 +367,11 @@ class VisionRecordingProxy:
             self.media_marker = props["media_marker"]
             reply = json.dumps({**props, "modalities": {"vision": True, "audio": False}}).encode()
         return web.Response(status=status, body=reply, content_type="application/json")
+
+
+def _text_only(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message with its image parts taken out, its text parts joined."""
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    return {**message, "content": "".join(p["text"] for p in content if p["type"] == "text")}

@@ -258,6 +258,21 @@ def png_url(data: bytes) -> str:
     return f"data:image/png;base64,{base64.b64encode(data).decode()}"
 
 
+#: Issue 43.7's request: an input with one picture, a question with two of its own, one with
+#: none.
+PICTURES = tuple(PNG_HEADER + bytes([n]) * 8 for n in (1, 2, 3))
+PICTURED_TICKET = [{"role": "user", "content": [
+    {"type": "input_text", "text": STATE},
+    {"type": "input_image", "image_url": png_url(PICTURES[0])},
+]}]  # fmt: skip
+PICTURED_QUESTIONS = [WIRE_QUESTIONS[0], {"type": "predicate", "name": "pictured", "instructions": [
+    {"type": "input_text", "text": "Does this photo show the parcel"},
+    {"type": "input_image", "image_url": png_url(PICTURES[1])},
+    {"type": "input_text", "text": "or this one?"},
+    {"type": "input_image", "image_url": png_url(PICTURES[2])},
+]}]  # fmt: skip
+
+
 @pytest.mark.asyncio
 async def test_a_questions_images_go_with_its_own_read_only_after_the_state(
     gemma3_url: str,
@@ -265,28 +280,12 @@ async def test_a_questions_images_go_with_its_own_read_only_after_the_state(
     # Issue 43.7. No server here reads images; the proxy in front of the real llama.cpp server
     # (its stubs named in faults.py: /props declares vision, a multimodal read is recorded,
     # then read as text) shows which read body carries which image, and where.
-    state_image, first, second = (PNG_HEADER + bytes([n]) * 8 for n in (1, 2, 3))
-    ticket = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "input_text", "text": STATE},
-                {"type": "input_image", "image_url": png_url(state_image)},
-            ],
-        }
-    ]
-    pictured = {"type": "predicate", "name": "pictured", "instructions": [
-        {"type": "input_text", "text": "Does this photo show the parcel"},
-        {"type": "input_image", "image_url": png_url(first)},
-        {"type": "input_text", "text": "or this one?"},
-        {"type": "input_image", "image_url": png_url(second)},
-    ]}  # fmt: skip
-    questions = [WIRE_QUESTIONS[0], pictured]
+    state_image, first, second = PICTURES
     async with (
         VisionRecordingProxy(gemma3_url) as proxy,
         running(gemma_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
     ):
-        decision = await ask_async(url, questions, input=ticket)
+        decision = await ask_async(url, PICTURED_QUESTIONS, input=PICTURED_TICKET)
     assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]
     marker = proxy.media_marker
     reads: dict[str, tuple[str, list[bytes]]] = {}
@@ -448,3 +447,38 @@ async def test_over_vllm_both_clients_get_the_direct_answers(vllm_url: str) -> N
               for k, p in expected[q].probabilities.items()]  # fmt: skip
     print(f"Decisions vs session.judge on vLLM: largest gap {max(found):.1e}")
     assert max(found) <= 1e-9  # one read at a time, fp32 on CPU: seen 0.0
+
+
+@pytest.mark.asyncio
+async def test_over_vllm_a_questions_images_go_with_its_own_read_only_after_the_state(
+    vllm_url: str,
+) -> None:
+    # Issue 43.7 on vLLM's chat body, through the same recording proxy (text-only model: the
+    # proxy reads each body without its image parts).
+    async with (
+        VisionRecordingProxy(vllm_url) as proxy,
+        running(vllm_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
+    ):
+        decision = await ask_async(url, PICTURED_QUESTIONS, input=PICTURED_TICKET)
+    assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]
+    reads: dict[str, list[Any]] = {}
+    for body in proxy.chats:
+        [message] = [m for m in body["messages"] if m["role"] == "user"]
+        parts = message["content"]
+        text = "".join(part.get("text", "") for part in parts)
+        reads["pictured" if "Does this photo" in text else "refund"] = [
+            base64.b64decode(part["image_url"]["url"].partition(",")[2])
+            if part["type"] == "image_url"
+            else part["text"]
+            for part in parts
+        ]
+    state_image, first, second = PICTURES
+    refund, pictured = reads["refund"], reads["pictured"]
+    assert refund[0] == state_image  # was all three
+    assert [piece for piece in refund if isinstance(piece, bytes)] == [state_image]
+    print("pictured read's parts:", [p if isinstance(p, bytes) else p[:30] for p in pictured])
+    assert pictured[0] == state_image
+    assert isinstance(pictured[1], str)
+    assert pictured[1].startswith(STATE)
+    assert pictured[2:4] == [first, second]
+    assert pictured[4].startswith("Does this photo show the parcel [image 2] or this one?")
