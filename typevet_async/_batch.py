@@ -2,8 +2,9 @@
 
 The returned `BatchStream` never yields from inside a task group or cancel scope. On the first
 ``anext`` it reads the session's probe (in the caller's task), then starts one asyncio task
-that owns every other task of the batch: ``max_in_flight`` workers, each of which takes a
-window slot, pulls the next record from the (async) iterable and judges it. Finished items
+that owns every other task of the batch: up to ``max_in_flight`` workers (started as records
+arrive, so never more than the records: `_Engine`), each of which takes a window slot, pulls
+the next record from the (async) iterable and judges it. Finished items
 reach the caller through a queue the caller waits on; a record holds its window slot until
 its item is handed out, so at most ``window`` records are pulled ahead (in flight or waiting
 to be yielded), and no task is created per record. The caller's task is never part of the
@@ -113,11 +114,17 @@ class _Engine:
     """The batch's tasks and what they share. It never refers to its `BatchStream`, so dropping
     the stream frees it, and the stream's ``__del__`` can cancel the tasks.
 
-    ``max_in_flight`` workers each pull the next record (only once they hold a window slot
-    and are free to judge it, so a permanent error stops the batch after at most
-    ``max_in_flight`` records), judge it and append the outcome to `outcomes`, waking the
-    consumer if it waits. No producer task, no channel: per record that is one task switch
-    (the consumer's wake-up) instead of four, and no checkpoint (profiled on the hot path).
+    Workers each pull the next record (only once they hold a window slot and are free to
+    judge it, so a permanent error stops the batch after at most ``max_in_flight`` records),
+    judge it and append the outcome to `outcomes`, waking the consumer if it waits. No
+    producer task, no channel: per record that is one task switch (the consumer's wake-up)
+    instead of four, and no checkpoint (profiled on the hot path).
+
+    Workers are started as records arrive: one at first, and one more each time a worker
+    pulls a record, up to ``max_in_flight`` and never past a sized input's length. So a batch
+    starts no more workers than it has records (an input of unknown length: one more, which
+    meets its end and returns), however large ``max_in_flight`` is (issue 43: a server's
+    advertised batch size made it 300,000 for 3 records).
     """
 
     def __init__(
@@ -130,6 +137,13 @@ class _Engine:
         fail_fast: bool,
     ) -> None:
         self.pull = _puller(records)
+        #: Workers the batch may have: ``max_in_flight``, at most the input's length.
+        self.worker_cap = (
+            options.max_in_flight if total is None else min(options.max_in_flight, max(1, total))
+        )
+        #: Workers started so far (each is started by the one before it, see the class).
+        self.workers = 0
+        self.group: anyio.abc.TaskGroup | None = None
         self.fail_fast = fail_fast
         self.judge = judge
         self.options = options
@@ -179,14 +193,20 @@ class _Engine:
         try:
             with self.scope:
                 async with anyio.create_task_group() as group:
-                    for _ in range(self.options.max_in_flight):
-                        group.start_soon(self._work)
+                    self.group = group
+                    self._start_worker()
         except Exception as error:  # cancellation is not an Exception: the scope took it
             self.failure = error
         finally:
             self.ended = True
             self.pull = _exhausted
+            self.group = None
             self._wake()
+
+    def _start_worker(self) -> None:
+        assert self.group is not None
+        self.workers += 1
+        self.group.start_soon(self._work)
 
     async def _next_record(self) -> tuple[int, Any, Any] | None:
         """The next record and its index, or None once the input has ended or raised."""
@@ -218,6 +238,8 @@ class _Engine:
                 self.slots.release()
                 return
             index, record_id, state = pulled
+            if self.workers < self.worker_cap and not self.exhausted:
+                self._start_worker()  # to pull the next record while this one is judged
             try:
                 item = BatchItem(index, record_id, judgment=await self.judge(state))
             except Exception as error:  # cancellation is not an Exception: never an item

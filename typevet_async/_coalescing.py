@@ -3,11 +3,11 @@
 
 The batch engine (`typevet_async._batch`) judges one record per worker; here each worker's
 record joins the pending batch instead of being sent alone. The pending batch is sent when it
-reaches the server's cap (`BatchJudging.batch_limit`), or once the event loop has run every
-task that was ready when its first record arrived: the workers that pull records together
-(at the start, and when a batch's answers wake them together) land in one request. Each
-request takes one of the session's slots, so ``max_concurrency`` still bounds the requests
-in flight.
+reaches the server's cap (`BatchJudging.batch_limit`), or once a pass of the event loop adds
+no record to it: the records pulled together (at the start, as the engine starts one worker
+after another, and when a batch's answers wake the workers together) land in one request.
+Each request takes one of the session's slots, so ``max_concurrency`` still bounds the
+requests in flight.
 
 What stays as it was for a record:
 
@@ -98,6 +98,8 @@ class Coalescer:
         # itself: the single path says so, per record.
         self._batchable = options.permutations == 1 and options.calibration is None
         self._pending: list[_Waiting] = []
+        #: Records that ever joined a pending batch: a pass that adds none sends it.
+        self._joined = 0
         self._flush_soon: asyncio.Handle | None = None
         self._requests: set[asyncio.Task[None]] = set()
 
@@ -124,10 +126,11 @@ class Coalescer:
         loop = asyncio.get_running_loop()
         waiting = _Waiting(state, loop.create_future())
         self._pending.append(waiting)
+        self._joined += 1
         if len(self._pending) >= limit:
             self._flush(limit)
         elif self._flush_soon is None:
-            self._flush_soon = loop.call_soon(self._flush, limit)
+            self._flush_soon = loop.call_soon(self._flush_when_settled, limit, self._joined)
         try:
             return await waiting.future
         except asyncio.CancelledError:
@@ -145,6 +148,15 @@ class Coalescer:
         request = waiting.request
         if request is not None and all(other.future.done() for other in waiting.chunk):
             request.cancel()
+
+    def _flush_when_settled(self, limit: int, joined: int) -> None:
+        """Send the pending records, unless more joined since the last look (the engine starts
+        its workers one a pass): then look again after one more pass."""
+        if self._joined != joined and self._pending:
+            loop = asyncio.get_running_loop()
+            self._flush_soon = loop.call_soon(self._flush_when_settled, limit, self._joined)
+            return
+        self._flush(limit)
 
     def _flush(self, limit: int) -> None:
         """Send the pending records, at most ``limit`` a request."""

@@ -22,6 +22,7 @@ from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnM
 from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenAIDecisionsConfig
 from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES, RetryPolicy
 from typevet_async._backends.system_one import (
+    DEFAULT_MAX_BATCH_STATES,
     SESSION_SETTINGS_REFUSED,
     AsyncSystemOne,
     SystemOneConfig,
@@ -160,6 +161,7 @@ def system_one(
     *,
     model: str | None,
     session_settings: Mapping[str, Any],
+    max_batch_states: int = DEFAULT_MAX_BATCH_STATES,
 ) -> Backend:
     """`Session.system_one`'s backend, once none of ``session_settings`` is one the server's
     own framing would ignore (`SESSION_SETTINGS_REFUSED`)."""
@@ -172,7 +174,8 @@ def system_one(
     settings = http.settings()
 
     def build(base: str) -> AsyncSystemOne:
-        return AsyncSystemOne(SystemOneConfig(base_url=base, model=model, http=settings))
+        config = SystemOneConfig(base_url=base, model=model, http=settings)
+        return AsyncSystemOne(attrs.evolve(config, max_batch_states=max_batch_states))
 
     return _endpoints(base_url, build, http)
 
@@ -190,9 +193,8 @@ def openai_decisions(
     settings = http.settings()
 
     def build(base: str) -> AsyncOpenAIDecisions:
-        return AsyncOpenAIDecisions(
-            OpenAIDecisionsConfig(base_url=base, model=model, http=settings)
-        )
+        config = OpenAIDecisionsConfig(base_url=base, model=model, http=settings)
+        return AsyncOpenAIDecisions(config)
 
     return _endpoints(base_url, build, http)
 
@@ -394,30 +396,31 @@ class SessionFactories:
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
         endpoint_slots: int | None = None,
         time_slice: float | None = SLICE,
+        max_batch_states: int = DEFAULT_MAX_BATCH_STATES,
         **settings: Any,
     ) -> Self:
         """A session on a System One server (``POST /v1/systemone``): ``typevet-async serve``,
         vLLM's for its decision models, the hosted API.
 
-        The server judges: each judgment is one request carrying the state and every question,
-        and the answers are rebuilt from the probabilities it returns, after checking them.
-        ``judge``, ``judge_many``, the typed answers, errors and retries work as on any
-        backend; generation and images are refused unsent; diagnostics are those our own
-        gateway sends (none from another server).
+        The server judges: one request a judgment (the state, every question), its answers
+        checked and typed; ``judge_many`` and retries as on any backend. Generation and images
+        are refused unsent; diagnostics are our own gateway's only.
 
         :param base_url: the server's root URL.
         :param model: the model each request names (None: the first ``GET /v1/models``
             lists); checked against that list at the probe.
         :param api_key: sent as ``Authorization: Bearer``.
-        :param settings: `SessionSettings` by name (``max_concurrency`` bounds the requests
-            in flight).
+        :param max_batch_states: the most states a ``judge_many`` batch request carries: the
+            server's advertised ``max_states``, never more (an advertisement is its word).
+        :param settings: `SessionSettings` by name (``max_concurrency``: requests in flight).
         :raises ConfigurationError: ``layout``, ``prefix_reuse`` or ``off_menu_threshold``
             given: the server frames and reads the questions, so they could not apply.
         """
         http = HttpKeywords(
             api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
-        backend = system_one(base_url, http, model=model, session_settings=settings)
+        backend = system_one(base_url, http, model=model, session_settings=settings,
+                             max_batch_states=max_batch_states)  # fmt: skip
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod

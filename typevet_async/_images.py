@@ -12,7 +12,7 @@ import base64
 import functools
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,11 @@ __all__ = [
     "DEFAULT_MAX_IMAGES",
     "DEFAULT_MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
+    "NO_IMAGES",
     "Image",
+    "JudgmentImages",
     "check_images",
+    "check_judgment_images",
     "image_size",
 ]
 
@@ -214,3 +217,69 @@ def check_images(
                 f"an image of {len(image.data)} bytes exceeds this session's {max_bytes}-byte cap"
             )
     return checked
+
+
+@attrs.frozen(eq=False)
+class JudgmentImages:
+    """A judgment's images, checked: the state's, shown before it in every question's reads,
+    and each question's own, shown with its instructions in its own reads only."""
+
+    state: tuple[Image, ...] = ()
+    #: Question id -> its own images (only questions that have some).
+    questions: Mapping[str, tuple[Image, ...]] = attrs.field(factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.state or self.questions)
+
+    def of(self, question_id: str) -> tuple[Image, ...]:
+        """The images ``question_id``'s reads show after the state."""
+        return self.questions.get(question_id, ())
+
+
+#: A judgment without images.
+NO_IMAGES = JudgmentImages()
+
+
+def check_judgment_images(
+    images: Image | Sequence[Image],
+    question_images: Mapping[str, Image | Sequence[Image]] | None,
+    questions: Sequence[tuple[str, object]],
+    *,
+    max_images: int,
+    max_bytes: int,
+) -> JudgmentImages:
+    """A judgment's images once each passes `check_images` and, all together, the session's
+    ``max_images``; each question's own keyed by the id of one of ``questions``.
+
+    :raises InvalidInputError: as `check_images`; ``question_images`` not a mapping, or naming
+        a question the judgment does not ask; more images in all than ``max_images``.
+    """
+    state = check_images(images, max_images=max_images, max_bytes=max_bytes)
+    if not question_images:
+        if question_images is not None and not isinstance(question_images, Mapping):
+            raise InvalidInputError(
+                f"question_images must map question ids to images, got {question_images!r}"
+            )
+        return JudgmentImages(state) if state else NO_IMAGES
+    if not isinstance(question_images, Mapping):
+        raise InvalidInputError(
+            "question_images must map question ids to a tv.Image or a sequence of them, got "
+            f"{type(question_images).__name__}"
+        )
+    question_ids = {question_id for question_id, _ in questions}
+    own: dict[str, tuple[Image, ...]] = {}
+    for question_id, given in question_images.items():
+        if question_id not in question_ids:
+            raise InvalidInputError(
+                f"question_images names {question_id!r}, which this judgment does not ask"
+            )
+        checked = check_images(given, max_images=max_images, max_bytes=max_bytes)
+        if checked:
+            own[question_id] = checked
+    total = len(state) + sum(len(each) for each in own.values())
+    if total > max_images:
+        raise InvalidInputError(
+            f"{total} images in this judgment (its own and its questions'), but this session "
+            f"takes at most {max_images}"
+        )
+    return JudgmentImages(state, own)

@@ -38,7 +38,7 @@ from typevet_async._errors import (
 )
 from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order
-from typevet_async._images import Image
+from typevet_async._images import JudgmentImages
 from typevet_async._planning import Planner
 from typevet_async._read_cache import CachedReads
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
@@ -121,7 +121,7 @@ def judge(
     state: Any,
     state_text: str,
     questions: Sequence[tuple[str, Question]],
-    images: tuple[Image, ...],
+    images: JudgmentImages,
     strategy: PrefixReuse,
     options: ReadOptions,
 ) -> Awaitable[Judgment]:
@@ -145,7 +145,7 @@ class _JudgmentCall(NamedTuple):
     state: Any
     state_text: str
     questions: Sequence[tuple[str, Question]]
-    images: tuple[Image, ...]
+    images: JudgmentImages
     strategy: PrefixReuse
     options: ReadOptions
 
@@ -168,7 +168,7 @@ async def _judge(
     state: Any,
     state_text: str,
     questions: Sequence[tuple[str, Question]],
-    images: tuple[Image, ...],
+    images: JudgmentImages,
     strategy: PrefixReuse,
     options: ReadOptions,
 ) -> Judgment:

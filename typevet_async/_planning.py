@@ -29,7 +29,7 @@ from typevet_async._errors import (
     TypevetError,
     UnsupportedTemplateError,
 )
-from typevet_async._images import Image
+from typevet_async._images import JudgmentImages
 from typevet_async._read_cache import CachedReads
 from typevet_async._settings import SessionSettings
 
@@ -168,11 +168,12 @@ class Planner:
         self,
         state_text: str,
         questions: Sequence[tuple[str, Question]],
-        images: tuple[Image, ...],
+        images: JudgmentImages,
         readings: Mapping[str, Reading] | None = None,
     ) -> list[ScoringRequest]:
         """Every question's scoring requests (one per rotation its `Reading` asks for, next to
         each other, the unrotated one first), or the error that refuses the judgment unsent.
+        The state's images go in every request, a question's own only in its own.
 
         :raises UnsupportedTemplateError: the SDK frames prompts and the served template is
             degraded (its turn markers are not the model's special tokens), has no markers, or
@@ -218,10 +219,11 @@ class Planner:
                         plan,
                         state_text,
                         frame=frame,
-                        images=images,
+                        images=images.state,
                         media_marker=probe.media_marker,
                         is_special=self.is_special,
                         judgment=judgment,
+                        question_images=images.of(question_id),
                     )
                 )
         return requests

@@ -40,7 +40,7 @@ from typevet_async._generating import (
     generate_settled,
     plan_generations,
 )
-from typevet_async._images import Image, check_images
+from typevet_async._images import NO_IMAGES, Image, JudgmentImages, check_judgment_images
 from typevet_async._judging import judge, question_readings, served_pins
 from typevet_async._options import (
     UNSET,
@@ -209,6 +209,7 @@ class Session(SessionFactories, AsyncResource):
         questions: Mapping[str, Question],
         *,
         images: Image | Sequence[Image] = (),
+        question_images: Mapping[str, Image | Sequence[Image]] | None = None,
         timeout: float | None = None,
         model: str | None = None,
         off_menu_threshold: float | Unset | None = UNSET,
@@ -221,7 +222,11 @@ class Session(SessionFactories, AsyncResource):
         """Ask every question about ``state``; answers come back in request order.
 
         :param state: a string, or any JSON value (rendered as compact JSON).
-        :param images: images the questions are about (the server must declare vision).
+        :param images: images the questions are about (the server must declare vision),
+            shown before the state in every question's reads.
+        :param question_images: a question's own images, by question id: shown after the
+            state, just before its instructions, in that question's reads only. Together
+            with ``images`` at most the session's ``max_images``.
         :param timeout: seconds for the whole judgment, probe included (None: no deadline).
         :param model: if given, must be the session's pinned model.
         :param off_menu_threshold: overrides the session's for this judgment (None: off);
@@ -247,9 +252,10 @@ class Session(SessionFactories, AsyncResource):
         checked = self._checked_questions(questions)
         settings = self._settings
         state_text = render_state(state)
-        images = check_images(
-            images, max_images=settings.max_images, max_bytes=settings.max_image_bytes
-        )
+        shown = check_judgment_images(
+            images, question_images, checked,
+            max_images=settings.max_images, max_bytes=settings.max_image_bytes,
+        )  # fmt: skip
         options = ReadOptions.for_call(
             settings,
             off_menu_threshold=off_menu_threshold,
@@ -260,14 +266,14 @@ class Session(SessionFactories, AsyncResource):
             label_prior=label_prior,
             calibration=calibration,
         )
-        return await self._judge_checked(state, state_text, checked, images, options)
+        return await self._judge_checked(state, state_text, checked, shown, options)
 
     async def _judge_checked(
         self,
         state: Any,
         state_text: str,
         checked: Sequence[tuple[str, Question]],
-        images: tuple[Image, ...],
+        images: JudgmentImages,
         options: ReadOptions,
     ) -> Judgment:
         """`judge` once its arguments are checked (a batch checks them once, not per record)."""
@@ -368,7 +374,7 @@ class Session(SessionFactories, AsyncResource):
 
         coalescer = Coalescer(
             self._backend, self._slots, self.probe, self._require_open, checked, options,
-            lambda state, o: self._judge_checked(state, render_state(state), checked, (), o),
+            lambda state, o: self._judge_checked(state, render_state(state), checked, NO_IMAGES, o),
         )  # fmt: skip
         return judge_stream(
             records, coalescer.judge, batch, ordered=batch.ordered, fail_fast=batch.fail_fast,

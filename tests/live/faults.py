@@ -8,13 +8,14 @@ one per request to the matching path; requests beyond the script pass through un
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Coroutine, Iterator
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -225,3 +226,174 @@ class FaultInjectingProxy:
 def open_fds() -> int:
     """File descriptors this process holds (sockets included), for leak checks."""
     return len(os.listdir("/proc/self/fd"))
+
+
+class AdvertisingProxy:
+    """A recording proxy in front of a System One server (our gateway, real), written for the
+    tests: every request is forwarded as it came (method, path, body, ``Authorization``) and
+    recorded; one thing is rewritten, and only that is a stub: ``GET /v1/models`` advertises
+    the batch route with ``max_states`` (as a proxy or a server that overstates its cap
+    would, issue 43.4)."""
+
+    def __init__(self, upstream: str, max_states: int) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.max_states = max_states
+        #: Every request, in arrival order: (path, parsed JSON body or None).
+        self.requests: list[tuple[str, Any]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    def states_per_batch(self) -> list[int]:
+        """How many states each ``POST /v1/systemone/batch`` carried, in order."""
+        return [len(body["states"]) for path, body in self.requests if path.endswith("/batch")]
+
+    def count(self, path: str) -> int:
+        return sum(1 for seen, _ in self.requests if seen == path)
+
+    async def __aenter__(self) -> AdvertisingProxy:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._client = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._client is not None
+        assert self._runner is not None
+        await self._client.close()
+        await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        assert self._client is not None
+        data = await request.read()
+        self.requests.append((request.path, json.loads(data) if data else None))
+        headers = {
+            name: value
+            for name, value in request.headers.items()
+            if name.lower() in ("authorization", "content-type", "content-encoding")
+        }
+        async with self._client.request(
+            request.method, f"{self.upstream}{request.rel_url}", data=data or None,
+            headers=headers,
+        ) as upstream:  # fmt: skip
+            status, body = upstream.status, await upstream.read()
+            content_type = upstream.headers.get("Content-Type", "application/json")
+        if request.path == "/v1/models" and status == 200:
+            listing = json.loads(body)
+            listing["x_systemone_batch"] = {
+                "path": "/v1/systemone/batch",
+                "max_states": self.max_states,
+            }
+            body = json.dumps(listing).encode()
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+
+
+@contextlib.contextmanager
+def counting_tasks() -> Iterator[Counter[str]]:
+    """The asyncio tasks created on the running loop while the block runs, counted (once it
+    ends) by name: a task's own name where it was given one (anyio names a task by its
+    function, ``"typevet_async._batch._Engine._work"`` for `judge_many`'s workers), else its
+    coroutine's qualified name."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+    created: Counter[str] = Counter()
+    tasks: list[tuple[asyncio.Future[Any], str]] = []
+
+    def factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        if previous is not None:
+            task = previous(loop, coro, **kwargs)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+        tasks.append((task, getattr(coro, "__qualname__", type(coro).__name__)))
+        return task
+
+    loop.set_task_factory(cast(Any, factory))  # 3.12 passes name= and context= too
+    try:
+        yield created
+    finally:
+        loop.set_task_factory(previous)
+        for task, qualname in tasks:  # a name is set after the factory returns
+            name = task.get_name() if isinstance(task, asyncio.Task) else ""
+            created[qualname if name.startswith("Task-") or not name else name] += 1
+        tasks.clear()
+
+
+class VisionRecordingProxy:
+    """A recording proxy in front of the real llama.cpp or vLLM server, written for the tests,
+    for the one thing no server here can do: read images (the test models are text-only). Its
+    stubs, named: llama.cpp's ``GET /props`` declares vision, and a read with images is
+    recorded as sent, then forwarded without them so the real server answers with real
+    logprobs: a multimodal ``/completion`` body (``{"prompt_string", "multimodal_data"}``) as
+    a text read of its prompt with the media markers taken out, a chat read's content parts
+    as their text joined. Everything else is forwarded as it came."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        #: Every ``/completion`` body the SDK sent, parsed, in arrival order.
+        self.completions: list[dict[str, Any]] = []
+        #: Every ``/v1/chat/completions`` body the SDK sent, parsed, in arrival order.
+        self.chats: list[dict[str, Any]] = []
+        #: The server's media marker, from ``/props``.
+        self.media_marker = ""
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> VisionRecordingProxy:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._client = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._client is not None
+        assert self._runner is not None
+        await self._client.close()
+        await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        assert self._client is not None
+        data = await request.read()
+        if request.path == "/completion":
+            body = json.loads(data)
+            self.completions.append(body)
+            prompt = body["prompt"]
+            if isinstance(prompt, dict):  # the stub: the read forwarded as text
+                text = prompt["prompt_string"].replace(f"{self.media_marker}\n", "")
+                data = json.dumps({**body, "prompt": text}).encode()
+        elif request.path == "/v1/chat/completions":
+            body = json.loads(data)
+            self.chats.append(body)
+            messages = [_text_only(message) for message in body["messages"]]
+            data = json.dumps({**body, "messages": messages}).encode()  # the stub, as above
+        headers = {"Content-Type": "application/json"} if data else None
+        async with self._client.request(
+            request.method, f"{self.upstream}{request.rel_url}", data=data or None,
+            headers=headers,
+        ) as upstream:  # fmt: skip
+            status, reply = upstream.status, await upstream.read()
+        if request.path == "/props" and status == 200:
+            props = json.loads(reply)
+            self.media_marker = props["media_marker"]
+            reply = json.dumps({**props, "modalities": {"vision": True, "audio": False}}).encode()
+        return web.Response(status=status, body=reply, content_type="application/json")
+
+
+def _text_only(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message with its image parts taken out, its text parts joined."""
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    return {**message, "content": "".join(p["text"] for p in content if p["type"] == "text")}

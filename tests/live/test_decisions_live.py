@@ -21,6 +21,7 @@ import pytest_asyncio
 import typevet_async as tv
 from typevet_async._gateway import GatewayConfig, running
 
+from .faults import VisionRecordingProxy
 from .helpers import PNG_HEADER
 from .servers import VLLM_MODEL_ID
 
@@ -253,6 +254,109 @@ async def test_errors_are_the_clients_typed_exceptions(gateway_url: str) -> None
     print("images on a text-only model:", blind.value.message)
 
 
+def png_url(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+#: Issue 43.7's request: an input with one picture, a question with two of its own, one with
+#: none.
+PICTURES = tuple(PNG_HEADER + bytes([n]) * 8 for n in (1, 2, 3))
+PICTURED_TICKET = [{"role": "user", "content": [
+    {"type": "input_text", "text": STATE},
+    {"type": "input_image", "image_url": png_url(PICTURES[0])},
+]}]  # fmt: skip
+PICTURED_QUESTIONS = [WIRE_QUESTIONS[0], {"type": "predicate", "name": "pictured", "instructions": [
+    {"type": "input_text", "text": "Does this photo show the parcel"},
+    {"type": "input_image", "image_url": png_url(PICTURES[1])},
+    {"type": "input_text", "text": "or this one?"},
+    {"type": "input_image", "image_url": png_url(PICTURES[2])},
+]}]  # fmt: skip
+
+
+@pytest.mark.asyncio
+async def test_a_questions_images_go_with_its_own_read_only_after_the_state(
+    gemma3_url: str,
+) -> None:
+    # Issue 43.7. No server here reads images; the proxy in front of the real llama.cpp server
+    # (its stubs named in faults.py: /props declares vision, a multimodal read is recorded,
+    # then read as text) shows which read body carries which image, and where.
+    state_image, first, second = PICTURES
+    async with (
+        VisionRecordingProxy(gemma3_url) as proxy,
+        running(gemma_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
+    ):
+        decision = await ask_async(url, PICTURED_QUESTIONS, input=PICTURED_TICKET)
+    assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]
+    marker = proxy.media_marker
+    reads: dict[str, tuple[str, list[bytes]]] = {}
+    for body in proxy.completions:
+        prompt = body["prompt"]
+        assert isinstance(prompt, dict), "a read with images is multimodal"
+        text = prompt["prompt_string"]
+        which = "pictured" if "Does this photo" in text else "refund"
+        reads[which] = (text, [base64.b64decode(data) for data in prompt["multimodal_data"]])
+    assert set(reads) == {"refund", "pictured"}
+    refund_text, refund_images = reads["refund"]
+    assert refund_images == [state_image]  # was all three
+    assert refund_text.count(marker) == 1
+    assert refund_text.index(marker) < refund_text.index(STATE)
+    text, images = reads["pictured"]
+    assert images == [state_image, first, second]
+    markers = [n for n in range(len(text)) if text.startswith(marker, n)]
+    print(f"pictured read: markers at {markers}, state at {text.index(STATE)}, instructions "
+          f"at {text.index('Does this photo')}")  # fmt: skip
+    assert len(markers) == 3
+    # the state's image before the state; the question's own after it, in request order, just
+    # before its instructions, whose text numbers them as the read shows them
+    assert markers[0] < text.index(STATE) < markers[1] < markers[2] < text.index("Does this")
+    assert "Does this photo show the parcel [image 2] or this one? [image 3]" in text
+    assert "[image 1]" in text[: markers[1]]
+
+
+async def refusals(url: str) -> float:
+    """The gateway's 422 answers on ``/v1/decisions`` so far (its Prometheus counter)."""
+    line = 'typevet_gateway_requests_total{route="/v1/decisions",status="422"} '
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
+        rows = (await response.text()).splitlines()
+    return sum(float(row[len(line) :]) for row in rows if row.startswith(line))
+
+
+@pytest.mark.asyncio
+async def test_a_question_refused_while_judging_is_named_once_and_the_sdk_stops_once(
+    gemma3_url: str,
+) -> None:
+    # Issue 43.8. Under the Jev "fused" layout (letters A to P) a 17-value choice passes the
+    # route's validation (2 to 255 values) and is refused while its reads are planned.
+    values = [f"queue {n}" for n in range(17)]
+    wide = {"type": "choice", "name": "queue", "instructions": "Which queue?",
+            "choices": [{"value": value} for value in values]}  # fmt: skip
+    typed = {"refund": TYPED["refund"], "queue": tv.Choice(values, instructions="Which queue?")}
+    async with running(
+        gemma_session(gemma3_url, layout="fused"), GatewayConfig(keys=(KEY,))
+    ) as url:
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            await ask_async(url, [WIRE_QUESTIONS[0], wide])
+        print("refused while judging:", refused.value.param, refused.value.message)
+        assert refused.value.param == "questions[1]"  # the route's own spelling; was questions.1
+        assert refused.value.type == "invalid_request_error"
+        assert "17 options" in refused.value.message
+        with pytest.raises(openai.UnprocessableEntityError) as validated:
+            await ask_async(url, [WIRE_QUESTIONS[0], {**wide, "choices": wide["choices"][:1]}])
+        assert validated.value.param == "questions[1].choices"
+        before = await refusals(url)
+        async with tv.Session.openai_decisions(url, api_key=KEY) as remote:
+            with pytest.raises(tv.QuestionError) as alone:
+                await remote.judge(STATE, typed)
+            records = [f"{STATE} ({n})" for n in range(6)]
+            with pytest.raises(tv.QuestionError) as batch:
+                async for _ in remote.judge_many(records, typed, max_in_flight=1):
+                    pass
+        sent = await refusals(url) - before
+    print(f"Session.openai_decisions: judge and a judge_many of 6 sent {sent:.0f} requests")
+    assert alone.value.question_id == batch.value.question_id == "queue"
+    assert sent == 2  # one for the judge, one for the batch; was 1 + 6, each record's error
+
+
 @pytest.mark.asyncio
 async def test_a_full_gateway_sheds_with_the_clients_rate_limit_error(gemma3_url: str) -> None:
     config = GatewayConfig(keys=(KEY,), max_active_requests=1, max_queue=0)
@@ -343,3 +447,38 @@ async def test_over_vllm_both_clients_get_the_direct_answers(vllm_url: str) -> N
               for k, p in expected[q].probabilities.items()]  # fmt: skip
     print(f"Decisions vs session.judge on vLLM: largest gap {max(found):.1e}")
     assert max(found) <= 1e-9  # one read at a time, fp32 on CPU: seen 0.0
+
+
+@pytest.mark.asyncio
+async def test_over_vllm_a_questions_images_go_with_its_own_read_only_after_the_state(
+    vllm_url: str,
+) -> None:
+    # Issue 43.7 on vLLM's chat body, through the same recording proxy (text-only model: the
+    # proxy reads each body without its image parts).
+    async with (
+        VisionRecordingProxy(vllm_url) as proxy,
+        running(vllm_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
+    ):
+        decision = await ask_async(url, PICTURED_QUESTIONS, input=PICTURED_TICKET)
+    assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]
+    reads: dict[str, list[Any]] = {}
+    for body in proxy.chats:
+        [message] = [m for m in body["messages"] if m["role"] == "user"]
+        parts = message["content"]
+        text = "".join(part.get("text", "") for part in parts)
+        reads["pictured" if "Does this photo" in text else "refund"] = [
+            base64.b64decode(part["image_url"]["url"].partition(",")[2])
+            if part["type"] == "image_url"
+            else part["text"]
+            for part in parts
+        ]
+    state_image, first, second = PICTURES
+    refund, pictured = reads["refund"], reads["pictured"]
+    assert refund[0] == state_image  # was all three
+    assert [piece for piece in refund if isinstance(piece, bytes)] == [state_image]
+    print("pictured read's parts:", [p if isinstance(p, bytes) else p[:30] for p in pictured])
+    assert pictured[0] == state_image
+    assert isinstance(pictured[1], str)
+    assert pictured[1].startswith(STATE)
+    assert pictured[2:4] == [first, second]
+    assert pictured[4].startswith("Does this photo show the parcel [image 2] or this one?")

@@ -27,6 +27,7 @@ from typevet_async._backends.system_one import AsyncSystemOne
 from typevet_async._core.systemone import BATCH_PATH, batch_to_system_one, request_to_system_one
 from typevet_async._gateway import GatewayConfig, running
 
+from .faults import AdvertisingProxy, counting_tasks
 from .servers import VLLM_MODEL_ID
 from .test_gateway_hostile_live import LAG_BOUND, Ticker
 from .test_jevcompat_live import KEY as MOCK_KEY
@@ -164,6 +165,36 @@ async def test_judge_many_goes_through_the_batch_route_with_the_direct_answers(
         assert item.judgment is not None, item.error
         assert expected.judgment is not None, expected.error
         assert_same_judgment(item.judgment, expected.judgment)
+
+
+@pytest.mark.asyncio
+async def test_an_advertised_300000_is_capped_and_3_records_are_3_workers_and_one_batch(
+    gateway_url: str, gemma3_url: str
+) -> None:
+    # Issue 43.4: the real gateway over the real server, behind a proxy whose only stub is
+    # its advertisement (300,000 states a batch; the gateway itself takes 4).
+    states = TICKETS[:3]
+    async with (
+        AdvertisingProxy(gateway_url, 300_000) as proxy,
+        tv.Session.system_one(proxy.url, api_key=KEY) as session,
+    ):
+        with counting_tasks() as created:
+            items = [item async for item in session.judge_many(states, QUESTIONS)]
+        backend = session.backend
+        assert isinstance(backend, AsyncSystemOne)
+        limit = backend.batch_limit
+    workers = created["typevet_async._batch._Engine._work"]
+    print(f"3 records, 300,000 advertised: {workers} workers, {sum(created.values())} tasks, "
+          f"batches {proxy.states_per_batch()}")  # fmt: skip
+    assert workers == 3  # was 300,000: 16-18 s and 1 GB in the issue
+    assert limit == 64  # the client's cap, not the advertisement
+    assert sum(created.values()) < 60, created  # the client's, the proxy's and the gateway's
+    assert proxy.states_per_batch() == [3]
+    assert proxy.count("/v1/systemone") == 0
+    async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct:
+        for item, state in zip(items, states, strict=True):
+            assert item.judgment is not None, item.error
+            assert_same_judgment(item.judgment, await direct.judge(state, QUESTIONS))
 
 
 @pytest.mark.asyncio

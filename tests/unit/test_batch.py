@@ -18,6 +18,7 @@ from typevet_async._batch import judge_stream
 from typevet_async._core.kept_errors import EXCERPT_LIMIT
 from typevet_async._settings import BatchOptions
 
+from ..live.faults import counting_tasks
 from .stubs import InMemoryStubBackend, ProbeRefusingStubBackend, failing_after, sleeping
 
 pytestmark = pytest.mark.asyncio
@@ -214,6 +215,23 @@ async def test_max_in_flight_bounds_the_records_judged_at_once() -> None:
         )
     assert [i.index for i in items] == list(range(12))
     assert backend.peak == 2
+
+
+@pytest.mark.parametrize("sized", [True, False])
+async def test_workers_are_started_as_records_arrive_never_past_the_records(sized: bool) -> None:
+    # Issue 43.4: a max_in_flight of 100,000 (as a server's advertised batch size made it)
+    # started 100,000 workers for 3 records.
+    backend = InMemoryStubBackend()
+    delays_by_state(backend, {f"s{n}": 0.02 for n in range(3)})
+    states = [f"s{n}" for n in range(3)]
+    records = states if sized else (state for state in states)
+    async with session(backend, 8) as s:
+        with counting_tasks() as created:
+            items = await collect(s.judge_many(records, QUESTION, max_in_flight=100_000))
+    assert [i.index for i in items] == [0, 1, 2]
+    assert backend.peak == 3  # all three still judged at once
+    # a sized input: one per record; otherwise one more, which meets the input's end
+    assert created["typevet_async._batch._Engine._work"] == (3 if sized else 4)
 
 
 class _Response:

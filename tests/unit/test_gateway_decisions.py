@@ -8,10 +8,12 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from openai.types.decision import Decision
 
 import typevet_async as tv
+from typevet_async._backends.openai_decisions import _refused
 from typevet_async._gateway import GatewayConfig, running
 
 from .stubs import InMemoryStubBackend
@@ -109,3 +111,97 @@ async def test_session_openai_decisions_through_the_gateway_equals_the_direct_se
 def test_a_decisions_session_refuses_what_the_server_decides() -> None:
     with pytest.raises(tv.ConfigurationError, match="Decisions session"):
         tv.Session.openai_decisions("http://127.0.0.1:9", off_menu_threshold=0.5)
+
+
+# -- issue 43.8: a question refused while judging, one spelling, and the client stops once ----
+
+#: 12 values: past the stub's 10 digit controls, so the question is refused while judging
+#: (planning its reads), not by the route's validation.
+WIDE: dict[str, Any] = {
+    "type": "choice",
+    "instructions": "Which queue?",
+    "choices": [{"value": f"queue {n}"} for n in range(12)],
+}
+
+
+async def ready(url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):  # the probe runs in the background after startup
+            async with http.get(f"{url}/readyz") as answer:
+                if answer.status == 200:
+                    return
+            await asyncio.sleep(0.01)
+
+
+async def decisions_422s(url: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    line = 'typevet_gateway_requests_total{route="/v1/decisions",status="422"} '
+    return sum(float(row[len(line) :]) for row in text.splitlines() if row.startswith(line))
+
+
+@pytest.mark.asyncio
+async def test_a_question_refused_while_judging_is_named_as_the_route_names_it() -> None:
+    client, _ = await start()
+    try:
+        body = {**BODY, "questions": [WIDE, BODY["questions"][0]]}
+        refused = await client.post("/v1/decisions", json=body, headers=AUTH)
+        assert refused.status == 422
+        error = (await refused.json())["error"]
+        assert error["param"] == "questions[0]"  # was "questions.0"
+        assert error["type"] == "invalid_request_error"
+        assert error["code"] == "value_error"
+        assert error["message"].startswith("questions[0]: ")
+        assert "12 options" in error["message"]
+        invalid = {**BODY, "questions": [{**WIDE, "choices": []}]}
+        validated = await client.post("/v1/decisions", json=invalid, headers=AUTH)
+        assert (await validated.json())["error"]["param"] == "questions[0].choices"
+    finally:
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_the_sdk_stops_a_batch_once_on_a_question_refused_while_judging() -> None:
+    questions: dict[str, tv.Question] = {
+        "refund": tv.Noul("Is a refund requested?"),
+        "queue": tv.Choice([f"queue {n}" for n in range(12)], instructions="Which queue?"),
+    }
+    config = GatewayConfig(keys=(KEY,), probe_interval=0.01)
+    async with running(tv.Session(InMemoryStubBackend()), config) as url:
+        await ready(url)
+        async with tv.Session.openai_decisions(url, api_key=KEY, max_retries=0) as remote:
+            with pytest.raises(tv.QuestionError, match="refused the request") as raised:
+                async for _ in remote.judge_many(
+                    [f"ticket {n}" for n in range(6)], questions, max_in_flight=1
+                ):
+                    pass
+        assert raised.value.question_id == "queue"
+        # one request, as for a validation error; before: 6 requests, 6 InvalidInputError items
+        assert await decisions_422s(url) == 1
+
+
+@pytest.mark.parametrize(
+    ("param", "question_id"),
+    [
+        ("questions[1]", "queue"),
+        ("questions[1].choices", "queue"),
+        ("questions.1", "queue"),  # a gateway before issue 43
+        ("questions[7]", None),  # no such question: the record's own
+        ("questions", None),
+        ("input", None),
+        (None, None),
+    ],
+)
+def test_the_client_reads_which_question_a_refusal_names(
+    param: str | None, question_id: str | None
+) -> None:
+    questions = [
+        ("refund", tv.Noul("Refund?")),
+        ("queue", tv.Choice(["a", "b"], instructions="Q?")),
+    ]
+    body = orjson.dumps({"error": {"message": "no", "type": "invalid_request_error",
+                                   "param": param, "code": "x"}}).decode()  # fmt: skip
+    with pytest.raises(tv.InvalidInputError) as raised:
+        _refused(tv.ServerError("HTTP 422", status=422, body=body), questions)
+    assert isinstance(raised.value, tv.QuestionError) == (question_id is not None)
+    assert getattr(raised.value, "question_id", None) == question_id

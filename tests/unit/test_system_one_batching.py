@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -27,6 +27,7 @@ from typevet_async._backends.system_one import AsyncSystemOne
 from typevet_async._backends.system_one_wire import ItemError, decode_batch, decode_models
 from typevet_async._gateway import GatewayConfig, running
 
+from ..live.faults import AdvertisingProxy, counting_tasks
 from .stubs import InMemoryStubBackend, sleeping
 
 KEY = "batching-key-0123456789"
@@ -293,3 +294,79 @@ async def test_a_batch_past_the_request_timeout_is_not_sent_again_whole(
         assert all(item.judgment is not None for item in items)
         assert old.paths.count("/v1/systemone/batch") == 1
         assert old.paths.count("/v1/systemone") == 3
+
+
+# -- issue 43.4: an advertised batch size is capped, and workers are sized to the records ----
+
+ADVERTISED = 300_000
+WORKER = "typevet_async._batch._Engine._work"
+
+
+@pytest.mark.asyncio
+async def test_an_advertised_300000_is_capped_and_3_records_start_3_workers(
+    stub: InMemoryStubBackend,
+) -> None:
+    # Our gateway (real, in-process) behind a proxy that only rewrites its advertisement.
+    async with gateway(stub) as url, AdvertisingProxy(url, ADVERTISED) as proxy:
+        async with tv.Session.system_one(proxy.url, api_key=KEY) as session:
+            with counting_tasks() as created:
+                items = [item async for item in session.judge_many(STATES[:3], QUESTIONS)]
+            backend = session.backend
+            assert isinstance(backend, AsyncSystemOne)
+            assert backend.batch_limit == 64  # the default cap, not the advertisement
+        assert [item.judgment is not None for item in items] == [True] * 3
+        assert created[WORKER] == 3  # was 300,000 (16-18 s and 1 GB in the issue)
+        # every task the client, the proxy and the gateway made: a bounded few, not per state
+        # the server may take
+        assert sum(created.values()) < 60, created
+        assert proxy.states_per_batch() == [3]
+        assert proxy.count("/v1/systemone") == 0
+
+
+@pytest.mark.asyncio
+async def test_an_input_of_unknown_length_starts_one_worker_more_and_still_one_batch(
+    stub: InMemoryStubBackend,
+) -> None:
+    def records() -> Iterator[str]:
+        yield from STATES[:3]
+
+    async with gateway(stub) as url, AdvertisingProxy(url, ADVERTISED) as proxy:
+        async with tv.Session.system_one(proxy.url, api_key=KEY) as session:
+            with counting_tasks() as created:
+                items = [item async for item in session.judge_many(records(), QUESTIONS)]
+        assert [item.judgment is not None for item in items] == [True] * 3
+        # one worker per record pulled, and the one that met the input's end
+        assert created[WORKER] == 4
+        # the workers start one a loop pass; the batch waits for a pass that adds no record
+        assert proxy.states_per_batch() == [3]
+
+
+@pytest.mark.asyncio
+async def test_the_cap_taken_from_an_advertisement_chunks_the_batch(
+    stub: InMemoryStubBackend,
+) -> None:
+    states = [f"ticket {n}" for n in range(100)]
+    # the gateway itself takes 100 states a batch (its admission queue raised to allow it)
+    async with (
+        gateway(stub, max_batch_states=200, max_queue=200) as url,
+        AdvertisingProxy(url, ADVERTISED) as proxy,
+    ):
+        async with tv.Session.system_one(proxy.url, api_key=KEY) as session:
+            with counting_tasks() as created:
+                items = [item async for item in session.judge_many(states, QUESTIONS)]
+        assert all(item.judgment is not None for item in items)
+        assert [item.index for item in items] == list(range(100))
+        assert proxy.states_per_batch() == [64, 36]  # was [100]: the advertisement as taken
+        assert created[WORKER] == 64
+        proxy.requests.clear()
+        async with tv.Session.system_one(proxy.url, api_key=KEY, max_batch_states=30) as session:
+            items = [item async for item in session.judge_many(states, QUESTIONS)]
+        assert all(item.judgment is not None for item in items)
+        assert proxy.states_per_batch() == [30, 30, 30, 10]
+    assert proxy.count("/v1/systemone") == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "64"])
+def test_a_bad_max_batch_states_is_refused_at_the_factory(bad: Any) -> None:
+    with pytest.raises(tv.ConfigurationError, match="max_batch_states"):
+        tv.Session.system_one("http://127.0.0.1:9", max_batch_states=bad)

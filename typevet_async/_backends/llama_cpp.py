@@ -380,7 +380,8 @@ class AsyncLlamaCpp:
             if request.prompt is not None
             else await self._render(request, max_retries, attempts)
         )
-        images = [image for message in request.messages for image in message.images]
+        # in the order of their media markers in the prompt: each message's, leading then inline
+        images = [image for message in request.messages for image in message.all_images()]
         groups = request.option_groups
         policy = self.config.on_missing
         vocab_size = probe.vocab_size

@@ -218,9 +218,22 @@ def _refused(error: ServerError, questions: Sequence[tuple[str, Question]]) -> N
     except (msgspec.ValidationError, msgspec.DecodeError):
         message, param = error.body[:500], ""
     text = f"the Decisions server refused the request (HTTP {error.status}): {message}"
-    index = param.removeprefix("questions[").partition("]")[0]
-    if param.startswith("questions[") and index.isdigit() and int(index) < len(questions):
+    index = _question_index(param)
+    if index is not None and index < len(questions):
         refused = QuestionError(text)
-        refused.question_id = questions[int(index)][0]
+        refused.question_id = questions[index][0]
         raise refused from None
     raise InvalidInputError(text) from None
+
+
+def _question_index(param: str) -> int | None:
+    """The question a ``param`` names: ``questions[N]`` (OpenAI's spelling, and our gateway's
+    for every refusal since issue 43), or ``questions.N`` (our gateway's for a refusal while
+    judging before it, so a batch against such a gateway still stops once)."""
+    if param.startswith("questions["):
+        index = param.removeprefix("questions[").partition("]")[0]
+    elif param.startswith("questions."):
+        index = param.removeprefix("questions.").partition(".")[0].partition("[")[0]
+    else:
+        return None
+    return int(index) if index.isascii() and index.isdecimal() else None

@@ -66,11 +66,32 @@ class Layout(enum.Enum):
 
 @attrs.frozen
 class Message:
-    """One chat message; images (if any) go before its text."""
+    """One chat message; ``images`` (if any) go before its text, each of ``inline`` at its
+    character offset in the text (a question's own images, after the state)."""
 
     role: str
     content: str
     images: tuple[ImagePart, ...] = ()
+    #: (offset in ``content``, image), offsets ascending.
+    inline: tuple[tuple[int, ImagePart], ...] = ()
+
+    def all_images(self) -> tuple[ImagePart, ...]:
+        """Every image of the message, in the order it shows them."""
+        if not self.inline:
+            return self.images
+        return (*self.images, *(image for _, image in self.inline))
+
+    def segments(self) -> tuple[str | ImagePart, ...]:
+        """The message in order: its leading images, then its text cut at each inline image
+        (empty pieces dropped)."""
+        pieces: list[str | ImagePart] = list(self.images)
+        start = 0
+        for offset, image in self.inline:
+            pieces.append(self.content[start:offset])
+            pieces.append(image)
+            start = offset
+        pieces.append(self.content[start:])
+        return tuple(piece for piece in pieces if not isinstance(piece, str) or piece)
 
 
 def jev_option_descriptions(

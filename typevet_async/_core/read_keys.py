@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import cattrs
 
+from typevet_async._core.layouts import Message
 from typevet_async._core.probe import Probe
 from typevet_async._core.scoring import ScoringRequest
 
@@ -87,6 +88,15 @@ def probe_digest(probe: Probe) -> str:
     return hashlib.sha256(canonical(learnt)).hexdigest()
 
 
+def _message_key(message: Message) -> tuple[Any, ...]:
+    """A message in a read's key: its role, text and images (by SHA-256); its inline images
+    with their offsets only when it has some, so a key without them is as it always was."""
+    key: tuple[Any, ...] = (message.role, message.content, [i.sha256 for i in message.images])
+    if message.inline:
+        key += ([(offset, image.sha256) for offset, image in message.inline],)
+    return key
+
+
 def read_key(identity: str, probe: str, request: ScoringRequest) -> str:
     """The hex SHA-256 key of ``request``'s read from the backend ``identity`` names
     (`ReadIdentifying.read_identity`) under the probe ``probe`` (`probe_digest`).
@@ -95,10 +105,7 @@ def read_key(identity: str, probe: str, request: ScoringRequest) -> str:
     it belongs to) is not in the key: those decide the answer made from the read, not the
     read, and they are applied to a stored read as to a fresh one.
     """
-    messages = [
-        (message.role, message.content, [image.sha256 for image in message.images])
-        for message in request.messages
-    ]
+    messages = [_message_key(message) for message in request.messages]
     ingredients = (
         READ_KEY_FORMAT,
         identity,

@@ -270,38 +270,65 @@ def request_for(
     media_marker: str | None = None,
     is_special: IsSpecial = ALL_RUNS,
     judgment: int = 0,
+    question_images: Sequence[ImagePart] = (),
 ) -> ScoringRequest:
     """One question's scoring request about ``state_text`` (in judgment ``judgment``).
 
     With a ``frame`` the SDK frames the raw prefix itself (the default layout where the
     backend frames prompts; a Jev layout's server-rendered prompt then ends in the frame's
-    prefill); with a ``media_marker`` one marker per image goes before the state text.
+    prefill). ``images`` (the state's) go before the state text; ``question_images`` (this
+    question's own) after it, just before the question's instructions (the ``split`` layout:
+    on its question message), so every question still shares the state as a prefix. With a
+    ``media_marker`` each image's marker stands where it goes.
 
     :raises QuestionError: images with controls that need a lead token, or with two-token
         codes (whose second read ends in the first token): neither server's image prompt can
-        end in a token.
+        end in a token; a question's own images under the ``fused`` layout, whose one JSON
+        message cannot show them after the state.
     """
-    if images and (plan.lead or plan.codes):
+    if (images or question_images) and (plan.lead or plan.codes):
         raise _token_ending_with_images_error(question_id, plan)
     markers = "".join(f"{media_marker}\n" for _ in images) if media_marker else ""
+    own = "".join(f"{media_marker}\n" for _ in question_images) if media_marker else ""
     if plan.field_block is None:
         messages = jev_messages(
             plan.layout, state_text, plan.question, plan.bound, images, is_special
         )
+        messages = _with_markers(messages, markers)
+        if question_images:
+            messages = _with_question_images(question_id, messages, own, question_images)
         prefill = frame.prefill if frame is not None else ""
         return _planned_request(
-            question_id,
-            plan,
-            _with_markers(messages, markers),
-            None,
-            plan.variant_ids,
-            prefill,
-            judgment,
+            question_id, plan, messages, None, plan.variant_ids, prefill, judgment
         )
-    content = f"{markers}{render_user_content(state_text, plan.field_block, is_special)}"
-    messages = (Message("user", content, tuple(images)),)
+    question_part = f"{own}{plan.field_block}"
+    content = f"{markers}{render_user_content(state_text, question_part, is_special)}"
+    start = len(content) - len(question_part)  # where the question's own images go
+    step = len(own) // len(question_images) if question_images else 0
+    inline = tuple((start + n * step, image) for n, image in enumerate(question_images))
+    messages = (Message("user", content, tuple(images), inline),)
     prompt = frame.prefix(content) if frame is not None else None
     return _planned_request(question_id, plan, messages, prompt, (), "", judgment)
+
+
+def _with_question_images(
+    question_id: str, messages: tuple[Message, ...], own: str, images: Sequence[ImagePart]
+) -> tuple[Message, ...]:
+    """A Jev layout's messages with the question's own images: before the ``split`` layout's
+    question message (after the evidence message).
+
+    :raises QuestionError: the ``fused`` layout (one message, the evidence inside its JSON).
+    """
+    if len(messages) < 3:
+        error = QuestionError(
+            "the fused layout shows the state and the question in one JSON message, so a "
+            "question's own images cannot go after the state; use the default or the split "
+            "layout, or give the images to the whole judgment (images=)"
+        )
+        error.question_id = question_id
+        raise error
+    question = messages[2]
+    return (*messages[:2], Message(question.role, own + question.content, tuple(images)))
 
 
 def _token_ending_with_images_error(question_id: str, plan: QuestionPlan) -> QuestionError:
@@ -380,6 +407,7 @@ def plan_question(
     images: Sequence[ImagePart] = (),
     media_marker: str | None = None,
     max_candidates: int | None = None,
+    question_images: Sequence[ImagePart] = (),
 ) -> ScoringRequest:
     """`bind_question` and `request_for` in one step, for one question (``family``: a Gemma
     family, whose frame the SDK writes; None: the server renders the messages).
@@ -393,5 +421,6 @@ def plan_question(
         raise
     frame = None if family is None else GEMMA_FRAMES[family]
     return request_for(
-        question_id, plan, state_text, frame=frame, images=images, media_marker=media_marker
-    )
+        question_id, plan, state_text, frame=frame, images=images, media_marker=media_marker,
+        question_images=question_images,
+    )  # fmt: skip

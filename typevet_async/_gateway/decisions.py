@@ -50,11 +50,17 @@ Judged = Callable[..., Awaitable["tv.Judgment | web.Response"]]
 Shed = Callable[[GatewayState], "web.Response | None"]
 
 
+#: A Decisions request, its input's images and each question's own (`Session.judge`'s
+#: ``images`` and ``question_images``).
+Decoded = tuple[DecisionsCall, list["tv.Image"], dict[str, list["tv.Image"]]]
+
+
 def decode_decisions(
     raw: bytes, encoding: str, content_type: str, config: GatewayConfig
-) -> tuple[DecisionsCall, list[tv.Image]] | web.Response:
-    """A body as the Decisions request it holds and its images, within ``config``'s budget
-    (pure and CPU-bound: the gateway runs it in a worker thread).
+) -> Decoded | web.Response:
+    """A body as the Decisions request it holds and its images (the input's, each question's
+    own), within ``config``'s budget (pure and CPU-bound: the gateway runs it in a worker
+    thread).
 
     :raises DecodeError: past the budget, or an encoding that does not decode.
     :raises DecisionsValidationError: not a Decisions request, or past a count limit.
@@ -73,7 +79,11 @@ def decode_decisions(
     data = json_within_budget(body, budget, clock, DecisionsValidationError)
     call = request_from_decisions(data, max_questions=config.max_questions)
     clock.check()
-    return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images]
+    own = {
+        question_id: [tv.Image.from_bytes(image, mime) for mime, image in images]
+        for question_id, images in call.question_images.items()
+    }
+    return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images], own
 
 
 async def handle_decisions(request: web.Request, judged: Judged, shed: Shed) -> web.Response:
@@ -84,11 +94,13 @@ async def handle_decisions(request: web.Request, judged: Judged, shed: Shed) -> 
     decoded = await decoded_body(request, state, decode_decisions)
     if isinstance(decoded, web.Response):
         return decoded
-    call, images = decoded
+    call, images, own = decoded
     refusal = shed(state)
     if refusal is not None:
         return refusal
-    judgment = await judged(state, session, call, images, raise_off_menu=False)
+    # A question's own images go with its reads only (issue 43.7: they went with every
+    # question's, before the state).
+    judgment = await judged(state, session, call, images, raise_off_menu=False, question_images=own)
     if isinstance(judgment, web.Response):
         return judgment
     if state.metrics is not None:
@@ -106,8 +118,17 @@ _TYPES: Final = {401: "authentication_error", 403: "permission_error", 429: "rat
 
 
 def _param(loc: Sequence[Any]) -> str | None:
-    """A 422 entry's ``loc`` as OpenAI names a parameter: ``questions[3].choices``."""
+    """A 422 entry's ``loc`` as OpenAI names a parameter: ``questions[3].choices``.
+
+    One spelling for a question, whoever refused it: the SDK's errors name a question by its
+    id, which on this route is its position as text (``"3"``), so a refusal while judging is
+    ``questions[3]`` as the route's own validation writes it (it was ``questions.3``, which
+    `Session.openai_decisions` did not read as a question's, issue 43.8)."""
     path = [part for part in loc if part != "body"]
+    if len(path) > 1 and path[0] == "questions" and isinstance(path[1], str):
+        position = path[1]
+        if position.isascii() and position.isdecimal():
+            path[1] = int(position)
     text = ""
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)

@@ -21,10 +21,12 @@ checked, `answers_from_decisions`).
 - validation failure: `DecisionsValidationError` with every problem (``loc``, ``msg``,
   ``type``); the gateway answers 422 in OpenAI's error shape.
 
-Images are read from base64 data URLs only (the gateway fetches no URL); each becomes an image
-of the judgment and its place in the text ``[image N]``. A boolean choice value is shown to
-the model as ``true`` / ``false``, so a string ``"true"`` beside the boolean ``true`` is
-refused: the model could not tell them apart.
+Images are read from base64 data URLs only (the gateway fetches no URL); each becomes ``[image
+N]`` in the text. The input's images are the judgment's (every question's reads show them,
+before the state); a question's own, from its instructions, go with that question's reads
+only, after the state, in request order (`DecisionsCall.question_images`). A boolean choice
+value is shown to the model as ``true`` / ``false``, so a string ``"true"`` beside the
+boolean ``true`` is refused: the model could not tell them apart.
 """
 
 from __future__ import annotations

@@ -62,8 +62,11 @@ class DecisionsCall:
     values: dict[str, tuple[str | bool, ...]] = attrs.field(factory=dict)
     #: Each Score's level labels, in level order.
     levels: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
-    #: The images of the input and the instructions, in order: (MIME type, bytes).
+    #: The input's images, in order: (MIME type, bytes). Every question's reads show them.
     images: tuple[tuple[str, bytes], ...] = ()
+    #: Each question's own images (from its instructions), in order, by question id: only
+    #: that question's reads show them, after the input's.
+    question_images: dict[str, tuple[tuple[str, bytes], ...]] = attrs.field(factory=dict)
 
 
 def choice_label(value: str | bool) -> str:
@@ -76,11 +79,16 @@ def choice_label(value: str | bool) -> str:
 
 class _Parts:
     """What the parts of a request render to: text, JSON as compact JSON, each image as
-    ``[image N]`` (numbered in order of appearance; its bytes kept)."""
+    ``[image N]`` (its bytes kept). Images are numbered as a read shows them: the input's
+    1, 2, ...; a question's own after the input's (each question from the same number, as no
+    read shows two questions' images)."""
 
     def __init__(self, detail: Detail) -> None:
         self.detail = detail
+        #: The images of what is being read now (the input, then each question in turn).
         self.images: list[tuple[str, bytes]] = []
+        #: Images every read shows before these (the input's, while a question is read).
+        self.shown_before = 0
 
     def image(self, part: dict[str, Any], loc: Loc) -> str:
         url = part.get("image_url")
@@ -110,7 +118,7 @@ class _Parts:
             )  # fmt: skip
             return ""
         self.images.append((_IMAGE_TYPES[mime], raw))
-        return f"[image {len(self.images)}]"
+        return f"[image {self.shown_before + len(self.images)}]"
 
     def text(self, content: Any, loc: Loc, kinds: frozenset[str]) -> str | None:
         """A string, or a list of parts of ``kinds``, as one text (parts joined by lines)."""
@@ -370,11 +378,16 @@ def request_from_decisions(data: Any, *, max_questions: int = MAX_QUESTIONS) -> 
                                         "questions", "too_long" if count else "missing", count,
                                         {"min_length": 1, "max_length": limit}))  # fmt: skip
         raise DecisionsValidationError(detail)
+    input_images = tuple(parts.images)
     questions: dict[str, Question] = {}
+    own: dict[str, tuple[tuple[str, bytes], ...]] = {}
     for n, raw in enumerate(raw_questions):
+        parts.images, parts.shown_before = [], len(input_images)
         question = _question(raw, ["body", "questions", n], parts)
         if question is not None:
             questions[str(n)] = question
+            if parts.images:
+                own[str(n)] = tuple(parts.images)
     if detail:
         raise DecisionsValidationError(detail)
     assert isinstance(model, str)
@@ -385,7 +398,7 @@ def request_from_decisions(data: Any, *, max_questions: int = MAX_QUESTIONS) -> 
                 questions.items() if isinstance(q, Choice)},
         levels={qid: tuple(level["label"] for level in raw_questions[int(qid)]["levels"])
                 for qid, q in questions.items() if isinstance(q, Score)},
-        images=tuple(parts.images),
+        images=input_images, question_images=own,
     )  # fmt: skip
 
 
