@@ -15,7 +15,7 @@ import random
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Coroutine, Iterator
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import aiohttp
 from aiohttp import web
@@ -101,7 +101,38 @@ class RandomFaults:
         return Counter(fault for faults in self.by_record.values() for fault in faults)
 
 
-class FaultInjectingProxy:
+class _LocalProxy:
+    """An aiohttp.web server on 127.0.0.1 in the test's event loop, in front of ``upstream``,
+    with a client session to it; a subclass answers each request (``_handle``)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._client = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._client is not None
+        assert self._runner is not None
+        await self._client.close()
+        await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+class FaultInjectingProxy(_LocalProxy):
     """An aiohttp.web proxy on 127.0.0.1 in the test's event loop.
 
     Faults come from ``script`` (in order, one per request to ``path``) or, when it is set,
@@ -109,7 +140,7 @@ class FaultInjectingProxy:
     """
 
     def __init__(self, upstream: str, path: str = "/completion") -> None:
-        self.upstream = upstream.rstrip("/")
+        super().__init__(upstream)
         self.path = path
         self.script: list[str] = []
         self.random_faults: RandomFaults | None = None
@@ -126,27 +157,6 @@ class FaultInjectingProxy:
         #: Set when a "held_503" request arrives; the test sets `release` to answer it 503.
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> FaultInjectingProxy:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
-        self._client = aiohttp.ClientSession()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._client is not None
-        assert self._runner is not None
-        await self._client.close()
-        await self._runner.cleanup()
 
     async def _forward(self, request: web.Request) -> tuple[int, bytes]:
         assert self._client is not None
@@ -228,7 +238,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-class AdvertisingProxy:
+class AdvertisingProxy(_LocalProxy):
     """A recording proxy in front of a System One server (our gateway, real), written for the
     tests: every request is forwarded as it came (method, path, body, ``Authorization``) and
     recorded; one thing is rewritten, and only that is a stub: ``GET /v1/models`` advertises
@@ -236,13 +246,10 @@ class AdvertisingProxy:
     would, issue 43.4)."""
 
     def __init__(self, upstream: str, max_states: int) -> None:
-        self.upstream = upstream.rstrip("/")
+        super().__init__(upstream)
         self.max_states = max_states
         #: Every request, in arrival order: (path, parsed JSON body or None).
         self.requests: list[tuple[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
 
     def states_per_batch(self) -> list[int]:
         """How many states each ``POST /v1/systemone/batch`` carried, in order."""
@@ -250,23 +257,6 @@ class AdvertisingProxy:
 
     def count(self, path: str) -> int:
         return sum(1 for seen, _ in self.requests if seen == path)
-
-    async def __aenter__(self) -> AdvertisingProxy:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self._client = aiohttp.ClientSession()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._client is not None
-        assert self._runner is not None
-        await self._client.close()
-        await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.Response:
         assert self._client is not None
@@ -325,7 +315,7 @@ def counting_tasks() -> Iterator[Counter[str]]:
         tasks.clear()
 
 
-class VisionRecordingProxy:
+class VisionRecordingProxy(_LocalProxy):
     """A recording proxy in front of the real llama.cpp or vLLM server, written for the tests,
     for the one thing no server here can do: read images (the test models are text-only). Its
     stubs, named: llama.cpp's ``GET /props`` declares vision, and a read with images is
@@ -335,33 +325,13 @@ class VisionRecordingProxy:
     as their text joined. Everything else is forwarded as it came."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.rstrip("/")
+        super().__init__(upstream)
         #: Every ``/completion`` body the SDK sent, parsed, in arrival order.
         self.completions: list[dict[str, Any]] = []
         #: Every ``/v1/chat/completions`` body the SDK sent, parsed, in arrival order.
         self.chats: list[dict[str, Any]] = []
         #: The server's media marker, from ``/props``.
         self.media_marker = ""
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> VisionRecordingProxy:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self._client = aiohttp.ClientSession()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._client is not None
-        assert self._runner is not None
-        await self._client.close()
-        await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.Response:
         assert self._client is not None

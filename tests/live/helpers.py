@@ -7,6 +7,7 @@ from the conftest, which holds only fixtures and hooks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -203,3 +204,14 @@ def assert_close_json(actual: Any, expected: Any, where: str = "", tolerance: fl
         assert actual == pytest.approx(expected, abs=tolerance), where
     else:
         assert actual == expected, where
+
+
+async def wait_until_ready(url: str, seconds: float = 120.0) -> None:
+    """The gateway probes its server in the background: ``/readyz`` is 200 once it has."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(int(seconds / 0.1)):
+            async with http.get(f"{url}/readyz") as response:
+                if response.status == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the gateway at {url} was not ready within {seconds} s")

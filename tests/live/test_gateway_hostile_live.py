@@ -20,6 +20,8 @@ from backports import zstd
 import typevet_async as tv
 from typevet_async._gateway import GatewayConfig, running
 
+from .helpers import wait_until_ready
+
 pytestmark = pytest.mark.live
 
 KEY = "live-hostile-key"
@@ -34,12 +36,7 @@ LAG_BOUND = 0.25
 async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
     session = tv.Session.llama_cpp(gemma3_url)
     async with running(session, GatewayConfig(keys=(KEY,), request_deadline=120)) as url:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(1200):
-                async with http.get(f"{url}/readyz") as response:
-                    if response.status == 200:
-                        break
-                await asyncio.sleep(0.1)
+        await wait_until_ready(url)
         yield url
 
 

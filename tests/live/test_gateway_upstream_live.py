@@ -35,6 +35,7 @@ from typevet_async._gateway import state as gateway_state
 from typevet_async._gateway.state import RETRY_FLOOR, GatewayState
 
 from .faults import FaultInjectingProxy
+from .helpers import wait_until_ready
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -64,12 +65,8 @@ async def gateway(
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         host, port = runner.addresses[0][:2]
         url = f"http://{host}:{port}"
+        await wait_until_ready(url)
         async with aiohttp.ClientSession() as http:
-            for _ in range(1200):
-                async with http.get(f"{url}/readyz") as response:
-                    if response.status == 200:
-                        break
-                await asyncio.sleep(0.1)
             yield url, app[STATE], http
     finally:
         await runner.cleanup()

@@ -7,10 +7,8 @@ reference: through the gateway they must come back equal, with the server-side d
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 import pytest_asyncio
 import typesafe_sdk as ts
@@ -19,6 +17,8 @@ import typevet_async as tv
 from typevet_async import _gateway as gateway
 from typevet_async._core.systemone import request_to_system_one
 from typevet_async._gateway import GatewayConfig
+
+from .helpers import wait_until_ready
 
 pytestmark = pytest.mark.live
 
@@ -52,17 +52,6 @@ async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
     async with gateway.running(session, GatewayConfig(keys=(KEY,), request_deadline=120)) as url:
         await wait_until_ready(url)
         yield url
-
-
-async def wait_until_ready(url: str, seconds: float = 120.0) -> None:
-    """The gateway probes its server in the background: ``/readyz`` is 200 once it has."""
-    async with aiohttp.ClientSession() as http:
-        for _ in range(int(seconds / 0.1)):
-            async with http.get(f"{url}/readyz") as response:
-                if response.status == 200:
-                    return
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"the gateway at {url} was not ready within {seconds} s")
 
 
 def assert_same_judgment(remote: tv.Judgment, direct: tv.Judgment) -> None:

@@ -28,11 +28,12 @@ from typevet_async._core.systemone import BATCH_PATH, batch_to_system_one, reque
 from typevet_async._gateway import GatewayConfig, running
 
 from .faults import AdvertisingProxy, counting_tasks
+from .helpers import wait_until_ready
 from .servers import VLLM_MODEL_ID
 from .test_gateway_hostile_live import LAG_BOUND, Ticker
 from .test_jevcompat_live import KEY as MOCK_KEY
 from .test_jevcompat_live import MockServer
-from .test_system_one_live import QUESTIONS, TICKETS, assert_same_judgment, wait_until_ready
+from .test_system_one_live import QUESTIONS, TICKETS, assert_same_judgment
 
 pytestmark = pytest.mark.live
 
