@@ -273,7 +273,10 @@ def check_judgment_images(
             raise InvalidInputError(
                 f"question_images names {question_id!r}, which this judgment does not ask"
             )
-        checked = check_images(given, max_images=max_images, max_bytes=max_bytes)
+        try:
+            checked = check_images(given, max_images=max_images, max_bytes=max_bytes)
+        except InvalidInputError as error:
+            raise InvalidInputError(f"question_images[{question_id!r}]: {error}") from None
         if checked:
             own[question_id] = checked
     total = len(state) + sum(len(each) for each in own.values())

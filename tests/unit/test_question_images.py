@@ -71,7 +71,7 @@ async def test_a_questions_images_go_with_its_reads_only_after_the_state() -> No
     [
         ({"nope": [FIRST]}, "question_images names 'nope', which this judgment does not ask"),
         ([FIRST], "question_images must map question ids to a tv.Image or a sequence"),
-        ({"broken": b"raw"}, "images must be a tv.Image or a sequence of them"),
+        ({"broken": b"raw"}, r"question_images\['broken'\]: images must be a tv.Image or a"),
         ({"broken": [FIRST] * 8}, "9 images in this judgment .*at most 8"),
     ],
 )
