@@ -50,6 +50,10 @@ BODY_FAULTS: dict[str, Callable[[bytes], bytes]] = {
         {**json.loads(body), "generation_settings": {"n_probs": 7}}
     ).encode(),
     "not_an_object": lambda body: b"[1, 2, 3]",
+}
+#: Rewrites of a real body into another well-formed one: a server that claims what it is not.
+#: Not faults a read must refuse (the fault tests draw theirs from `BODY_FAULTS` alone).
+CLAIMS: dict[str, Callable[[bytes], bytes]] = {
     # /props of a server that declares vision (the test servers' models are text-only).
     "vision_props": lambda body: json.dumps(
         {**json.loads(body), "modalities": {"vision": True, "audio": False}}
@@ -217,8 +221,9 @@ class FaultInjectingProxy(_LocalProxy):
             await request.read()
             return web.Response(body=b"[" + b"0," * (40 * 1024 * 1024) + b"0]")
         status, body = await self._forward(request)
-        if fault in BODY_FAULTS:
-            return web.Response(status=status, body=BODY_FAULTS[fault](body))
+        rewrite = BODY_FAULTS.get(fault) or CLAIMS.get(fault)
+        if rewrite is not None:
+            return web.Response(status=status, body=rewrite(body))
         if fault in ("reset_mid_body", "truncated_body"):
             response = web.StreamResponse(status=status)
             response.content_length = len(body)
