@@ -8,11 +8,12 @@ from the conftest, which holds only fixtures and hooks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
+from typevet_async._gateway import GatewayConfig, running
 
 from .servers import VLLM_MODEL_ID
 
@@ -215,3 +217,12 @@ async def wait_until_ready(url: str, seconds: float = 120.0) -> None:
                     return
             await asyncio.sleep(0.1)
     raise AssertionError(f"the gateway at {url} was not ready within {seconds} s")
+
+
+@contextlib.asynccontextmanager
+async def ready_gateway(session: tv.Session, config: GatewayConfig) -> AsyncIterator[str]:
+    """The gateway over ``session``, in-process on a free port, once ``/readyz`` says it has
+    probed its server (before that it answers 503): its URL."""
+    async with running(session, config) as url:
+        await wait_until_ready(url)
+        yield url

@@ -19,10 +19,10 @@ import pytest
 import pytest_asyncio
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._gateway import GatewayConfig
 
 from .faults import VisionRecordingProxy
-from .helpers import PNG_HEADER
+from .helpers import PNG_HEADER, ready_gateway
 from .servers import VLLM_MODEL_ID
 
 pytestmark = pytest.mark.live
@@ -94,7 +94,7 @@ def gaps(decision: Any, judgment: tv.Judgment) -> list[float]:
 
 @pytest_asyncio.fixture
 async def gateway_url(gemma3_url: str) -> AsyncIterator[str]:
-    async with running(gemma_session(gemma3_url), GatewayConfig(keys=(KEY,))) as url:
+    async with ready_gateway(gemma_session(gemma3_url), GatewayConfig(keys=(KEY,))) as url:
         yield url
 
 
@@ -212,7 +212,7 @@ async def test_the_off_menu_guard_refuses_exactly_the_flagged_questions(gemma3_u
     assert masses[0] < threshold < masses[-1]
     flagged = {qid for qid, d in probe.diagnostics.items() if (d.off_menu_mass or 0) > threshold}
     session = gemma_session(gemma3_url, off_menu_threshold=threshold, raise_off_menu=True)
-    async with running(session, GatewayConfig(keys=(KEY,))) as url:
+    async with ready_gateway(session, GatewayConfig(keys=(KEY,))) as url:
         decision = await ask_async(url)
         async with tv.Session.openai_decisions(url, api_key=KEY) as remote:
             with pytest.raises(tv.RefusalError) as caught:
@@ -283,7 +283,7 @@ async def test_a_questions_images_go_with_its_own_read_only_after_the_state(
     state_image, first, second = PICTURES
     async with (
         VisionRecordingProxy(gemma3_url) as proxy,
-        running(gemma_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
+        ready_gateway(gemma_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
     ):
         decision = await ask_async(url, PICTURED_QUESTIONS, input=PICTURED_TICKET)
     assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]
@@ -331,7 +331,7 @@ async def test_a_question_refused_while_judging_is_named_once_and_the_sdk_stops_
     wide = {"type": "choice", "name": "queue", "instructions": "Which queue?",
             "choices": [{"value": value} for value in values]}  # fmt: skip
     typed = {"refund": TYPED["refund"], "queue": tv.Choice(values, instructions="Which queue?")}
-    async with running(
+    async with ready_gateway(
         gemma_session(gemma3_url, layout="fused"), GatewayConfig(keys=(KEY,))
     ) as url:
         with pytest.raises(openai.UnprocessableEntityError) as refused:
@@ -360,7 +360,7 @@ async def test_a_question_refused_while_judging_is_named_once_and_the_sdk_stops_
 @pytest.mark.asyncio
 async def test_a_full_gateway_sheds_with_the_clients_rate_limit_error(gemma3_url: str) -> None:
     config = GatewayConfig(keys=(KEY,), max_active_requests=1, max_queue=0)
-    async with running(gemma_session(gemma3_url), config) as url:
+    async with ready_gateway(gemma_session(gemma3_url), config) as url:
         outcomes = await asyncio.gather(
             *(ask_async(url, WIRE_QUESTIONS) for _ in range(4)), return_exceptions=True
         )
@@ -406,7 +406,7 @@ async def test_hostile_bodies_get_a_typed_4xx(gemma3_url: str) -> None:
         "too many": (json.dumps({**base, "questions": WIRE_QUESTIONS[:1] * 401}).encode(), {}),
         "wrong types": (json.dumps({**base, "questions": "all"}).encode(), {}),
     }  # fmt: skip
-    async with running(gemma_session(gemma3_url), config) as url:
+    async with ready_gateway(gemma_session(gemma3_url), config) as url:
         seen = {name: await _post(url, body, **headers) for name, (body, headers) in cases.items()}
     statuses = {name: status for name, (status, _) in seen.items()}
     print("hostile bodies:", statuses)
@@ -427,7 +427,7 @@ def vllm_session(url: str) -> tv.Session:
 @pytest.mark.asyncio
 async def test_over_vllm_both_clients_get_the_direct_answers(vllm_url: str) -> None:
     await direct(vllm_session(vllm_url))  # warm: the first read after start-up differs
-    async with running(vllm_session(vllm_url), GatewayConfig(keys=(KEY,))) as url:
+    async with ready_gateway(vllm_session(vllm_url), GatewayConfig(keys=(KEY,))) as url:
         by_async = await ask_async(url)
 
         def ask() -> Any:
@@ -457,7 +457,7 @@ async def test_over_vllm_a_questions_images_go_with_its_own_read_only_after_the_
     # proxy reads each body without its image parts).
     async with (
         VisionRecordingProxy(vllm_url) as proxy,
-        running(vllm_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
+        ready_gateway(vllm_session(proxy.url), GatewayConfig(keys=(KEY,))) as url,
     ):
         decision = await ask_async(url, PICTURED_QUESTIONS, input=PICTURED_TICKET)
     assert [answer.type for answer in decision.answers] == ["predicate", "predicate"]

@@ -27,9 +27,9 @@ from typesafe_sdk._schemas import models as ts_models
 
 import typevet_async as tv
 from typevet_async._core.systemone import questions_from_system_one, request_from_system_one
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._gateway import GatewayConfig
 
-from .helpers import PNG_HEADER
+from .helpers import PNG_HEADER, ready_gateway
 from .servers import VLLM_MODEL_ID
 
 pytestmark = pytest.mark.live
@@ -48,8 +48,8 @@ QUESTIONS: dict[str, Any] = {
 
 
 def running_gateway(session: tv.Session) -> contextlib.AbstractAsyncContextManager[str]:
-    """The gateway over ``session``, in-process on a free port: its URL."""
-    return running(session, GatewayConfig(keys=(KEY,)))
+    """The gateway over ``session``, in-process on a free port, probed: its URL."""
+    return ready_gateway(session, GatewayConfig(keys=(KEY,)))
 
 
 @pytest_asyncio.fixture
@@ -147,7 +147,7 @@ async def test_the_official_client_at_concurrency_32_loses_nothing_at_the_defaul
     session = tv.Session.llama_cpp(gemma3_url)
     questions = {"refund": QUESTIONS["refund"]}
     async with (
-        running(session, GatewayConfig(keys=(KEY,))) as url,
+        ready_gateway(session, GatewayConfig(keys=(KEY,))) as url,
         ts.AsyncTypeSafeClient(
             api_key=KEY, base_url=url, retry=QUEUED_LOAD_RETRY, timeout=CLIENT_TIMEOUT
         ) as client,
