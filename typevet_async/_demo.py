@@ -47,8 +47,7 @@ def describe(answer: tv.Answer) -> str:
     if isinstance(answer, tv.ChoiceAnswer):
         spread = " ".join(f"{k}={p:.2f}" for k, p in answer.probabilities.items())
         return f"{answer.choice!r} ({spread})"
-    level = answer.legend[round(answer.score)]
-    return f"{answer.score:.2f} ~ {level!r}"
+    return f"{answer.score:.2f}, most likely {answer.legend[answer.level]!r}"
 
 
 async def run(model: str) -> None:

@@ -197,7 +197,7 @@ async def test_request_timeout_is_typed(gemma3_url: str) -> None:
     # Depends on prefill taking seconds: the scoring read of a ~1,800-token state takes
     # longer than the 0.5 s limit (checked against the server's own timing); the probe's
     # small requests take milliseconds, so only the scoring read meets the limit (the probe
-    # keeps its retries: on a loaded machine one of its 78 concurrent requests may be slow).
+    # keeps its retries: on a loaded machine one of its 81 concurrent requests may be slow).
     seconds, tokens = prefill_seconds(gemma3_url, LONG_STATE)
     assert seconds > 1.0, f"a {tokens}-token prefill took only {seconds:.2f} s"
     async with tv.Session.llama_cpp(gemma3_url, request_timeout=0.5, reproducible=True) as session:
@@ -213,11 +213,11 @@ async def test_request_timeout_is_typed(gemma3_url: str) -> None:
 async def test_request_timeout_does_not_count_waiting_for_a_pooled_connection(
     gemma3_url: str,
 ) -> None:
-    # The probe sends 79 /tokenize requests at once (the answer position alone, then with each
-    # of the 78 controls); with 2 connections most of them wait for one. Each is held 0.1 s
+    # The probe sends 81 /tokenize requests at once (the answer position alone, then with each
+    # of the 80 controls); with 2 connections most of them wait for one. Each is held 0.1 s
     # once it has its connection (a trace hook, as a slow server would hold it: this server
     # answers one in about 0.4 ms, measured here), so the probe takes at
-    # least 39 x 0.1 s, about 4 s, and the last request waits about 3.8 s for a connection. A
+    # least 40 x 0.1 s, about 4 s, and the last request waits about 3.9 s for a connection. A
     # 1 s request_timeout is 10x one request and a quarter of the probe: it fails the probe
     # (RequestTimeoutError, the old bug) only if the wait is counted. No retries, so a
     # timeout cannot hide behind one.
@@ -234,10 +234,10 @@ async def test_request_timeout_does_not_count_waiting_for_a_pooled_connection(
         probe = await session.probe()
         elapsed = time.monotonic() - started
     assert probe.control_ids["0"] == 236771
-    assert tokenize.started == tokenize.ended == 79  # every one answered, none retried
+    assert tokenize.started == tokenize.ended == 81  # every one answered, none retried
     assert tokenize.peak == 2
     assert max(tokenize.durations) < 1.0
-    assert elapsed >= 39 * 0.1 > 3 * 1.0, "the probe should take several request timeouts"
+    assert elapsed >= 40 * 0.1 > 3 * 1.0, "the probe should take several request timeouts"
 
 
 async def test_pool_idle_longer_than_server_keepalive(gemma3_url: str) -> None:
