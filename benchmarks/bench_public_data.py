@@ -521,7 +521,8 @@ def cell(stat: Mapping[str, float] | None, sign: bool = False) -> str:
     if stat is None:
         return ""
     form = "+.3f" if sign else ".3f"
-    return f"{stat['value']:{form}} [{stat['low']:{form}}, {stat['high']:{form}}]"
+    value, low, high = (round(stat[key], 3) + 0.0 for key in ("value", "low", "high"))  # no -0
+    return f"{value:{form}} [{low:{form}}, {high:{form}}]"
 
 
 def task_table(summary: Mapping[str, Any], half: str, ordinal: bool) -> str:
@@ -593,7 +594,13 @@ def data_section(provenance: Mapping[str, Mapping[str, Any]]) -> str:
         ]
         for name, entry in provenance.items()
     ]  # fmt: skip
-    return markdown_table(header, rows)
+    lead = (
+        "The samples and their sources, licences and published figures: "
+        "`benchmarks/public_data/README.md`. Held-out: the items of odd rank within their class "
+        "(the eval rows interleave the classes, so odd positions would be one class of sst2); "
+        "the rest are the dev half."
+    )
+    return lead + "\n\n" + markdown_table(header, rows)
 
 
 def time_section(seconds: Mapping[str, Mapping[str, float]]) -> str:
