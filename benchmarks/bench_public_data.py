@@ -277,9 +277,11 @@ def examples_for(task: Task, pool: Sequence[Mapping[str, Any]], per_label: int) 
 
 @attrs.frozen
 class Read:
-    """One item's read: the answer's probabilities (option order), the off-menu mass, and with
-    content-free calibration the probabilities before the division and the prior."""
+    """One item's read: the prompt, the answer's probabilities (option order), the off-menu
+    mass, and with content-free calibration the probabilities before the division and the
+    prior."""
 
+    prompt: str
     p: tuple[float, ...]
     off: float
     raw: tuple[float, ...] | None = None
@@ -300,14 +302,16 @@ def sdk_read(judgment: Any, qid: str, content_free: bool) -> Read:
     prior = in_option_order(getattr(diagnostics, "content_free_prior", None))
     if content_free and (raw is None or prior is None):
         raise RuntimeError(f"{qid}: content_free is on but the diagnostics hold no prior")
-    off = diagnostics.off_menu_mass
-    return Read(in_option_order(answer.probabilities) or (), float(off or 0.0), raw, prior)
+    p = in_option_order(answer.probabilities) or ()
+    off = float(diagnostics.off_menu_mass or 0.0)
+    return Read(str(diagnostics.prompt), p, off, raw, prior)
 
 
 async def plain_read(reader: PlainReader, text: str, question: tv.Question) -> Read:
     n = len(question.options())
-    logprobs, off = await reader.read(plain_prompt(text, question, range(n)), LETTERS[:n])
-    return Read(tuple(softmax(logprobs)), off)
+    prompt = plain_prompt(text, question, range(n))
+    logprobs, off = await reader.read(prompt, LETTERS[:n])
+    return Read(prompt, tuple(softmax(logprobs)), off)
 
 
 class Progress:
@@ -547,15 +551,22 @@ def task_table(summary: Mapping[str, Any], half: str, ordinal: bool) -> str:
     return markdown_table(header, rows)
 
 
-def task_section(task: Task, data: TaskData, summary: Mapping[str, Any]) -> str:
+def task_section(task: Task, data: TaskData, summary: Mapping[str, Any], record: TaskRecord) -> str:
     question = task.question(())
     options = ", ".join(str(label) for label in task.labels)
     held = data.provenance["held_out"]
+    paired = record.paired_identical
     parts = [
         f'{type(question).__name__}: "{question.instructions}" ({options}). '
         f"{len(data.items)} items; 95% bootstrap intervals (1,000 resamples). Δ: the paired "
         "difference against `plain` (accuracy: above 0 is better; NLL: below 0 is better)."
-        + (" Accuracy is the most likely level's." if task.ordinal else ""),
+        + (" Accuracy is the most likely level's." if task.ordinal else "")
+        + (
+            f" `{PAIRED}`'s prompt was byte for byte the plain prompt on {paired['identical']} "
+            f"of {paired['items']} items."
+            if paired
+            else ""
+        ),
         f"All {len(data.items)} items:",
         task_table(summary, "all", task.ordinal),
     ]
@@ -582,6 +593,35 @@ def summary_section(average: Mapping[str, Any]) -> str:
         "within each task; 95% bootstrap intervals). Accuracy: above 0 is better; NLL: below 0."
     )
     return lead + "\n\n" + markdown_table(header, rows)
+
+
+def held_out_section(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each row's held-out difference against plain per task, one line per row."""
+    tasks = list(summaries)
+    names = dict.fromkeys(name for summary in summaries.values() for name in summary)
+    rows = []
+    for name in names:
+        if name == PLAIN:
+            continue
+        row = [f"`{name}`"]
+        for task in tasks:
+            versus = summaries[task].get(name, {}).get("held_out", {}).get("vs_plain")
+            row.append(versus_cell(versus) if versus else "")
+        rows.append(row)
+    lead = (
+        "Held-out half, per task: Δ accuracy / Δ NLL against `plain`; * where the 95% interval "
+        "excludes 0."
+    )
+    return lead + "\n\n" + markdown_table(["row", *tasks], rows)
+
+
+def versus_cell(versus: Mapping[str, Mapping[str, float]]) -> str:
+    return f"{difference_mark(versus['accuracy'])} / {difference_mark(versus['nll'])}"
+
+
+def difference_mark(stat: Mapping[str, float]) -> str:
+    beyond = stat["low"] > 0 or stat["high"] < 0
+    return f"{round(stat['value'], 3) + 0.0:+.3f}{'*' if beyond else ''}"
 
 
 def data_section(provenance: Mapping[str, Mapping[str, Any]]) -> str:
@@ -619,11 +659,10 @@ def time_section(seconds: Mapping[str, Mapping[str, float]]) -> str:
 async def run_task(
     url: str, task: Task, data: TaskData, arms: Sequence[str], content_free: bool,
     seconds: dict[str, dict[str, float]], started: float,
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    """Every chosen arm on one task: plain and letters together, then the others arm by arm.
-    The rows' per-item figures, and each arm's content-free prior."""
-    rows: dict[str, dict[str, Any]] = {}
-    priors: dict[str, Any] = {}
+) -> dict[str, list[Read]]:  # fmt: skip
+    """Every chosen arm on one task: plain and letters together, then the others arm by arm;
+    each arm's reads in item order."""
+    reads: dict[str, list[Read]] = {}
     items = data.items
     if PLAIN in arms or PAIRED in arms:
         settings = session_settings(PAIRED, ARMS[PAIRED], content_free) if PAIRED in arms else None
@@ -634,25 +673,47 @@ async def run_task(
             Progress(f"{task.name} {label}", len(items), started),
         )  # fmt: skip
         seconds.setdefault(label, {})[task.name] = time.monotonic() - began
-        for arm, arm_reads in reads.items():
-            rows.update(rows_of(arm, arm_reads, content_free))
-            if arm_reads and arm_reads[0].prior is not None:
-                priors[arm] = arm_reads[0].prior
     for arm in arms:
         if arm in (PLAIN, PAIRED) or task.name not in ARMS[arm].tasks:
             continue
         spec = ARMS[arm]
         question = task.question(examples_pairs(task, data, spec.examples))
         began = time.monotonic()
-        arm_reads = await run_arm(
+        reads[arm] = await run_arm(
             url, items, task.name, question, session_settings(arm, spec, content_free),
             Progress(f"{task.name} {arm}", len(items), started),
         )  # fmt: skip
         seconds.setdefault(arm, {})[task.name] = time.monotonic() - began
+    return reads
+
+
+@attrs.frozen
+class TaskRecord:
+    """What one task's reads give: the rows' per-item figures, each arm's content-free prior,
+    each arm's first prompt, and how many of the paired SDK prompts were the plain ones."""
+
+    rows: dict[str, dict[str, Any]]
+    priors: dict[str, tuple[float, ...]]
+    prompts: dict[str, str]
+    paired_identical: dict[str, int] | None
+
+
+def task_record(reads: Mapping[str, Sequence[Read]], content_free: bool) -> TaskRecord:
+    rows: dict[str, dict[str, Any]] = {}
+    for arm, arm_reads in reads.items():
         rows.update(rows_of(arm, arm_reads, content_free))
-        if arm_reads and arm_reads[0].prior is not None:
-            priors[arm] = arm_reads[0].prior
-    return rows, priors
+    priors = {
+        arm: arm_reads[0].prior
+        for arm, arm_reads in reads.items()
+        if arm_reads and arm_reads[0].prior is not None
+    }
+    prompts = {arm: arm_reads[0].prompt for arm, arm_reads in reads.items() if arm_reads}
+    identical = None
+    if PLAIN in reads and PAIRED in reads:
+        pairs = zip(reads[PLAIN], reads[PAIRED], strict=True)
+        same = sum(plain.prompt == sdk.prompt for plain, sdk in pairs)
+        identical = {"identical": same, "items": len(reads[PLAIN])}
+    return TaskRecord(rows, priors, prompts, identical)
 
 
 def examples_pairs(task: Task, data: TaskData, per_label: int) -> list[tuple[str, Any]]:
@@ -686,16 +747,24 @@ async def main_async(args: argparse.Namespace) -> None:
     data = {task.name: load_task(task, args.data, args.every) for task in tasks}
     options = tv.ServerOptions(model=MODEL, n_ctx=N_CTX, n_parallel=SLOTS)
     started = time.monotonic()
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
-    priors: dict[str, dict[str, Any]] = {}
+    records: dict[str, TaskRecord] = {}
     seconds: dict[str, dict[str, float]] = {}
     with tv.EmbeddedServer(options) as server:
         server_start = time.monotonic() - started
         print(f"{MODEL} served at {server.url} in {server_start:.1f} s", file=sys.stderr)
         for task in tasks:
-            rows[task.name], priors[task.name] = await run_task(
+            reads = await run_task(
                 server.url, task, data[task.name], arms, args.content_free, seconds, started
             )
+            records[task.name] = task_record(reads, args.content_free)
+            paired = records[task.name].paired_identical
+            if paired is not None:
+                print(
+                    f"  {task.name}: the {PAIRED} prompt is the plain one on "
+                    f"{paired['identical']} of {paired['items']} items",
+                    file=sys.stderr,
+                )
+    rows = {name: record.rows for name, record in records.items()}
     summaries = {
         task.name: task_summary(task, position, data[task.name].items, rows[task.name])
         for position, task in enumerate(tasks)
@@ -703,12 +772,13 @@ async def main_async(args: argparse.Namespace) -> None:
     average = average_over_tasks(summaries) if all(PLAIN in r for r in rows.values()) else {}
     tables = {
         f"{task.name} ({type(task.question(())).__name__})": task_section(
-            task, data[task.name], summaries[task.name]
+            task, data[task.name], summaries[task.name], records[task.name]
         )
         for task in tasks
     }
     if average:
         tables["average over tasks"] = summary_section(average)
+        tables["held-out, per task"] = held_out_section(summaries)
     provenance = {name: entry.provenance for name, entry in data.items()}
     tables["data"] = data_section(provenance)
     tables["time per run"] = time_section(seconds)
@@ -733,7 +803,9 @@ async def main_async(args: argparse.Namespace) -> None:
             "seconds": seconds,
             "summary": without_draws(summaries),
             "average": without_draws(average),
-            "priors": priors,
+            "priors": {name: record.priors for name, record in records.items()},
+            "paired_prompts": {name: r.paired_identical for name, r in records.items()},
+            "first_prompts": {name: record.prompts for name, record in records.items()},
             "items": items_record(tasks, data, rows),
             "tables": tables,
         },
