@@ -741,9 +741,12 @@ async def main_async(args: argparse.Namespace) -> None:
     tasks = [TASKS[name] for name in args.task or TASKS]
     arms = list(dict.fromkeys(args.arm or [PLAIN, *ARMS]))
     for name in arms:
-        if name != PLAIN:
-            session_settings(name, ARMS[name], args.content_free)
-            check_examples(name, ARMS[name])
+        if name == PLAIN:
+            continue
+        if not set(ARMS[name].tasks) & {task.name for task in tasks}:
+            raise SystemExit(f"arm {name} applies to {list(ARMS[name].tasks)} only")
+        session_settings(name, ARMS[name], args.content_free)
+        check_examples(name, ARMS[name])
     data = {task.name: load_task(task, args.data, args.every) for task in tasks}
     options = tv.ServerOptions(model=MODEL, n_ctx=N_CTX, n_parallel=SLOTS)
     started = time.monotonic()
