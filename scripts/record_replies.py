@@ -275,6 +275,7 @@ def record_probe() -> None:
         for body in (
             llama_cpp_wire.probe_template_body(TRIM_PROBE_MESSAGE),
             llama_cpp_wire.split_probe_body(),
+            llama_cpp_wire.history_probe_body(),
         ):
             renderings.append(
                 {"body": body, "reply": send(url, "POST", "/apply-template", body).decode()}

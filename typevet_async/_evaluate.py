@@ -20,6 +20,7 @@ import attrs
 import orjson
 
 import typevet_async as tv
+from typevet_async._core.content_free import divide_prior
 from typevet_async._core.jsonvalues import record_key
 from typevet_async._core.labels import gold_indices, labelled_record
 from typevet_async._core.questions import check_questions
@@ -165,6 +166,9 @@ def _answer_reads(judgment: tv.Judgment) -> dict[str, dict[str, Any]]:
     for question_id, answer in judgment.answers.items():
         diagnostics = judgment.diagnostics.get(question_id)
         raw = diagnostics.raw_probabilities if diagnostics is not None else None
+        prior = diagnostics.content_free_prior if diagnostics is not None else None
+        if raw is not None and prior is not None:  # a map is fitted after the prior's division
+            raw = divide_prior(raw, prior)
         reads[question_id] = {
             "probabilities": list(answer.probabilities.values()),
             "raw": None if raw is None else list(raw),

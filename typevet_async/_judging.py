@@ -20,9 +20,11 @@ import attrs
 
 import typevet_async._telemetry as telemetry
 from typevet_async._backends.base import Backend, RemoteJudging
+from typevet_async._content_free import content_free_priors
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
 from typevet_async._core.codes import code_firsts, with_reads_after
+from typevet_async._core.controls import reads_in_one_order
 from typevet_async._core.fields import framing_pin
 from typevet_async._core.interpreting import interpret_read, settle_question
 from typevet_async._core.probe import Probe, model_identity
@@ -38,7 +40,7 @@ from typevet_async._errors import (
 )
 from typevet_async._fair_slots import SlotShare
 from typevet_async._fanout import gather_in_order
-from typevet_async._images import JudgmentImages
+from typevet_async._images import NO_IMAGES, JudgmentImages
 from typevet_async._planning import Planner
 from typevet_async._read_cache import CachedReads
 from typevet_async._settings import PrefixReuse, ReadOptions, SessionSettings
@@ -54,9 +56,13 @@ class _Scored:
 
 
 def question_readings(
-    questions: Sequence[tuple[str, Question]], options: ReadOptions
+    questions: Sequence[tuple[str, Question]],
+    options: ReadOptions,
+    settings: SessionSettings | None = None,
 ) -> dict[str, Reading]:
-    """How each question is read under ``options``' permutations and label prior.
+    """How each question is read under ``options``' permutations and label prior (a question
+    that ``settings`` answer in their one order, a words Noul or a scale Score, once:
+    `reads_in_one_order`).
 
     :raises QuestionError: a count for a question the judgment does not ask, or the label
         prior for a question read under some but not all of its rotations.
@@ -70,6 +76,13 @@ def question_readings(
             )
     readings: dict[str, Reading] = {}
     for question_id, question in questions:
+        if (
+            settings is not None
+            and not settings.layout.is_jev
+            and reads_in_one_order(question, settings.noul_controls, settings.score_controls)
+        ):
+            readings[question_id] = Reading()
+            continue
         options_count = len(question.options())
         wanted = (
             permutations.get(question_id, 1) if isinstance(permutations, Mapping) else permutations
@@ -111,7 +124,13 @@ def served_pins(
         model_identity(backend.model, probe.model_ids),
         probe.family.value,
         backend.capabilities.server,
-        framing_pin(settings.layout.value, settings.controls),
+        framing_pin(
+            settings.layout.value,
+            settings.controls,
+            settings.noul_controls,
+            settings.score_controls,
+            settings.content_free,
+        ),
     )
 
 
@@ -176,14 +195,18 @@ async def _judge(
     if backend.capabilities.framing != "remote":
         readings = None
         if options.permutations != 1 or options.calibration is not None:
-            readings = question_readings(questions, options)
+            readings = question_readings(questions, options, planner.settings)
             if options.calibration is not None:
                 check_calibration(planner, questions, readings, options.calibration)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
+        priors = None
+        if planner.settings.content_free:  # each question's, read once per session
+            priors = await _content_free_priors(planner, slots, questions, strategy, options)
         return await read_judgment(
-            backend, probe, slots, requests, strategy, options, readings, planner.cached_reads
-        )
+            backend, probe, slots, requests, strategy, options, readings, planner.cached_reads,
+            priors,
+        )  # fmt: skip
     permutations = options.permutations
     rotated = (
         max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
@@ -203,6 +226,31 @@ async def _judge(
         )
     async with slots:
         return await backend.judge(state, questions, probe, max_retries=options.max_retries)
+
+
+async def _content_free_priors(
+    planner: Planner,
+    slots: SlotShare,
+    questions: Sequence[tuple[str, Question]],
+    strategy: PrefixReuse,
+    options: ReadOptions,
+) -> dict[str, tuple[float, ...]]:
+    """Each question's content-free prior (`content_free_priors`), a content-free state read
+    as this judgment reads the question (rotations, label prior; no map, no images)."""
+    unmapped = attrs.evolve(options, calibration=None)
+    readings = question_readings(questions, unmapped, planner.settings)
+
+    async def answer_to(question_id: str, question: Question, state: str) -> tuple[float, ...]:
+        asked = [(question_id, question)]
+        await planner.learn(state, asked)
+        requests = planner.plan(state, asked, NO_IMAGES, readings)
+        judgment = await read_judgment(
+            planner.backend, planner.probe, slots, requests, strategy, unmapped, readings,
+            planner.cached_reads,
+        )  # fmt: skip
+        return tuple(judgment[question_id].probabilities.values())
+
+    return await content_free_priors(planner.content_free_priors, questions, readings, answer_to)
 
 
 async def _read_many(
@@ -366,11 +414,12 @@ async def read_judgment(
     options: ReadOptions,
     readings: Mapping[str, Reading] | None = None,
     cached: CachedReads | None = None,
+    priors: Mapping[str, tuple[float, ...]] | None = None,
 ) -> Judgment:
     """Read every request (under ``strategy`` where the backend reuses prefixes; through
     ``cached``, the session's read cache, if any) and gather the answers in request order: a
-    question read under rotations is settled from all its reads (`settle_question`), and a
-    calibration map applied."""
+    question read under rotations is settled from all its reads (`settle_question`), divided
+    by its content-free prior (``priors``, by question id), and a calibration map applied."""
     if len(requests) == 1:  # one read (the common case): no closures, schedule or fan-out
         try:
             scored = [await _score(backend, probe, slots, requests[0], options, cached)]
@@ -384,13 +433,13 @@ async def read_judgment(
             strategy if backend.capabilities.prefix_reuse and requests else "off",
             lambda request: _score(backend, probe, slots, request, options, cached),
         )
-    if readings is None and options.calibration is None:  # one read per question, as read
+    if readings is None and options.calibration is None and not priors:  # as read
         return Judgment(
             {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},
             usage,
             {r.question_id: s.diagnostics for r, s in zip(requests, scored, strict=True)},
         )
-    return _settled(requests, scored, usage, options, readings or {})
+    return _settled(requests, scored, usage, options, readings or {}, priors or {})
 
 
 def _settled(
@@ -399,6 +448,7 @@ def _settled(
     usage: Usage,
     options: ReadOptions,
     readings: Mapping[str, Reading],
+    priors: Mapping[str, tuple[float, ...]],
 ) -> Judgment:
     grouped: dict[str, list[tuple[ScoringRequest, _Scored]]] = {}
     for request, item in zip(requests, scored, strict=True):
@@ -413,6 +463,7 @@ def _settled(
             [(item.answer, item.diagnostics) for _, item in reads],
             [request.order for request, _ in reads],
             label_prior=reading.label_prior,
+            prior=priors.get(question_id),
             calibrate=None
             if calibration is None
             else functools.partial(calibration.apply, question_id),

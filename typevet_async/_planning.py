@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from typevet_async._backends.base import AnswerTokenizing, Backend
+from typevet_async._content_free import PriorCache
 from typevet_async._core.calibration import Reading
 from typevet_async._core.codes import CodeTokens, codes_in_context, codes_needed
 from typevet_async._core.controls import ALPHABETS, available_controls
@@ -33,7 +34,13 @@ from typevet_async._images import JudgmentImages
 from typevet_async._read_cache import CachedReads
 from typevet_async._settings import SessionSettings
 
-__all__ = ["PLAN_CACHE_SIZE", "VERDICT_CACHE_SIZE", "Planner", "template_refusal"]
+__all__ = [
+    "PLAN_CACHE_SIZE",
+    "VERDICT_CACHE_SIZE",
+    "Planner",
+    "examples_refusal",
+    "template_refusal",
+]
 
 
 #: Questions whose plan a session keeps (least recently used beyond it are planned again).
@@ -45,7 +52,7 @@ VERDICT_CACHE_SIZE = 4096
 
 
 def _question_texts(question: Question) -> list[str]:
-    texts = [question.instructions]
+    texts = [question.instructions, *(state for state, _ in question.examples)]
     for option in question.options():
         texts.append(option.label)
         if option.description:
@@ -85,7 +92,7 @@ class Planner:
         def bind(question: Question, rotation: int) -> QuestionPlan:
             return bind_question(
                 question, layout, control_ids, limit, is_special, rotation, controls, leads,
-                self._codes,
+                self._codes, settings.noul_controls, settings.score_controls,
             )  # fmt: skip
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -109,6 +116,8 @@ class Planner:
         self._judgments = itertools.count(1)
         #: The session's read cache for this backend and probe (None: every read is sent).
         self.cached_reads = CachedReads.bind(settings.cache, backend, probe)
+        #: Each question's content-free prior, read once (``content_free``).
+        self.content_free_priors = PriorCache()
 
     def is_special(self, run: str) -> bool:
         """The served tokenizer's verdict on a marker run (unknown: special, to be safe)."""
@@ -202,6 +211,8 @@ class Planner:
         requests = []
         judgment = next(self._judgments)
         for question_id, question in questions:
+            if question.examples and frame is not None and frame.turns is None:
+                raise examples_refusal(question_id, probe)
             offsets = (  # the common case, no rotations, without building the options
                 (0,)
                 if readings is None
@@ -227,6 +238,20 @@ class Planner:
                     )
                 )
         return requests
+
+
+def examples_refusal(question_id: str, probe: Probe) -> UnsupportedTemplateError:
+    """A question with examples, and the probe could not learn how the served template renders
+    earlier turns (refused before any read)."""
+    error = UnsupportedTemplateError(
+        f"question {question_id!r} has examples, shown as earlier turns of the conversation, "
+        f"and the served chat template ({probe.family.value}) renders a conversation in a way "
+        "the probe could not learn (it rewrites earlier turns); ask it without examples",
+        family=probe.family.value,
+        rendered=probe.rendered_template,
+    )
+    error.question_id = question_id
+    return error
 
 
 def template_refusal(probe: Probe) -> UnsupportedTemplateError:

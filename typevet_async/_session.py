@@ -189,7 +189,7 @@ class Session(SessionFactories, AsyncResource):
             self._settings, off_menu_threshold=UNSET, raise_off_menu=UNSET,
             permutations=permutations, label_prior=label_prior, calibration=calibration,
         )  # fmt: skip
-        readings = question_readings(checked, options)
+        readings = question_readings(checked, options, self._settings)
         probe = await self.probe()
         pins = served_pins(self._backend, probe, checked, self._settings)
         return ReadPlan(

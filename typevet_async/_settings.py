@@ -12,7 +12,12 @@ from typing import Any, ClassVar, Literal, Self
 import attrs
 
 from typevet_async._core.calibration import CalibrationMap
-from typevet_async._core.controls import DEFAULT_CONTROLS, Controls
+from typevet_async._core.controls import (
+    DEFAULT_CONTROLS,
+    Controls,
+    NoulControls,
+    ScoreControls,
+)
 from typevet_async._core.layouts import Layout
 from typevet_async._errors import ConfigurationError
 from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
@@ -57,8 +62,11 @@ def _calibration(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 
 __all__ = [
+    "DEFAULT_CONTENT_FREE",
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_MAX_TOKENS",
+    "DEFAULT_NOUL_CONTROLS",
+    "DEFAULT_SCORE_CONTROLS",
     "BatchOptions",
     "GenerationOptions",
     "Permutations",
@@ -72,6 +80,12 @@ DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_TOKENS = 512
 
 PrefixReuse = Literal["auto", "first", "sequential", "off"]
+
+#: The defaults of the answer methods measured on public labelled data (README, "Real answers
+#: on public data"; `benchmarks/bench_public_data.py`).
+DEFAULT_NOUL_CONTROLS: NoulControls = "letters"
+DEFAULT_SCORE_CONTROLS: ScoreControls = "letters"
+DEFAULT_CONTENT_FREE = False
 
 
 def _layout(value: Any) -> Layout:
@@ -92,6 +106,18 @@ class SessionSettings:
         ``"split"``.
     :param controls: the default layout's controls: ``"letters"`` (A, B, C, ...; the default,
         measured best on a real instruction model) or ``"digits"`` (0, 1, 2, ...).
+    :param noul_controls: how the default layout asks a Noul: ``"letters"`` (``A. No`` /
+        ``B. Yes``, "Answer with one letter.") or ``"words"`` (the tokens ``Yes`` and ``No``
+        as the model writes them, "Answer Yes or No.").
+    :param score_controls: how the default layout asks a Score: ``"letters"`` (its levels
+        lettered) or ``"scale"`` (numbered 1..n, lowest first, "Answer with one number from 1
+        to n."; a Score of more than 9 levels stays lettered). A words Noul and a scale Score
+        are read in their one order whatever ``permutations`` says (their order is their
+        meaning).
+    :param content_free: content-free calibration (Zhao et al., ICML 2021): each question is
+        read once per session on content-free states (`CONTENT_FREE_STATES`), the mean of
+        those answers is the question's prior, and every answer is divided by it and
+        renormalised; the prior and the undivided probabilities are in the diagnostics.
     :param off_menu_threshold: flag answers whose off-menu mass exceeds it (and with
         ``raise_off_menu`` raise `OffMenuError`); a judgment may override both.
     :param max_images: most images one judgment or generation may take; ``max_image_bytes``
@@ -118,6 +144,13 @@ class SessionSettings:
     max_concurrency: int = attrs.field(default=DEFAULT_MAX_CONCURRENCY, validator=positive_int)
     layout: Layout = attrs.field(default=Layout.TYPEVET, converter=_layout)
     controls: Controls = attrs.field(default=DEFAULT_CONTROLS, validator=one_of(Controls))
+    noul_controls: NoulControls = attrs.field(
+        default=DEFAULT_NOUL_CONTROLS, validator=one_of(NoulControls)
+    )
+    score_controls: ScoreControls = attrs.field(
+        default=DEFAULT_SCORE_CONTROLS, validator=one_of(ScoreControls)
+    )
+    content_free: bool = attrs.field(default=DEFAULT_CONTENT_FREE, validator=boolean)
     off_menu_threshold: float | None = attrs.field(default=None, validator=probability_or_none)
     raise_off_menu: bool = attrs.field(default=False, validator=boolean)
     max_images: int = attrs.field(default=DEFAULT_MAX_IMAGES, validator=positive_int)

@@ -33,6 +33,7 @@ from typevet_async._backends.llama_cpp_wire import (
     decode_rendered,
     decode_tokens,
     generation_body,
+    history_probe_body,
     probe_template_body,
     split_probe_body,
     template_body,
@@ -48,8 +49,10 @@ from typevet_async._core.framing import (
     classify_template,
     learn_frame,
     learn_trim,
+    learn_turns,
     structural_markers,
     turn_markers,
+    with_turns,
 )
 from typevet_async._core.generation import ChatOutput, GenerationRequest
 from typevet_async._core.probe import Probe, check_served_model, model_identity
@@ -282,6 +285,8 @@ class AsyncLlamaCpp:
                     bos=props.bos_token,
                 )
                 frame = attrs.evolve(frame, trim=trim) if frame is not None else None
+            history = await self.http.post("/apply-template", history_probe_body())
+            frame = with_turns(frame, family, learn_turns(rendered, decode_rendered(history)))
         # Each control's ids where the model writes it: after the prefix a judgment ends in.
         answer_frame = frame if frame is not None else GEMMA_FRAMES.get(family)
         context = answer_frame.prefix(PROBE_MESSAGE) if answer_frame is not None else rendered

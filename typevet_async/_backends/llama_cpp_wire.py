@@ -48,7 +48,7 @@ from typevet_async._backends.wire import (
     decoder_for,
     protocol_error,
 )
-from typevet_async._core.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
+from typevet_async._core.framing import ANSWER_PROBE, PROBE_MESSAGE, SECOND_PROBE_MESSAGE
 from typevet_async._core.generation import GenerationRequest
 from typevet_async._core.layouts import ImagePart, Message
 from typevet_async._core.readings import TopLogprobs
@@ -63,6 +63,7 @@ __all__ = [
     "decode_rendered",
     "decode_tokens",
     "generation_body",
+    "history_probe_body",
     "probe_template_body",
     "split_probe_body",
     "template_body",
@@ -121,6 +122,20 @@ def split_probe_body() -> dict[str, Any]:
         "messages": [
             {"role": "system", "content": "s"},
             {"role": "user", "content": PROBE_MESSAGE},
+            {"role": "user", "content": SECOND_PROBE_MESSAGE},
+        ],
+        "add_generation_prompt": True,
+        "chat_template_kwargs": NO_THINKING,
+    }
+
+
+def history_probe_body() -> dict[str, Any]:
+    """A conversation of two user turns and the assistant's answer between them, rendered as
+    a judgment's is (`typevet_async._core.framing.learn_turns`)."""
+    return {
+        "messages": [
+            {"role": "user", "content": PROBE_MESSAGE},
+            {"role": "assistant", "content": ANSWER_PROBE},
             {"role": "user", "content": SECOND_PROBE_MESSAGE},
         ],
         "add_generation_prompt": True,

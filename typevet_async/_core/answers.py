@@ -105,9 +105,15 @@ class ChoiceAnswer:
     )
 
 
+def _most_likely_level(answer: Any) -> int:
+    probabilities: Mapping[int, float] = answer.probabilities
+    return max(probabilities, key=lambda level: (probabilities[level], -level))
+
+
 @attrs.frozen
 class ScoreAnswer:
-    """``score`` is the expected level (0-based); ``legend[i]`` describes level ``i``."""
+    """``score`` is the expected level (0-based); ``level`` the most likely level (the lowest,
+    on a tie); ``legend[i]`` describes level ``i``."""
 
     score: float
     probabilities: Mapping[int, float] = attrs.field(converter=_frozen_mapping)
@@ -117,6 +123,11 @@ class ScoreAnswer:
     #: ``1 - H(p) / ln(n)``; computed from ``probabilities`` when not given.
     entropy_confidence: float = attrs.field(
         default=attrs.Factory(_entropy_of, takes_self=True), kw_only=True
+    )
+    #: The most likely level (0-based; the lowest on a tie); computed from ``probabilities``
+    #: when not given.
+    level: int = attrs.field(
+        default=attrs.Factory(_most_likely_level, takes_self=True), kw_only=True
     )
 
 
@@ -182,7 +193,8 @@ class Diagnostics:
     #: Each rotation's probabilities, in option order, when the options were read under
     #: rotations (``permutations``); the fields above are then the first (unrotated) read's.
     rotations: tuple[tuple[float, ...], ...] = ()
-    #: The probabilities before the calibration map, in option order (None: no map applied).
+    #: The probabilities before the content-free prior was divided out and the calibration
+    #: map applied, in option order (None: neither was).
     raw_probabilities: tuple[float, ...] | None = None
     #: The calibration applied: the transform's kind and the map's SHA-256 (None: none).
     calibration: str | None = None
@@ -194,6 +206,9 @@ class Diagnostics:
     #: ``attempts`` are 0; a question read under rotations is a hit only if every rotation
     #: was), ``"miss"`` (read from the server and stored); None: the session has no cache.
     cache: Literal["hit", "miss"] | None = None
+    #: The question's content-free prior, in option order, divided out of this answer
+    #: (``content_free=True``: `typevet_async._core.content_free`); None: not divided.
+    content_free_prior: tuple[float, ...] | None = None
 
 
 @attrs.frozen

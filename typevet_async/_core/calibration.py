@@ -201,12 +201,15 @@ def _canonical(value: Any) -> bytes:
 @functools.lru_cache(maxsize=1024)  # checked on every calibrated judgment
 def question_hash(question: Question) -> str:
     """``sha256:`` of what the model is asked: the question's type, instructions and options
-    (labels and descriptions, in order), so any change to them moves it."""
-    shown = [
+    (labels and descriptions, in order), and its examples if it has any, so any change to them
+    moves it (a question without examples hashes as it did before they existed)."""
+    shown: list[Any] = [
         type(question).__name__,
         question.instructions,
         [[option.label, option.description] for option in question.options()],
     ]
+    if question.examples:
+        shown.append([list(example) for example in question.examples])
     return "sha256:" + hashlib.sha256(orjson.dumps(shown)).hexdigest()
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import attrs
 
-from typevet_async._core.questions import Option
+from typevet_async._core.questions import Noul, Option, Question, Score
 from typevet_async._errors import ControlTokenError, TooManyOptionsError
 
 __all__ = [
@@ -30,17 +30,22 @@ __all__ = [
     "DIGITS",
     "JEV_LETTERS",
     "LOWERCASE",
+    "NOUL_WORDS",
     "PROBED_CONTROLS",
     "REQUIRED_CONTROLS",
+    "SCALE_NUMBERS",
     "UPPERCASE",
     "BoundOption",
     "Controls",
     "ControlsInContext",
+    "NoulControls",
+    "ScoreControls",
     "alphabet_lead",
     "available_controls",
     "bind_controls",
     "control_token_ids",
     "controls_in_context",
+    "reads_in_one_order",
     "space_variant",
     "with_bare_tokens",
 ]
@@ -63,14 +68,29 @@ DEFAULT_ALPHABET: tuple[str, ...] = ALPHABETS[DEFAULT_CONTROLS]
 JEV_LETTERS: tuple[str, ...] = UPPERCASE[:16]
 
 
+#: How a Noul is answered: ``"letters"`` (``A. No`` / ``B. Yes``, the alphabet's controls) or
+#: ``"words"`` (the words themselves, `NOUL_WORDS`: "Answer Yes or No.").
+NoulControls = Literal["letters", "words"]
+#: A Noul's controls under ``noul_controls="words"``, in option order (false, true): the words
+#: an instruction model writes for a yes/no question.
+NOUL_WORDS: tuple[str, str] = ("No", "Yes")
+#: How a Score is answered: ``"letters"`` (its levels lettered like a Choice's options) or
+#: ``"scale"`` (numbered from 1, lowest first: `SCALE_NUMBERS`).
+ScoreControls = Literal["letters", "scale"]
+#: A Score's controls under ``score_controls="scale"``: level ``i`` is the number ``i + 1``
+#: (a scale of at most 9 levels; a longer one is lettered).
+SCALE_NUMBERS: tuple[str, ...] = DIGITS[1:]
+
+
 def space_variant(control: str) -> str:
     """The same control after a space (``" A"``): Jev counts both as the answer A."""
     return f" {control}"
 
 
-#: Every control the probe tokenizes: the alphabet and the space variants of Jev's letters.
-PROBED_CONTROLS: tuple[str, ...] = DEFAULT_ALPHABET + tuple(
-    space_variant(letter) for letter in JEV_LETTERS
+#: Every control the probe tokenizes: the alphabet, the space variants of Jev's letters and
+#: a Noul's words.
+PROBED_CONTROLS: tuple[str, ...] = (
+    DEFAULT_ALPHABET + tuple(space_variant(letter) for letter in JEV_LETTERS) + NOUL_WORDS
 )
 #: A served tokenizer must give these controls a token in context, or the probe refuses it:
 #: a Noul's two answers under the default alphabet.
@@ -227,3 +247,15 @@ def bind_controls(
         BoundOption(control, control_ids[control], option)
         for control, option in zip(available, options, strict=False)
     )
+
+
+def reads_in_one_order(
+    question: Question, noul_controls: NoulControls, score_controls: ScoreControls
+) -> bool:
+    """Whether the default layout answers ``question`` with controls whose order is their
+    meaning (a Noul's words, a Score's numbers from 1), so it is read in that order only."""
+    if isinstance(question, Noul):
+        return noul_controls == "words"
+    if isinstance(question, Score):
+        return score_controls == "scale" and len(question.levels) <= len(SCALE_NUMBERS)
+    return False

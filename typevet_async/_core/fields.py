@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from typevet_async._core.controls import BoundOption
+from typevet_async._core.controls import NOUL_WORDS, SCALE_NUMBERS, BoundOption
 from typevet_async._core.markers import ALL_RUNS, IsSpecial, neutralise, neutralise_line
 from typevet_async._core.questions import Noul, Question, Score
 
@@ -32,6 +32,17 @@ __all__ = ["FIELD_BLOCK_VERSION", "framing_pin", "render_field_block", "render_u
 FIELD_BLOCK_VERSION = 2
 
 _NOUL_WORDS = {"false": "No", "true": "Yes"}
+
+
+def _answers_in_words(bound: Sequence[BoundOption]) -> bool:
+    """A Noul answered with the words themselves (``noul_controls="words"``)."""
+    return tuple(b.control for b in bound) == NOUL_WORDS
+
+
+def _answers_on_scale(question: Question, bound: Sequence[BoundOption]) -> bool:
+    """A Score numbered from 1 (``score_controls="scale"``)."""
+    controls = tuple(b.control for b in bound)
+    return isinstance(question, Score) and controls == SCALE_NUMBERS[: len(controls)]
 
 
 def _option_line(question: Question, bound: BoundOption, is_special: IsSpecial) -> str:
@@ -49,7 +60,11 @@ def _option_line(question: Question, bound: BoundOption, is_special: IsSpecial) 
     return f"{bound.control}. {text}"
 
 
-def _answer_rule(bound: Sequence[BoundOption]) -> str:
+def _answer_rule(question: Question, bound: Sequence[BoundOption]) -> str:
+    if _answers_in_words(bound):
+        return "Answer Yes or No."
+    if _answers_on_scale(question, bound):
+        return f"Answer with one number from 1 to {len(bound)}."
     if any(b.second_id is not None for b in bound):
         return "Answer with one code: its digit, then its letter."
     if all(b.control.isdigit() for b in bound):
@@ -63,10 +78,18 @@ def render_field_block(
     question: Question, bound: Sequence[BoundOption], is_special: IsSpecial = ALL_RUNS
 ) -> str:
     """The instructions, a line per control, and a last line asking for exactly one control
-    (caller text neutralised by ``is_special``: `typevet_async._core.markers`)."""
+    (caller text neutralised by ``is_special``: `typevet_async._core.markers`). A Noul
+    answered in words has no option lines but its described ones (``Yes: ...``)."""
     lines = [neutralise_line(question.instructions, is_special)]
-    lines.extend(_option_line(question, option, is_special) for option in bound)
-    lines.append(_answer_rule(bound))
+    if _answers_in_words(bound):
+        lines.extend(
+            f"{b.control}: {neutralise_line(b.option.description, is_special)}"
+            for b in bound
+            if b.option.description
+        )
+    else:
+        lines.extend(_option_line(question, option, is_special) for option in bound)
+    lines.append(_answer_rule(question, bound))
     return "\n".join(lines)
 
 
@@ -76,9 +99,23 @@ def render_user_content(state_text: str, field_block: str, is_special: IsSpecial
     return f"{neutralise(state_text, is_special)}\n\n{field_block}"
 
 
-def framing_pin(layout: str, controls: str) -> str:
-    """What a calibration map pins of the prompt's framing: the layout, and for the default
-    layout (``"typevet"``) its alphabet and field block version (``"typevet/letters/2"``)."""
+def framing_pin(
+    layout: str,
+    controls: str,
+    noul_controls: str = "letters",
+    score_controls: str = "letters",
+    content_free: bool = False,
+) -> str:
+    """What a calibration map pins of the prompt's framing and reading: the layout, and for
+    the default layout (``"typevet"``) its alphabet and field block version
+    (``"typevet/letters/2"``), then each answer method that is not the alphabet's
+    (``/noul-words``, ``/score-scale``) and content-free calibration (``/content-free``), so a
+    map fitted before they existed pins what it pinned then."""
+    methods = "/content-free" if content_free else ""
     if layout != "typevet":
-        return layout
-    return f"typevet/{controls}/{FIELD_BLOCK_VERSION}"
+        return f"{layout}{methods}"
+    if noul_controls != "letters":
+        methods = f"/noul-{noul_controls}{methods}"
+    if score_controls != "letters":
+        methods = f"/score-{score_controls}{methods}"
+    return f"typevet/{controls}/{FIELD_BLOCK_VERSION}{methods}"

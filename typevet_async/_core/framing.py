@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
 from typevet_async._core.markers import marker_runs
 
 __all__ = [
+    "ANSWER_PROBE",
     "EMPTY_THINK_BLOCK",
     "GEMMA_FRAMES",
     "PROBE_MESSAGE",
@@ -34,8 +35,10 @@ __all__ = [
     "frame_prefix",
     "learn_frame",
     "learn_trim",
+    "learn_turns",
     "structural_markers",
     "turn_markers",
+    "with_turns",
 ]
 
 #: After Gemma 4's model turn header: an empty thought channel, so no thinking can open.
@@ -52,6 +55,9 @@ SECOND_PROBE_MESSAGE = "typevet-probe-second"
 #: A third, in whitespace: whether the template trims a message's content (Gemma's and Llama
 #: 3's do, ``| trim``), so the SDK's frame renders a state as the template would.
 TRIM_PROBE_MESSAGE = "\n  typevet-probe-trim  \n"
+
+#: The assistant's answer in the probe's conversation of two turns (`learn_turns`).
+ANSWER_PROBE = "typevet-answer"
 
 _ENDS_IN_EMPTY_THINK_BLOCK = re.compile(r"<think>\s*</think>\s*$")
 
@@ -107,10 +113,29 @@ class PromptFrame:
     prefill: str = ""
     #: Whether the template trims the content of a message (`learn_trim`).
     trim: bool = False
+    #: An earlier turn's reply as the template renders it in the conversation's history: what
+    #: goes between a user message and the assistant's answer, and after the answer up to the
+    #: next user message (`learn_turns`); None: not learnt, so no examples can be framed.
+    turns: tuple[str, str] | None = None
 
-    def prefix(self, user_content: str) -> str:
-        content = user_content.strip() if self.trim else user_content
-        return f"{self.head}{content}{self.tail}"
+    def prefix(self, user_content: str, examples: Sequence[tuple[str, str]] = ()) -> str:
+        """The prefix of one user turn, after ``examples`` (each a user message and the
+        assistant's answer to it) as earlier turns.
+
+        :raises ValueError: examples, and the frame knows no earlier turns (`turns` None).
+        """
+        if examples and self.turns is None:
+            raise ValueError("this frame has not learnt how the template renders earlier turns")
+        parts = [self.head]
+        if examples and self.turns is not None:
+            before_answer, after_answer = self.turns
+            for content, answer in examples:
+                parts += [self._content(content), before_answer, answer, after_answer]
+        parts += [self._content(user_content), self.tail]
+        return "".join(parts)
+
+    def _content(self, user_content: str) -> str:
+        return user_content.strip() if self.trim else user_content
 
 
 #: The Gemma families' frames, written here; the server adds BOS itself.
@@ -212,6 +237,37 @@ def learn_trim(first: str, trimmed: str) -> bool | None:
     if trimmed == f"{head}{TRIM_PROBE_MESSAGE.strip()}{tail}":
         return True
     return None
+
+
+def learn_turns(first: str, history: str) -> tuple[str, str] | None:
+    """How the served template renders an earlier turn's answer, from its renderings of
+    `PROBE_MESSAGE` alone (``first``) and of a conversation of two turns (``history``: the
+    user's `PROBE_MESSAGE`, the assistant's `ANSWER_PROBE`, the user's `SECOND_PROBE_MESSAGE`,
+    with the generation prompt): the text between the first message and the answer, and
+    between the answer and the second message. None when the conversation does not render as
+    the first message's frame around those two (a template that rewrites its history)."""
+    if first.count(PROBE_MESSAGE) != 1 or history.count(ANSWER_PROBE) != 1:
+        return None
+    head, tail = first.split(PROBE_MESSAGE)
+    opening, closing = f"{head}{PROBE_MESSAGE}", f"{SECOND_PROBE_MESSAGE}{tail}"
+    if not history.startswith(opening) or not history.endswith(closing):
+        return None
+    middle = history[len(opening) : len(history) - len(closing)]
+    before_answer, after_answer = middle.split(ANSWER_PROBE)
+    if not before_answer or not after_answer:
+        return None
+    return before_answer, after_answer
+
+
+def with_turns(
+    frame: PromptFrame | None, family: TemplateFamily, turns: tuple[str, str] | None
+) -> PromptFrame | None:
+    """``frame`` (a Gemma family's own, where none was learnt) with the earlier ``turns``
+    `learn_turns` found; as it was without them."""
+    base = frame if frame is not None else GEMMA_FRAMES.get(family)
+    if turns is None or base is None:
+        return frame
+    return attrs.evolve(base, turns=turns)
 
 
 def frame_prefix(family: TemplateFamily, user_content: str) -> str:

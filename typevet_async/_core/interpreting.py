@@ -13,6 +13,7 @@ import attrs
 
 from typevet_async._core.answers import Answer, Diagnostics, build_answer
 from typevet_async._core.codes import code_firsts, joint_logprobs
+from typevet_async._core.content_free import divide_prior
 from typevet_async._core.questions import Question
 from typevet_async._core.readings import (
     CandidateRead,
@@ -145,15 +146,17 @@ def settle_question(
     orders: Sequence[tuple[int, ...]],
     *,
     label_prior: bool = False,
+    prior: Sequence[float] | None = None,
     calibrate: Callable[[Sequence[float]], tuple[float, ...]] | None = None,
     calibration: str | None = None,
 ) -> tuple[Answer, Diagnostics]:
     """A question's answer from its reads (one, or one per rotation: `combine_rotations`),
-    through ``calibrate`` when a map applies; the diagnostics keep the rotations' and the raw
-    probabilities, and count every read.
+    divided by its content-free ``prior`` (`divide_prior`) when it has one, then through
+    ``calibrate`` when a map applies; the diagnostics keep the rotations', the prior and the
+    raw probabilities (before either), and count every read.
     """
     answer, diagnostics = reads[0]
-    if len(reads) == 1 and calibrate is None:
+    if len(reads) == 1 and calibrate is None and prior is None:
         return answer, diagnostics
     probabilities = tuple(answer.probabilities.values())  # option order
     rotations: tuple[tuple[float, ...], ...] = ()
@@ -166,14 +169,17 @@ def settle_question(
             label_prior=label_prior,
         )
     raw = None
+    if prior is not None:
+        raw, probabilities = probabilities, divide_prior(probabilities, prior)
     if calibrate is not None:
-        raw, probabilities = probabilities, calibrate(probabilities)
+        raw, probabilities = raw or probabilities, calibrate(probabilities)
     settled = attrs.evolve(
         diagnostics,
         reads=sum(read.reads for _, read in reads),
         attempts=sum(read.attempts for _, read in reads),
         rotations=rotations,
         raw_probabilities=raw,
+        content_free_prior=None if prior is None else tuple(prior),
         calibration=calibration,
         cache=_cache_outcome([read.cache for _, read in reads]),
     )

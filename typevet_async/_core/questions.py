@@ -5,6 +5,11 @@ answer's probabilities are indexed by. Bad questions are refused when they are b
 cannot be sent (a lone surrogate), and options the model would see as the same (two labels,
 levels or option lines that render identically once folded and neutralised, as the prompt
 renders them with `neutralise_line`).
+
+A question may carry ``examples``: (state, answer) pairs the prompt shows as earlier turns of
+the conversation, each answered with its option's control (in-context examples). They are
+normalised to (state text, option label) pairs when the question is built, so a bad one is
+refused there: an answer that is not one of the question's options, a state that is not text.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typevet_async._core.markers import neutralise_line
 from typevet_async._errors import QuestionError
 
 __all__ = [
+    "MAX_EXAMPLES",
     "Choice",
     "Noul",
     "Option",
@@ -131,16 +137,86 @@ def _score_levels(value: Any) -> tuple[str, ...]:
     return stripped
 
 
+#: The most examples one question may carry: each is a turn of every prompt that asks it.
+MAX_EXAMPLES = 64
+
+
+def _example_label(question: Question, index: int, answer: Any) -> str:
+    """The option label an example's answer names: a Noul's bool, a Choice's label, a
+    Score's level (an int)."""
+    kind = type(question).__name__
+    where = f"{kind} examples[{index}]"
+    if isinstance(question, Noul):
+        if not isinstance(answer, bool):
+            raise QuestionError(f"{where}: a Noul's answer must be True or False, got {answer!r}")
+        return "true" if answer else "false"
+    if isinstance(question, Choice):
+        if not isinstance(answer, str) or answer.strip() not in question.labels:
+            raise QuestionError(
+                f"{where}: the answer must be one of the labels {list(question.labels)}, "
+                f"got {answer!r}"
+            )
+        return answer.strip()
+    levels = len(question.levels)
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < levels:
+        raise QuestionError(
+            f"{where}: a Score's answer must be a level from 0 to {levels - 1}, got {answer!r}"
+        )
+    return str(answer)
+
+
+def _examples(value: Any, question: Question) -> tuple[tuple[str, str], ...]:
+    """``examples`` as (state text, option label) pairs, once each is valid."""
+    kind = type(question).__name__
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise QuestionError(
+            f"{kind} examples must be a sequence of (state, answer) pairs, got {value!r}"
+        )
+    items = list(value)
+    if len(items) > MAX_EXAMPLES:
+        raise QuestionError(
+            f"{kind} examples: at most {MAX_EXAMPLES} (each is a turn of every prompt), "
+            f"got {len(items)}"
+        )
+    pairs: list[tuple[str, str]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, str | bytes) or not isinstance(item, Sequence) or len(item) != 2:
+            raise QuestionError(
+                f"{kind} examples[{index}] must be a (state, answer) pair, got {item!r}"
+            )
+        state, answer = item
+        if not isinstance(state, str) or not state.strip():
+            raise QuestionError(
+                f"{kind} examples[{index}]: the state must be non-empty text, got {state!r}"
+            )
+        state_text = _text(state, f"{kind} examples[{index}] state")
+        pairs.append((state_text, _example_label(question, index, answer)))
+    return tuple(pairs)
+
+
+#: The examples' converter sees the question (its options are built by then).
+_EXAMPLES = attrs.Converter(_examples, takes_self=True)  # type: ignore[call-overload]
+
+
 @attrs.frozen
 class Noul:
     """A yes/no question; its answer is P(true).
 
     ``criteria`` may describe what ``"true"`` and ``"false"`` mean; no other keys are allowed.
+    ``examples`` are (state, True/False) pairs shown as earlier turns.
     """
 
     instructions: str = attrs.field(converter=_instructions)
     criteria: tuple[tuple[str, str | None], ...] = attrs.field(
         default=None, converter=_noul_criteria
+    )
+    #: (state text, option label) pairs: the label ``"true"`` or ``"false"``.
+    examples: tuple[tuple[str, str], ...] = attrs.field(
+        default=(),
+        kw_only=True,
+        converter=_EXAMPLES,  # type: ignore[misc]
     )
 
     def options(self) -> tuple[Option, ...]:
@@ -151,10 +227,17 @@ class Noul:
 
 @attrs.frozen
 class Choice:
-    """One label from several; ``criteria`` maps each label to a description (or None)."""
+    """One label from several; ``criteria`` maps each label to a description (or None).
+    ``examples`` are (state, label) pairs shown as earlier turns."""
 
     criteria: tuple[tuple[str, str | None], ...] = attrs.field(converter=_choice_criteria)
     instructions: str = attrs.field(kw_only=True, converter=_instructions)
+    #: (state text, label) pairs.
+    examples: tuple[tuple[str, str], ...] = attrs.field(
+        default=(),
+        kw_only=True,
+        converter=_EXAMPLES,  # type: ignore[misc]
+    )
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -167,10 +250,17 @@ class Choice:
 
 @attrs.frozen
 class Score:
-    """A level on a rubric of two or more levels; ``levels[i]`` describes level ``i``."""
+    """A level on a rubric of two or more levels; ``levels[i]`` describes level ``i``.
+    ``examples`` are (state, level) pairs shown as earlier turns."""
 
     levels: tuple[str, ...] = attrs.field(converter=_score_levels)
     instructions: str = attrs.field(kw_only=True, converter=_instructions)
+    #: (state text, level) pairs, the level as its option label (``"0"``, ``"1"``, ...).
+    examples: tuple[tuple[str, str], ...] = attrs.field(
+        default=(),
+        kw_only=True,
+        converter=_EXAMPLES,  # type: ignore[misc]
+    )
 
     def options(self) -> tuple[Option, ...]:
         """Levels 0..n-1; each level's text is its description."""

@@ -21,20 +21,27 @@ from typevet_async._core.controls import (
     ALPHABETS,
     DEFAULT_CONTROLS,
     JEV_LETTERS,
+    NOUL_WORDS,
+    SCALE_NUMBERS,
     BoundOption,
     Controls,
+    NoulControls,
+    ScoreControls,
     alphabet_lead,
     available_controls,
     bind_controls,
+    reads_in_one_order,
     space_variant,
 )
+from typevet_async._core.examples import earlier_turns, example_turns
 from typevet_async._core.fields import render_field_block, render_user_content
 from typevet_async._core.framing import GEMMA_FRAMES, PromptFrame, TemplateFamily
 from typevet_async._core.layouts import ImagePart, Layout, Message, jev_messages
 from typevet_async._core.markers import ALL_RUNS, IsSpecial
-from typevet_async._core.questions import Option, Question
+from typevet_async._core.questions import Noul, Option, Question
 from typevet_async._core.rotations import rotation_order
 from typevet_async._errors import (
+    ControlTokenError,
     QuestionError,
     TooManyOptionsError,
     TypevetError,
@@ -148,6 +155,9 @@ class QuestionPlan:
     order: tuple[int, ...] = ()
     #: The tokens the prefix ends in before the controls (their shared lead); empty: none.
     lead: tuple[int, ...] = ()
+    #: The question's examples as earlier turns: each example's user message (its state and
+    #: this plan's field block) and its answer's control under this plan; empty: none.
+    examples: tuple[tuple[str, str], ...] = ()
 
     @functools.cached_property
     def controls(self) -> tuple[str, ...]:
@@ -184,26 +194,43 @@ def bind_question(
     controls: Controls = DEFAULT_CONTROLS,
     leads: Mapping[str, tuple[int, ...]] | None = None,
     codes: Mapping[str, CodeTokens | None] | None = None,
+    noul_controls: NoulControls = "letters",
+    score_controls: ScoreControls = "letters",
 ) -> QuestionPlan:
     """Bind ``question``'s options to controls in ``layout`` and render what does not depend on
-    the state. ``max_candidates`` is the backend's limit of candidate tokens per read. With a
-    ``rotation``, the options are shown rotated by it (the controls keep their positions).
+    the state (its examples' turns included). ``max_candidates`` is the backend's limit of
+    candidate tokens per read. With a ``rotation``, the options are shown rotated by it (the
+    controls keep their positions).
     ``controls`` picks the default layout's alphabet (the Jev layouts always use A..P);
     ``leads`` are the controls' leads in context (`typevet_async._core.controls`). Past the
     single-token controls, the default layout's options get two-token codes from ``codes``,
-    what the served tokenizer said of them (`typevet_async._core.codes`).
+    what the served tokenizer said of them (`typevet_async._core.codes`). In the default
+    layout a Noul under ``noul_controls="words"`` is answered ``No``/``Yes``, and a Score of
+    at most 9 levels under ``score_controls="scale"`` by the numbers 1..n (both in their one
+    order: `reads_in_one_order`; a ``rotation`` is ignored).
 
     :raises TooManyOptionsError: more options than controls (and codes), or than one read
         can take.
+    :raises ControlTokenError: words for a Noul, and the served tokenizer writes ``Yes`` or
+        ``No`` as more than one token at the answer position.
+    :raises QuestionError: a question with examples in a Jev layout.
     """
+    if question.examples and layout.is_jev:
+        raise QuestionError(
+            f"examples are shown as earlier turns of the default layout; the {layout.value!r} "
+            "layout reproduces Jev's prompts, which have none"
+        )
+    leads = leads or {}
     options = question.options()
-    order = rotation_order(len(options), rotation) if rotation else ()
+    one_order = not layout.is_jev and reads_in_one_order(question, noul_controls, score_controls)
+    if one_order and isinstance(question, Noul):
+        return _bind_words(question, layout, options, control_ids, leads, is_special)
+    order = rotation_order(len(options), rotation) if rotation and not one_order else ()
     if order:
         options = tuple(options[index] for index in order)
-    alphabet = JEV_LETTERS if layout.is_jev else ALPHABETS[controls]
-    leads = leads or {}
+    alphabet = JEV_LETTERS if layout.is_jev else SCALE_NUMBERS if one_order else ALPHABETS[controls]
     single = available_controls(alphabet, control_ids, leads)
-    if len(options) > len(single) and codes is not None and not layout.is_jev:
+    if len(options) > len(single) and codes is not None and not layout.is_jev and not one_order:
         return _bind_codes(question, layout, options, codes, max_candidates, is_special, order)
     lead = alphabet_lead(alphabet, control_ids, leads)
     bound = tuple(bind_controls(options, control_ids, alphabet, leads))
@@ -219,8 +246,38 @@ def bind_question(
     _check_candidates(len(options), reads, max_candidates)
     field_block = None if layout.is_jev else render_field_block(question, bound, is_special)
     return QuestionPlan(
-        question, layout, bound, variants if any(variants) else (), field_block, order, lead
+        question, layout, bound, variants if any(variants) else (), field_block, order, lead,
+        example_turns(question, bound, field_block, is_special),
+    )  # fmt: skip
+
+
+def _bind_words(
+    question: Question,
+    layout: Layout,
+    options: Sequence[Option],
+    control_ids: Mapping[str, int],
+    leads: Mapping[str, tuple[int, ...]],
+    is_special: IsSpecial,
+) -> QuestionPlan:
+    """A Noul answered ``No`` (false) or ``Yes`` (true), the words as the served tokenizer
+    writes them at the answer position."""
+    lead = leads.get(NOUL_WORDS[0], ())
+    usable = all(word in control_ids for word in NOUL_WORDS) and all(
+        leads.get(word, ()) == lead for word in NOUL_WORDS
     )
+    if not usable:
+        raise ControlTokenError(
+            "noul_controls='words' needs 'Yes' and 'No' each to be one token of its own (with "
+            "the same lead) at the answer position of the served tokenizer, and they are not; "
+            "use noul_controls='letters'"
+        )
+    bound = tuple(
+        BoundOption(word, control_ids[word], option)
+        for word, option in zip(NOUL_WORDS, options, strict=True)
+    )
+    field_block = render_field_block(question, bound, is_special)
+    examples = example_turns(question, bound, field_block, is_special)
+    return QuestionPlan(question, layout, bound, (), field_block, (), lead, examples)
 
 
 def _check_candidates(options: int, reads: int, max_candidates: int | None) -> None:
@@ -253,7 +310,10 @@ def _bind_codes(
         )
     bound = bind_codes(options, usable)
     field_block = render_field_block(question, bound, is_special)
-    plan = QuestionPlan(question, layout, bound, (), field_block, order, usable[0][1].lead)
+    examples = example_turns(question, bound, field_block, is_special)
+    plan = QuestionPlan(
+        question, layout, bound, (), field_block, order, usable[0][1].lead, examples
+    )
     firsts = plan.token_ids  # the distinct first tokens: the first read's candidates
     widest = max(len(seconds_after(plan.codes, first)) for first in firsts)
     _check_candidates(len(options), max(widest, len(firsts)), max_candidates)
@@ -307,7 +367,9 @@ def request_for(
     step = len(own) // len(question_images) if question_images else 0
     inline = tuple((start + n * step, image) for n, image in enumerate(question_images))
     messages = (Message("user", content, tuple(images), inline),)
-    prompt = frame.prefix(content) if frame is not None else None
+    if plan.examples:  # earlier turns (a frame without them is refused by the planner)
+        messages = (*earlier_turns(plan.examples), *messages)
+    prompt = frame.prefix(content, plan.examples) if frame is not None else None
     return _planned_request(question_id, plan, messages, prompt, (), "", judgment)
 
 

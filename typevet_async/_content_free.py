@@ -1,0 +1,95 @@
+"""Content-free priors (`typevet_async._core.content_free`): read once per question and
+session, kept, and shared by the judgments that need one at the same time.
+
+A question's prior is read on every content-free state (`CONTENT_FREE_STATES`) the way the
+session reads the question (its framing, rotations and label prior; no calibration map, no
+images), and averaged. The first judgment to need it reads it; a judgment that needs it while
+it is being read waits for that read instead of sending its own; a read that fails (or is
+cancelled) is not kept, so the next judgment that needs the prior reads it again.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+
+import anyio
+
+from typevet_async._core.calibration import Reading
+from typevet_async._core.content_free import CONTENT_FREE_STATES, content_free_prior
+from typevet_async._core.questions import Question
+from typevet_async._fanout import gather_in_order
+
+__all__ = ["PRIOR_CACHE_SIZE", "PriorCache", "ReadAnswer", "content_free_priors"]
+
+#: Priors a session keeps (least recently used beyond it are read again).
+PRIOR_CACHE_SIZE = 1024
+
+Prior = tuple[float, ...]
+#: One question's answer about one state: its probabilities in option order.
+ReadAnswer = Callable[[str, Question, str], Awaitable[Prior]]
+
+
+class PriorCache:
+    """Each question's prior, by what decides it (the question and how it is read)."""
+
+    def __init__(self, size: int = PRIOR_CACHE_SIZE) -> None:
+        self._size = size
+        self._priors: collections.OrderedDict[Hashable, Prior] = collections.OrderedDict()
+        self._reading: dict[Hashable, anyio.Event] = {}
+        #: Priors read (not found kept), for tests and diagnostics.
+        self.reads = 0
+
+    def known(self, key: Hashable) -> Prior | None:
+        """The prior kept for ``key`` (None: not read yet)."""
+        prior = self._priors.get(key)
+        if prior is not None:
+            self._priors.move_to_end(key)
+        return prior
+
+    async def get(self, key: Hashable, read: Callable[[], Awaitable[Prior]]) -> Prior:
+        """The prior for ``key``: kept, or awaited from the read in flight, or read now."""
+        while True:
+            prior = self.known(key)
+            if prior is not None:
+                return prior
+            reading = self._reading.get(key)
+            if reading is None:
+                break
+            await reading.wait()  # then kept, or failed: read it here
+        done = self._reading[key] = anyio.Event()
+        try:
+            prior = await read()
+            self.reads += 1
+            self._priors[key] = prior
+            while len(self._priors) > self._size:
+                self._priors.popitem(last=False)
+            return prior
+        finally:
+            del self._reading[key]
+            done.set()
+
+
+async def content_free_priors(
+    cache: PriorCache,
+    questions: Sequence[tuple[str, Question]],
+    readings: Mapping[str, Reading],
+    answer_to: ReadAnswer,
+) -> dict[str, Prior]:
+    """Each question's prior by id, from ``cache`` or read now: ``answer_to(question_id,
+    question, state)`` on every content-free state, averaged (`content_free_prior`). A
+    question is kept by itself and how it is read (``readings``), not by its id."""
+
+    async def prior(pair: tuple[str, Question]) -> Prior:
+        question_id, question = pair
+
+        async def read() -> Prior:
+            reads = await gather_in_order(
+                CONTENT_FREE_STATES, lambda state: answer_to(question_id, question, state)
+            )
+            return content_free_prior(reads)
+
+        return await cache.get((question, readings[question_id]), read)
+
+    priors = await gather_in_order(questions, prior)
+    return {question_id: p for (question_id, _), p in zip(questions, priors, strict=True)}
