@@ -728,13 +728,23 @@ def arm_record(name: str, content_free: bool) -> dict[str, Any]:
     spec = ARMS[name]
     given = session_settings(name, spec, content_free)
     wanted = {**spec.settings, "content_free": content_free}
+    missing = {key: value for key, value in wanted.items() if key not in given}
     return {
         "session": {"max_concurrency": SLOTS, **given},
-        "not_in_this_sdk": {key: value for key, value in wanted.items() if key not in given},
+        **({"not_in_this_sdk": missing} if missing else {}),
         "examples_per_label": spec.examples,
         "tasks": list(spec.tasks),
         "read": "session.judge beside plain" if name == PAIRED else "session.judge_many",
     }
+
+
+def content_free_states() -> list[str] | None:
+    """The states the SDK reads a question's prior on (None: an SDK without them)."""
+    try:
+        from typevet_async._core.content_free import CONTENT_FREE_STATES
+    except ImportError:
+        return None
+    return list(CONTENT_FREE_STATES)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -795,6 +805,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "slots": SLOTS,
             "n_ctx": N_CTX,
             "content_free": args.content_free,
+            "content_free_states": content_free_states() if args.content_free else None,
             "resamples": RESAMPLES,
             "seed": SEED,
             "run_seconds": time.monotonic() - started,
