@@ -137,9 +137,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, figures: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_results(name: str, figures: dict[str, Any], folder: Path = RESULTS) -> Path:
+    """``figures`` with the machine's block as ``<folder>/<name>.json`` (default: the results
+    folder the docs pages are generated from; a development run may write elsewhere)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     payload = {"benchmark": name, "machine": machine(), **figures}
     path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
     return path
