@@ -53,6 +53,7 @@ from tests.live.helpers import TICKET, questions  # noqa: E402
 from tests.live.servers import VLLM_MODEL_ID, VllmServerProcess  # noqa: E402
 from typevet_async._backends import llama_cpp_wire, system_one_wire, vllm_wire  # noqa: E402
 from typevet_async._backends.embedded import wait_healthy  # noqa: E402
+from typevet_async._core.content_free import CONTENT_FREE_STATES  # noqa: E402
 from typevet_async._core.controls import PROBED_CONTROLS  # noqa: E402
 from typevet_async._core.framing import (  # noqa: E402
     GEMMA_FRAMES,
@@ -61,6 +62,7 @@ from typevet_async._core.framing import (  # noqa: E402
     TemplateFamily,
 )
 from typevet_async._core.layouts import Message  # noqa: E402
+from typevet_async._core.markers import marker_runs  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "replies"
 BODIES = ROOT / "benchmarks" / "recorded" / "llama_cpp"
@@ -271,6 +273,12 @@ def record_probe() -> None:
             ).decode()
             for control in ("", *PROBED_CONTROLS)
         }
+        # The content-free states' marker runs ("[MASK]"): a session asks whether they are
+        # special tokens before a Score's prior is read (`Backend.special_runs`).
+        for run in sorted(marker_runs(CONTENT_FREE_STATES)):
+            for parse in (True, False):
+                body = llama_cpp_wire.tokenize_body(run, parse_special=parse)
+                tokenized.setdefault(run, send(url, "POST", "/tokenize", body).decode())
         renderings = []
         for body in (
             llama_cpp_wire.probe_template_body(TRIM_PROBE_MESSAGE),

@@ -1,7 +1,5 @@
 """The judgment pipeline: plan every question, schedule the reads, interpret, gather in order.
-
-(A backend whose server judges whole judgments, System One's, is sent the judgment as it is:
-`judge` takes that branch, and nothing is planned or read here.)
+(A backend whose server judges, System One's, is sent the judgment whole: nothing is read here.)
 
 Planning is pure and happens before any request, so bad input fails with nothing sent. The
 reads then run as tasks, each holding one slot of the session's semaphore, in the order the
@@ -24,6 +22,7 @@ from typevet_async._content_free import content_free_priors
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
 from typevet_async._core.codes import code_firsts, with_reads_after
+from typevet_async._core.content_free import content_free_applies
 from typevet_async._core.controls import reads_in_one_order
 from typevet_async._core.fields import framing_pin
 from typevet_async._core.interpreting import interpret_read, settle_question
@@ -200,9 +199,7 @@ async def _judge(
                 check_calibration(planner, questions, readings, options.calibration)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
-        priors = None
-        if planner.settings.content_free:  # each question's, read once per session
-            priors = await _content_free_priors(planner, slots, questions, strategy, options)
+        priors = await _content_free_priors(planner, slots, questions, strategy, options)
         return await read_judgment(
             backend, probe, slots, requests, strategy, options, readings, planner.cached_reads,
             priors,
@@ -235,8 +232,13 @@ async def _content_free_priors(
     strategy: PrefixReuse,
     options: ReadOptions,
 ) -> dict[str, tuple[float, ...]]:
-    """Each question's content-free prior (`content_free_priors`), a content-free state read
-    as this judgment reads the question (rotations, label prior; no map, no images)."""
+    """The content-free prior of each question the session calibrates so (`content_free_priors`:
+    none, the common case, reads nothing), a content-free state read as this judgment reads the
+    question (rotations, label prior; no map, no images)."""
+    setting = planner.settings.content_free
+    questions = [pair for pair in questions if content_free_applies(pair[1], setting)]
+    if not questions:
+        return {}
     unmapped = attrs.evolve(options, calibration=None)
     readings = question_readings(questions, unmapped, planner.settings)
 

@@ -18,7 +18,7 @@ import anyio
 import anyio.lowlevel
 
 import typevet_async as tv
-from typevet_async._core.controls import DIGITS
+from typevet_async._core.controls import DIGITS, NOUL_WORDS
 
 __all__ = [
     "IDS",
@@ -38,8 +38,12 @@ __all__ = [
     "stopwatch",
 ]
 
-#: The stub's control token ids: the ten digits, as the default layout binds them.
-IDS = {digit: 1000 + int(digit) for digit in DIGITS}
+#: The stub's control token ids: the ten digits, as the default layout binds them, and the
+#: Noul's words (a probe in context finds them on every tokenizer the suite serves).
+IDS = {
+    **{digit: 1000 + int(digit) for digit in DIGITS},
+    **{word: 1100 + n for n, word in enumerate(NOUL_WORDS)},
+}
 
 #: Seconds of scheduling delay a wall-clock bound allows on top of twice the expected time:
 #: these tests run on a 2-core machine that may be busy with live servers at the same time.

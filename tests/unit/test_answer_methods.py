@@ -239,10 +239,13 @@ def test_the_score_answer_reports_the_expected_and_the_most_likely_level() -> No
 
 def test_the_framing_pin_names_only_the_methods_that_are_not_the_alphabet_s() -> None:
     assert framing_pin("typevet", "letters") == "typevet/letters/2"  # as maps were pinned
-    assert framing_pin("typevet", "letters", "words", "scale", True) == (
+    assert framing_pin("typevet", "letters", "words", "scale", "all") == (
         "typevet/letters/2/score-scale/noul-words/content-free"
     )
-    assert framing_pin("fused", "letters", "words", content_free=True) == "fused/content-free"
+    assert framing_pin("typevet", "letters", "words", "scale", "scores") == (
+        "typevet/letters/2/score-scale/noul-words/content-free-scores"
+    )
+    assert framing_pin("fused", "letters", "words", content_free="all") == "fused/content-free"
 
 
 # -- examples ----------------------------------------------------------------------------------
@@ -420,7 +423,7 @@ async def test_words_and_a_scale_are_read_once_whatever_the_permutations() -> No
     questions = {"refund": tv.Noul("Refund?"), "mood": SENTIMENT, "team": tv.Choice(["a", "b"],
                  instructions="Which?")}  # fmt: skip
     async with _session(
-        backend, noul_controls="words", score_controls="scale", permutations=2
+        backend, noul_controls="words", score_controls="scale", permutations=2, content_free="off"
     ) as session:
         judgment = await session.judge("ticket", questions)
     assert backend.reads.count("refund") == 1

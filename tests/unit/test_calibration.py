@@ -147,7 +147,8 @@ def _map(question: tv.Question = ROUTE, **pins: str) -> CalibrationMap:
         "model": "stub-model",
         "template_family": "gemma3",
         "backend": "custom",
-        "framing": "typevet/letters/2",
+        # The default framing: letters, a Noul in words, a Score on a scale with its prior.
+        "framing": "typevet/letters/2/score-scale/noul-words/content-free-scores",
         **pins,
     }
     entry = QuestionMap(question_hash(question), Reading(), Temperature(2.0), "question")
@@ -200,7 +201,7 @@ def _check(calibration: CalibrationMap, **given: object) -> None:
         "model": "stub-model",
         "template_family": "gemma3",
         "backend": "custom",
-        "framing": "typevet/letters/2",
+        "framing": "typevet/letters/2/score-scale/noul-words/content-free-scores",
     }
     questions = given.pop("questions", [("route", ROUTE)])
     readings = given.pop("readings", {"route": Reading()})
@@ -326,7 +327,9 @@ async def test_permutations_read_every_rotation_and_average_a_positional_bias_aw
 @pytest.mark.asyncio
 async def test_permutations_by_question_and_the_label_prior() -> None:
     backend = InMemoryStubBackend()
-    async with tv.Session(backend, tv.SessionSettings(permutations={"route": 3})) as session:
+    # A lettered Noul: a Noul in words (the default) is read in its one order.
+    settings = tv.SessionSettings(permutations={"route": 3}, noul_controls="letters")
+    async with tv.Session(backend, settings) as session:
         judgment = await session.judge("ticket", {"route": ROUTE, "refund": REFUND})
         assert backend.reads == ["route", "route", "route", "refund"]
         assert judgment.diagnostics["refund"].rotations == ()

@@ -102,7 +102,8 @@ async def test_evaluate_keeps_reads_with_their_labels_and_fits_a_pinned_map(
     assert entry["metrics"]["accuracy"]["value"] == pytest.approx(1 / 3)  # ties go to billing
     assert entry["order_sensitivity"]["rotations"] == 3
     assert entry["order_sensitivity"]["flip_rate"] == 1.0  # each rotation's first line wins
-    assert report["facts"]["permutations"] == "2, 3"
+    # The refund Noul is asked in words (the default), read in its one order: once.
+    assert report["facts"]["permutations"] == "1, 3"
 
     calibration = evaluation.fit(holdout=0.3)
     assert calibration.pins.model == "stub-model"

@@ -78,11 +78,13 @@ async def open_client(
 
 
 async def start(
-    backend: InMemoryStubBackend | None = None, **config: Any
+    backend: InMemoryStubBackend | None = None,
+    settings: tv.SessionSettings | None = None,
+    **config: Any,
 ) -> tuple[TestClient[web.Request, web.Application], InMemoryStubBackend]:
     backend = backend or InMemoryStubBackend()
     gateway = GatewayConfig(**{"keys": (KEY,), "probe_interval": 0.01, **config})
-    app = build_app(tv.Session(backend), gateway)
+    app = build_app(tv.Session(backend, settings), gateway)
     client = await open_client(app, gateway)
     for _ in range(200):  # the probe runs in the background after startup
         if (await client.get("/readyz")).status == 200:
@@ -226,8 +228,8 @@ async def test_a_noul_without_instructions_and_a_document_are_answered(
     models.SystemOneResponse.model_validate(answered)
     prompt = answered["x_typevet"]["diagnostics"]["threat"]["prompt"]
     assert STATE_TEXT in prompt
-    # the stub backend serves digit controls
-    assert f"{NOUL_DEFAULT_INSTRUCTIONS}\n0. No: No threat\n1. Yes: A chargeback threat\n" in prompt
+    # a Noul is asked in words (the default)
+    assert f"{NOUL_DEFAULT_INSTRUCTIONS}\nNo: No threat\nYes: A chargeback threat\n" in prompt
     both = {**body, "state": STATE_TEXT}
     response = await client.post("/v1/systemone", json=both, headers=AUTH)
     assert response.status == 422
@@ -593,9 +595,8 @@ async def test_a_multipart_request_is_read_with_json_assets_beside_its_parts() -
         models.SystemOneResponse.model_validate(await response.json())
     finally:
         await client.close()
-    images = [
-        image.data for message in backend.read_requests[0].messages for image in message.images
-    ]
+    judged = [r for r in backend.read_requests if message_images(r)]  # not a Score's prior
+    images = [image.data for message in judged[0].messages for image in message.images]
     assert images == [PNG, JPEG]
 
 
@@ -1062,3 +1063,8 @@ def test_a_bad_gateway_setting_is_refused_when_built_naming_it(field: str, value
     # CapacityLimiter that would not build).
     with pytest.raises(tv.ConfigurationError, match=field):
         GatewayConfig(**{field: value})
+
+
+def message_images(request: tv.ScoringRequest) -> list[object]:
+    """The images of a read's messages (a content-free prior's reads have none)."""
+    return [image for message in request.messages for image in message.images]

@@ -239,7 +239,9 @@ async def test_the_floor_and_ceiling_of_the_advised_wait(clock: FakeClock) -> No
 @pytest.mark.asyncio
 async def test_a_judgment_cut_by_the_deadline_counts_its_whole_slot_time(clock: FakeClock) -> None:
     backend = InMemoryStubBackend()
-    client, _ = await start(backend, max_active_requests=1, request_deadline=0.3)
+    # No Score prior: its reads would run before the hanging one, inside the same deadline.
+    off = tv.SessionSettings(content_free="off")
+    client, _ = await start(backend, off, max_active_requests=1, request_deadline=0.3)
     state = client.app[STATE]
     try:
         # It holds its slot 5 s (of the fake clock) and is then cut by the (real) deadline; the

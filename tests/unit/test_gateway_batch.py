@@ -66,7 +66,8 @@ async def test_a_bad_state_is_its_own_item_error_and_the_rest_are_answered() -> 
             assert error["status"] == 422
             assert error["loc"] == ["body", "states", index]
             assert "a string, an object or an array" in error["message"]
-        assert len(backend.read_requests) == 2 * 3  # the two good states' questions only
+        # The two good states' questions only, and the Score's content-free prior (3 reads).
+        assert len(backend.read_requests) == 2 * 3 + 3
     finally:
         await client.close()
 

@@ -636,7 +636,9 @@ async def test_a_malformed_read_reply_names_its_question_through_a_session(
     stub.handler = lambda c, n: reply(200, body)
     http = tv.HttpSettings(retry=FAST)
     backend = ProbedLlamaCpp(tv.LlamaCppConfig(base_url=stub.url, top_k=2, http=http))
-    async with tv.Session(backend, tv.SessionSettings(prefix_reuse="off")) as session:
+    # Lettered: the replies carry the letters' ids (1000, 1001), not the words'.
+    settings = tv.SessionSettings(prefix_reuse="off", noul_controls="letters")
+    async with tv.Session(backend, settings) as session:
         with pytest.raises(error, match=message) as caught:
             await session.judge("state", {"ticket-7": noul()})
     assert type(caught.value) is error

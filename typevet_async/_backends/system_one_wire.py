@@ -149,6 +149,7 @@ class _ExtensionDiagnostics(wire.Reply):
     rotations: list[list[Probability]] = msgspec.field(default_factory=list)
     raw_probabilities: list[Probability] | None = None
     calibration: str | None = None
+    content_free_prior: list[Probability] | None = None
 
 
 class _Extension(wire.Reply):
@@ -167,6 +168,9 @@ def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
         attempts=sent.attempts, rotations=tuple(tuple(r) for r in sent.rotations),
         raw_probabilities=None if sent.raw_probabilities is None else tuple(sent.raw_probabilities),
         calibration=sent.calibration,
+        content_free_prior=None
+        if sent.content_free_prior is None
+        else tuple(sent.content_free_prior),
     )  # fmt: skip
 
 

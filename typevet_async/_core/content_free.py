@@ -15,10 +15,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
-from typevet_async._errors import InvalidLogprobsError
+from typevet_async._core.questions import Question, Score
+from typevet_async._errors import ConfigurationError, InvalidLogprobsError
 
-__all__ = ["CONTENT_FREE_STATES", "PRIOR_FLOOR", "content_free_prior", "divide_prior"]
+#: Which questions have their content-free prior divided out: none, Scores only, or all.
+ContentFree = Literal["off", "scores", "all"]
+
+__all__ = [
+    "CONTENT_FREE_STATES",
+    "PRIOR_FLOOR",
+    "ContentFree",
+    "content_free_applies",
+    "content_free_prior",
+    "content_free_setting",
+    "divide_prior",
+]
 
 #: The states a question's prior is read on: Zhao et al.'s three.
 CONTENT_FREE_STATES: tuple[str, ...] = ("N/A", "", "[MASK]")
@@ -26,6 +39,26 @@ CONTENT_FREE_STATES: tuple[str, ...] = ("N/A", "", "[MASK]")
 #: The smallest prior probability divided by: an option the content-free reads gave 0 (an
 #: underflow) would otherwise take every answer's mass.
 PRIOR_FLOOR = 1e-6
+
+
+def content_free_setting(value: Any) -> ContentFree:
+    """A ``content_free`` setting: ``"off"``, ``"scores"`` or ``"all"``; ``False`` is
+    ``"off"`` and ``True`` ``"all"``.
+
+    :raises ConfigurationError: any other value.
+    """
+    if value is True or value is False:
+        return "all" if value else "off"
+    if isinstance(value, str) and value in get_args(ContentFree):
+        return value  # type: ignore[return-value]
+    raise ConfigurationError(
+        f"content_free must be 'off', 'scores', 'all', True or False, got {value!r}"
+    )
+
+
+def content_free_applies(question: Question, setting: ContentFree) -> bool:
+    """Whether ``setting`` divides ``question``'s prior out of its answers."""
+    return setting == "all" or (setting == "scores" and isinstance(question, Score))
 
 
 def content_free_prior(reads: Sequence[Sequence[float]]) -> tuple[float, ...]:

@@ -104,14 +104,15 @@ def framing_pin(
     controls: str,
     noul_controls: str = "letters",
     score_controls: str = "letters",
-    content_free: bool = False,
+    content_free: str = "off",
 ) -> str:
     """What a calibration map pins of the prompt's framing and reading: the layout, and for
     the default layout (``"typevet"``) its alphabet and field block version
     (``"typevet/letters/2"``), then each answer method that is not the alphabet's
-    (``/noul-words``, ``/score-scale``) and content-free calibration (``/content-free``), so a
-    map fitted before they existed pins what it pinned then."""
-    methods = "/content-free" if content_free else ""
+    (``/noul-words``, ``/score-scale``) and content-free calibration (``/content-free`` for
+    every question, ``/content-free-scores``), so a map fitted before they existed pins what
+    it pinned then."""
+    methods = {"off": "", "all": "/content-free"}.get(content_free, f"/content-free-{content_free}")
     if layout != "typevet":
         return f"{layout}{methods}"
     if noul_controls != "letters":
