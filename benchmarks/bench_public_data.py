@@ -43,6 +43,11 @@ time per arm go to ``benchmarks/results/bench_public_data.json``, its tables to 
 
     python -m benchmarks.bench_public_data [--every K] [--task sst2 --task ...] \
         [--arm plain --arm letters ...] [--no-content-free] [--data DIR] [--out DIR]
+
+The ``defaults`` row is the row the SDK's default settings read on each task (a copy, per task,
+of the ``words``/``scale``/``letters`` row, ``+cf`` where the default divides the content-free
+prior out). ``--resummarise RESULTS`` rebuilds a results file's summaries and tables from the
+reads it holds, reading nothing.
 """
 
 from __future__ import annotations
@@ -747,6 +752,101 @@ def content_free_states() -> list[str] | None:
     return list(CONTENT_FREE_STATES)
 
 
+#: The composite row of what the SDK's defaults read: per task, the row its settings are.
+DEFAULTS = "defaults"
+
+
+def default_row(task: Task) -> str:
+    """The row that is what the SDK's default settings read on ``task``: its question's
+    controls (a Noul's ``words``, a Score's ``scale``, else ``letters``) and ``+cf`` where the
+    default content-free setting divides its prior out."""
+    from typevet_async._core.content_free import content_free_applies
+
+    defaults, question = SessionSettings(), task.question(())
+    row = "letters"
+    if isinstance(question, tv.Noul) and defaults.noul_controls == "words":
+        row = "words"
+    if isinstance(question, tv.Score) and defaults.score_controls == "scale":
+        row = "scale"
+    return row + ("+cf" if content_free_applies(question, defaults.content_free) else "")
+
+
+def with_defaults(tasks: Sequence[Task], rows: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Add the `DEFAULTS` row to each task's rows (a copy of the row the defaults read, where
+    it was read), and say which row it is per task."""
+    chosen: dict[str, str] = {}
+    for task in tasks:
+        name = default_row(task)
+        if name in rows[task.name]:
+            rows[task.name][DEFAULTS] = rows[task.name][name]
+            chosen[task.name] = name
+    return chosen
+
+
+def summarised(
+    tasks: Sequence[Task],
+    data: Mapping[str, TaskData],
+    records: Mapping[str, TaskRecord],
+    seconds: Mapping[str, Mapping[str, float]],
+) -> dict[str, Any]:
+    """The summaries, the average over tasks and the tables of the rows read (with the
+    `DEFAULTS` row added)."""
+    rows = {name: dict(record.rows) for name, record in records.items()}
+    defaults = with_defaults(tasks, rows)
+    summaries = {
+        task.name: task_summary(task, position, data[task.name].items, rows[task.name])
+        for position, task in enumerate(tasks)
+    }
+    average = average_over_tasks(summaries) if all(PLAIN in r for r in rows.values()) else {}
+    tables = {
+        f"{task.name} ({type(task.question(())).__name__})": task_section(
+            task, data[task.name], summaries[task.name], records[task.name]
+        )
+        for task in tasks
+    }
+    if average:
+        lead = "`defaults`: what the SDK's default settings read, per task: " + ", ".join(
+            f"{task} `{row}`" for task, row in defaults.items()
+        )
+        tables["average over tasks"] = lead + ".\n\n" + summary_section(average)
+        tables["held-out, per task"] = held_out_section(summaries)
+    provenance = {name: entry.provenance for name, entry in data.items()}
+    tables["data"] = data_section(provenance)
+    tables["time per run"] = time_section(seconds)
+    return {
+        "rows": rows,
+        "defaults": defaults,
+        "summary": without_draws(summaries),
+        "average": without_draws(average),
+        "tables": tables,
+    }
+
+
+def resummarise(path: Path, folder: Path) -> None:
+    """Rebuild a results file's summaries and tables from the reads it holds (no read is
+    made): what a new derived row (``defaults``) needs."""
+    results = json.loads(path.read_text())
+    tasks = [TASKS[name] for name in results["items"]]
+    data = {task.name: load_task(task, folder, int(results["every"])) for task in tasks}
+    records = {}
+    for task in tasks:
+        stored = results["items"][task.name]
+        if stored["ids"] != [item.id for item in data[task.name].items]:
+            raise SystemExit(f"{task.name}: the data's items are not the ones read")
+        rows = {k: v for k, v in stored["rows"].items() if k != DEFAULTS}
+        paired = results["paired_prompts"].get(task.name)
+        records[task.name] = TaskRecord(
+            rows, results["priors"][task.name], results["first_prompts"][task.name], paired
+        )
+    rebuilt = summarised(tasks, data, records, results["seconds"])
+    for heading, text in rebuilt["tables"].items():
+        print(f"\n### {heading}\n\n{text}")
+    results["items"] = items_record(tasks, data, rebuilt["rows"])
+    results.update({key: rebuilt[key] for key in ("defaults", "summary", "average", "tables")})
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nrewritten: {path}", file=sys.stderr)
+
+
 async def main_async(args: argparse.Namespace) -> None:
     tasks = [TASKS[name] for name in args.task or TASKS]
     arms = list(dict.fromkeys(args.arm or [PLAIN, *ARMS]))
@@ -777,24 +877,8 @@ async def main_async(args: argparse.Namespace) -> None:
                     f"{paired['identical']} of {paired['items']} items",
                     file=sys.stderr,
                 )
-    rows = {name: record.rows for name, record in records.items()}
-    summaries = {
-        task.name: task_summary(task, position, data[task.name].items, rows[task.name])
-        for position, task in enumerate(tasks)
-    }
-    average = average_over_tasks(summaries) if all(PLAIN in r for r in rows.values()) else {}
-    tables = {
-        f"{task.name} ({type(task.question(())).__name__})": task_section(
-            task, data[task.name], summaries[task.name], records[task.name]
-        )
-        for task in tasks
-    }
-    if average:
-        tables["average over tasks"] = summary_section(average)
-        tables["held-out, per task"] = held_out_section(summaries)
-    provenance = {name: entry.provenance for name, entry in data.items()}
-    tables["data"] = data_section(provenance)
-    tables["time per run"] = time_section(seconds)
+    rebuilt = summarised(tasks, data, records, seconds)
+    tables, provenance = rebuilt["tables"], {name: e.provenance for name, e in data.items()}
     for heading, text in tables.items():
         print(f"\n### {heading}\n\n{text}")
     path = write_results(
@@ -815,12 +899,13 @@ async def main_async(args: argparse.Namespace) -> None:
             "data": {"folder": display(args.data), "tasks": provenance},
             "examples": examples_record(tasks, data, arms),
             "seconds": seconds,
-            "summary": without_draws(summaries),
-            "average": without_draws(average),
+            "defaults": rebuilt["defaults"],
+            "summary": rebuilt["summary"],
+            "average": rebuilt["average"],
             "priors": {name: record.priors for name, record in records.items()},
             "paired_prompts": {name: r.paired_identical for name, r in records.items()},
             "first_prompts": {name: record.prompts for name, record in records.items()},
-            "items": items_record(tasks, data, rows),
+            "items": items_record(tasks, data, rebuilt["rows"]),
             "tables": tables,
         },
         folder=args.out,
@@ -905,7 +990,17 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=RESULTS, help="the results folder (default: benchmarks/results)"
     )
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument(
+        "--resummarise",
+        type=Path,
+        metavar="RESULTS",
+        help="rebuild RESULTS' summaries and tables from the reads it holds, reading nothing",
+    )
+    args = parser.parse_args()
+    if args.resummarise is not None:
+        resummarise(args.resummarise, args.data)
+        return
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
