@@ -9,6 +9,8 @@ What these methods are worth is measured on the real instruction model in
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 
@@ -36,14 +38,20 @@ def independent_read(url: str, prompt: str, token_ids: tuple[int, ...]) -> tuple
     return softmax([logprobs[token] for token in token_ids])
 
 
+async def judged(
+    url: str, question_id: str, question: tv.Question, **settings: Any
+) -> tuple[tv.Answer, tv.Diagnostics]:
+    """One question about `TICKET`, read without the prompt cache (so an independent read of
+    the same prompt gives the same logprobs)."""
+    async with tv.Session.llama_cpp(url, reproducible=True, **settings) as session:
+        judgment = await session.judge(TICKET, {question_id: question})
+    return judgment[question_id], judgment.diagnostics[question_id]
+
+
 async def test_a_noul_in_words_reads_the_tokens_yes_and_no_where_the_model_writes_them(
     gemma3_url: str,
 ) -> None:
-    async with tv.Session.llama_cpp(
-        gemma3_url, noul_controls="words", reproducible=True
-    ) as session:
-        judgment = await session.judge(TICKET, {"refund": REFUND})
-    diagnostics = judgment.diagnostics["refund"]
+    answer, diagnostics = await judged(gemma3_url, "refund", REFUND, noul_controls="words")
     assert diagnostics.controls == ("No", "Yes")
     assert diagnostics.prompt.endswith(
         "Is the customer asking for a refund?\nAnswer Yes or No.<end_of_turn>\n"
@@ -53,7 +61,6 @@ async def test_a_noul_in_words_reads_the_tokens_yes_and_no_where_the_model_write
     base = tokens(gemma3_url, diagnostics.prompt)
     for word, token in zip(("No", "Yes"), diagnostics.token_ids, strict=True):
         assert tokens(gemma3_url, diagnostics.prompt + word) == [*base, token]
-    answer = judgment["refund"]
     assert isinstance(answer, tv.NoulAnswer)
     expected = independent_read(gemma3_url, diagnostics.prompt, diagnostics.token_ids)
     assert (answer.probabilities["false"], answer.noul) == pytest.approx(expected, abs=1e-6)
@@ -62,16 +69,14 @@ async def test_a_noul_in_words_reads_the_tokens_yes_and_no_where_the_model_write
 async def test_a_score_on_a_scale_reads_the_numbers_and_reports_both_levels(
     gemma3_url: str,
 ) -> None:
-    async with tv.Session.llama_cpp(
-        gemma3_url, score_controls="scale", reproducible=True
-    ) as session:
-        judgment = await session.judge(TICKET, {"urgency": URGENCY})
-    diagnostics = judgment.diagnostics["urgency"]
+    # The scale alone: its content-free prior (the default's) is another test's.
+    answer, diagnostics = await judged(
+        gemma3_url, "urgency", URGENCY, score_controls="scale", content_free="off"
+    )
     assert diagnostics.controls == ("1", "2", "3")
     assert "1. not urgent\n2. today\n3. right now\nAnswer with one number from 1 to 3." in (
         diagnostics.prompt
     )
-    answer = judgment["urgency"]
     assert isinstance(answer, tv.ScoreAnswer)
     probabilities = independent_read(gemma3_url, diagnostics.prompt, diagnostics.token_ids)
     assert tuple(answer.probabilities.values()) == pytest.approx(probabilities, abs=1e-6)
@@ -112,7 +117,7 @@ async def test_the_prior_is_the_mean_of_independent_reads_of_the_content_free_pr
     # Gemma's template trims a message (the empty state's prompt starts at the question), and
     # its tokenizer reads "[MASK]" as text ("<mask>" is its special token).
     frame = attrs.evolve(GEMMA_FRAMES[TemplateFamily.GEMMA3], trim=True)
-    block = "Is the customer asking for a refund?\nA. No\nB. Yes\nAnswer with one letter."
+    block = "Is the customer asking for a refund?\nAnswer Yes or No."  # in words, the default
     prompts = [frame.prefix(f"{state}\n\n{block}") for state in CONTENT_FREE_STATES]
     assert prompts[0] == diagnostics.prompt.replace(TICKET, "N/A")
     reads = [independent_read(gemma3_url, prompt, diagnostics.token_ids) for prompt in prompts]
