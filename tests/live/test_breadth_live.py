@@ -107,9 +107,10 @@ async def test_space_variants_count_as_the_same_letter(backend: tuple[str, str])
 
 async def test_truncation_policies_on_llama_cpp(gemma3_url: str) -> None:
     # Each clamped read is compared with an independent top-2 read of the same prompt under
-    # the same conditions (no prompt cache, one read at a time).
+    # the same conditions (no prompt cache, one read at a time). No content-free prior: its
+    # reads would meet the policy first, and its division is not the read's softmax.
     async with tv.Session.llama_cpp(
-        gemma3_url, on_missing="clamp", top_k=2, reproducible=True
+        gemma3_url, on_missing="clamp", top_k=2, reproducible=True, content_free="off"
     ) as session:
         clamped = await session.judge(TICKET, questions())
     outside_top2: dict[str, set[int]] = {}
@@ -128,7 +129,7 @@ async def test_truncation_policies_on_llama_cpp(gemma3_url: str) -> None:
             assert logprob == top2.get(token, floor)
     assert_exact_softmax(clamped)
     async with tv.Session.llama_cpp(
-        gemma3_url, on_missing="error", top_k=2, reproducible=True
+        gemma3_url, on_missing="error", top_k=2, reproducible=True, content_free="off"
     ) as session:
         with pytest.raises(tv.CandidateMissingError) as caught:
             await session.judge(TICKET, questions())

@@ -93,8 +93,9 @@ async def test_the_sentencepiece_prefix_family_reads_the_tokens_the_model_writes
     mistral_backend: tuple[str, str],
 ) -> None:
     name, url = mistral_backend
-    async with session(mistral_backend) as letters, session(
-        mistral_backend, controls="digits"
+    # The Noul lettered too (not in words, the default): its controls are the alphabet's.
+    async with session(mistral_backend, noul_controls="letters") as letters, session(
+        mistral_backend, controls="digits", noul_controls="letters"
     ) as digits:  # fmt: skip
         probe = await letters.probe()
         by_letter = await letters.judge(TICKET, QUESTIONS)
@@ -168,7 +169,7 @@ async def test_the_frame_renders_what_the_template_renders(
         for state in STATES:
             judgment = await sdk.judge(state, question)
             prompt = judgment.diagnostics["refund"].prompt
-            content = f"{state}\n\nIs a refund requested?\nA. No\nB. Yes\nAnswer with one letter."
+            content = f"{state}\n\nIs a refund requested?\nAnswer Yes or No."  # words: the default
             body = {"messages": [{"role": "user", "content": content}],
                     "add_generation_prompt": True,
                     "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
