@@ -21,6 +21,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
+from typevet_async._core.content_free import divide_prior
 from typevet_async._gateway import GatewayConfig, running
 
 from .servers import VLLM_MODEL_ID
@@ -28,6 +29,15 @@ from .servers import VLLM_MODEL_ID
 TICKET = "I was charged twice for my order and need a refund today."
 #: A minimal PNG header: enough for `tv.Image` to accept it, not a picture any model can read.
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"
+
+
+#: The settings that letter every question, as before issue 44's defaults (a Noul in words, a
+#: Score on a scale with its content-free prior): for tests of reads at the letters' ids.
+LETTERED: dict[str, Any] = {
+    "noul_controls": "letters",
+    "score_controls": "letters",
+    "content_free": "off",
+}
 
 
 def questions() -> dict[str, tv.Question]:
@@ -58,9 +68,14 @@ def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
 
 def assert_exact_softmax(judgment: tv.Judgment) -> None:
     """Each answer's probabilities are the softmax of the logprobs it read (float64 arithmetic
-    on the same numbers: 1e-12 is rounding, not a tuned tolerance)."""
+    on the same numbers: 1e-12 is rounding, not a tuned tolerance), divided by its content-free
+    prior where one was (a Score's, under the defaults)."""
     for question_id, answer in judgment.items():
-        expected = softmax(judgment.diagnostics[question_id].logprobs)
+        diagnostics = judgment.diagnostics[question_id]
+        expected = softmax(diagnostics.logprobs)
+        if diagnostics.content_free_prior is not None:
+            assert diagnostics.raw_probabilities == pytest.approx(expected, abs=1e-12)
+            expected = divide_prior(expected, diagnostics.content_free_prior)
         assert tuple(answer.probabilities.values()) == pytest.approx(expected, abs=1e-12)
 
 

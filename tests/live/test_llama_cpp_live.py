@@ -13,6 +13,7 @@ import pytest
 import typevet_async as tv
 
 from .helpers import (
+    LETTERED,
     TICKET,
     InFlightCounter,
     assert_exact_softmax,
@@ -32,7 +33,8 @@ LONG_STATE = " ".join(f"sentence {n} about a delayed refund." for n in range(200
 
 
 async def test_all_three_types_in_request_order(gemma3_url: str) -> None:
-    async with tv.Session.llama_cpp(gemma3_url, max_concurrency=4) as session:
+    # Every question lettered (a Noul in words and a Score on a scale are the defaults).
+    async with tv.Session.llama_cpp(gemma3_url, max_concurrency=4, **LETTERED) as session:
         judgment = await session.judge(TICKET, questions())
     assert list(judgment) == ["refund", "route", "urgency"]
     refund, route, urgency = judgment["refund"], judgment["route"], judgment["urgency"]
@@ -80,7 +82,8 @@ async def test_the_first_read_grows_with_the_menu(gemma3_url: str) -> None:
     # 24 or less for a Noul and 95 or less for 3 or 4 options (README), so none escalates here.
     departments = [f"team {n}" for n in range(10)]
     asked = {**questions(), "team": tv.Choice(departments, instructions="Which team?")}
-    async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as session:
+    # Lettered: the ranks above are the letters' (this base model ranks "Yes"/"No" lower).
+    async with tv.Session.llama_cpp(gemma3_url, reproducible=True, **LETTERED) as session:
         judgment = await session.judge(TICKET, asked)
     first = {"refund": 64, "route": 128, "urgency": 128, "team": 512}
     for question_id, top_k in first.items():

@@ -20,6 +20,7 @@ import typevet_async as tv
 
 from .conftest import QWEN_MODEL_ID
 from .helpers import (
+    LETTERED,
     TICKET,
     assert_exact_softmax,
     assert_same_read,
@@ -66,7 +67,7 @@ def tokenize(backend: tuple[str, str], text: str) -> list[int]:
 async def test_the_qwen_template_is_native_and_the_prefix_is_its_own_rendering(
     qwen_llama_url: str,
 ) -> None:
-    async with tv.Session.llama_cpp(qwen_llama_url) as session:
+    async with tv.Session.llama_cpp(qwen_llama_url, **LETTERED) as session:
         probe = await session.probe()
         judgment = await session.judge(TICKET, {"refund": QUESTIONS["refund"]})
     assert probe.family is tv.TemplateFamily.CHATML
