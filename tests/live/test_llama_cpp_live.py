@@ -249,7 +249,9 @@ async def test_pool_idle_longer_than_server_keepalive(gemma3_url: str) -> None:
     # closed when the next judgment starts, 6 s later. The retry of a read that meets a closed
     # connection mid-send is in tests/unit/test_http.py.
     config = tv.LlamaCppConfig(base_url=gemma3_url, http=tv.HttpSettings(keepalive=60.0))
-    session = tv.Session(tv.AsyncLlamaCpp(config), tv.SessionSettings(max_concurrency=2))
+    # Lettered: one read a question on this model (its "Yes"/"No" may need a wider read).
+    settings = tv.SessionSettings(max_concurrency=2, **LETTERED)
+    session = tv.Session(tv.AsyncLlamaCpp(config), settings)
     async with session:
         first = await session.judge(TICKET, questions())
         await anyio.sleep(6.0)
