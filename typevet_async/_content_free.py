@@ -15,19 +15,22 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 
 import anyio
 
+from typevet_async._core.answers import Usage
 from typevet_async._core.calibration import Reading
 from typevet_async._core.content_free import CONTENT_FREE_STATES, content_free_prior
 from typevet_async._core.questions import Question
 from typevet_async._fanout import gather_in_order
 
-__all__ = ["PRIOR_CACHE_SIZE", "PriorCache", "ReadAnswer", "content_free_priors"]
+__all__ = ["PRIOR_CACHE_SIZE", "Answered", "PriorCache", "ReadAnswer", "content_free_priors"]
 
 #: Priors a session keeps (least recently used beyond it are read again).
 PRIOR_CACHE_SIZE = 1024
 
 Prior = tuple[float, ...]
-#: One question's answer about one state: its probabilities in option order.
-ReadAnswer = Callable[[str, Question, str], Awaitable[Prior]]
+#: One question's answer about one state: its probabilities in option order, and what the
+#: reads cost the server.
+Answered = tuple[Prior, Usage]
+ReadAnswer = Callable[[str, Question, str], Awaitable[Answered]]
 
 
 class PriorCache:
@@ -75,21 +78,25 @@ async def content_free_priors(
     questions: Sequence[tuple[str, Question]],
     readings: Mapping[str, Reading],
     answer_to: ReadAnswer,
-) -> dict[str, Prior]:
+) -> tuple[dict[str, Prior], Usage]:
     """Each question's prior by id, from ``cache`` or read now: ``answer_to(question_id,
-    question, state)`` on every content-free state, averaged (`content_free_prior`). A
+    question, state)`` on every content-free state, averaged (`content_free_prior`), and the
+    usage of the reads made here (none for a prior kept or read by another judgment). A
     question is kept by itself and how it is read (``readings``), not by its id."""
+    spent: list[Usage] = []
 
     async def prior(pair: tuple[str, Question]) -> Prior:
         question_id, question = pair
 
         async def read() -> Prior:
-            reads = await gather_in_order(
+            answers = await gather_in_order(
                 CONTENT_FREE_STATES, lambda state: answer_to(question_id, question, state)
             )
-            return content_free_prior(reads)
+            spent.extend(usage for _, usage in answers)
+            return content_free_prior([probabilities for probabilities, _ in answers])
 
         return await cache.get((question, readings[question_id]), read)
 
     priors = await gather_in_order(questions, prior)
-    return {question_id: p for (question_id, _), p in zip(questions, priors, strict=True)}
+    usage = sum(spent, Usage())
+    return {question_id: p for (question_id, _), p in zip(questions, priors, strict=True)}, usage

@@ -18,7 +18,7 @@ import attrs
 
 import typevet_async._telemetry as telemetry
 from typevet_async._backends.base import Backend, RemoteJudging
-from typevet_async._content_free import content_free_priors
+from typevet_async._content_free import Answered, content_free_priors
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
 from typevet_async._core.codes import code_firsts, with_reads_after
@@ -199,11 +199,12 @@ async def _judge(
                 check_calibration(planner, questions, readings, options.calibration)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
-        priors = await _content_free_priors(planner, slots, questions, strategy, options)
-        return await read_judgment(
+        priors, spent = await _content_free_priors(planner, slots, questions, strategy, options)
+        judgment = await read_judgment(
             backend, probe, slots, requests, strategy, options, readings, planner.cached_reads,
             priors,
         )  # fmt: skip
+        return attrs.evolve(judgment, usage=judgment.usage + spent) if spent.reads else judgment
     permutations = options.permutations
     rotated = (
         max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
@@ -231,18 +232,17 @@ async def _content_free_priors(
     questions: Sequence[tuple[str, Question]],
     strategy: PrefixReuse,
     options: ReadOptions,
-) -> dict[str, tuple[float, ...]]:
-    """The content-free prior of each question the session calibrates so (`content_free_priors`:
-    none, the common case, reads nothing), a content-free state read as this judgment reads the
-    question (rotations, label prior; no map, no images)."""
+) -> tuple[dict[str, tuple[float, ...]], Usage]:
+    """`content_free_priors` of the questions the session calibrates so (none: nothing read),
+    each state read as this judgment reads the question (no map, no images)."""
     setting = planner.settings.content_free
     questions = [pair for pair in questions if content_free_applies(pair[1], setting)]
     if not questions:
-        return {}
+        return {}, Usage()
     unmapped = attrs.evolve(options, calibration=None)
     readings = question_readings(questions, unmapped, planner.settings)
 
-    async def answer_to(question_id: str, question: Question, state: str) -> tuple[float, ...]:
+    async def answer_to(question_id: str, question: Question, state: str) -> Answered:
         asked = [(question_id, question)]
         await planner.learn(state, asked)
         requests = planner.plan(state, asked, NO_IMAGES, readings)
@@ -250,7 +250,7 @@ async def _content_free_priors(
             planner.backend, planner.probe, slots, requests, strategy, unmapped, readings,
             planner.cached_reads,
         )  # fmt: skip
-        return tuple(judgment[question_id].probabilities.values())
+        return tuple(judgment[question_id].probabilities.values()), judgment.usage
 
     return await content_free_priors(planner.content_free_priors, questions, readings, answer_to)
 

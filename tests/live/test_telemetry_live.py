@@ -24,7 +24,7 @@ import typevet_async as tv
 from tests.otel import Recorded, installed, total
 
 from .faults import FaultInjectingProxy
-from .helpers import TICKET
+from .helpers import LETTERED, TICKET
 from .otlp import OtlpReceiver
 from .servers import VLLM_MODEL_ID
 
@@ -81,7 +81,8 @@ async def test_a_three_question_judgment_is_one_span_tree_down_to_each_read(
     caplog.set_level(logging.DEBUG, logger="typevet_async")
     async with (
         FaultInjectingProxy(gemma3_url) as proxy,
-        tv.Session.llama_cpp(proxy.url) as session,
+        # Lettered, no content-free prior: one read a question (a prior's reads are spans too).
+        tv.Session.llama_cpp(proxy.url, **LETTERED) as session,
     ):
         await session.probe()
         proxy.traceparents.clear()

@@ -32,7 +32,8 @@ def batch_body(states: list[Any], **fields: Any) -> dict[str, Any]:
 
 @pytest.mark.asyncio
 async def test_a_batch_answers_each_state_as_the_single_route_does() -> None:
-    client, _ = await start()
+    # No content-free prior: its reads would count in the first judgment's usage only.
+    client, _ = await start(None, tv.SessionSettings(content_free="off"))
     try:
         response = await client.post(BATCH_PATH, json=batch_body(STATES), headers=AUTH)
         assert response.status == 200
