@@ -26,7 +26,7 @@ import typevet_async as tv
 from typevet_async._core.calibration import QuestionMap, Temperature, question_hash
 
 from .faults import FaultInjectingProxy
-from .helpers import TICKET, InFlightCounter, questions
+from .helpers import LETTERED, TICKET, InFlightCounter, questions
 from .servers import VLLM_MODEL_ID
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -107,7 +107,7 @@ async def test_a_changed_model_pin_template_prompt_or_read_size_misses(gemma3_ur
     async def reads_of(state: str = TICKET, **settings: Any) -> int:
         before = counter.started
         async with tv.Session.llama_cpp(
-            gemma3_url, cache=cache, trace_configs=[counter.config], **settings
+            gemma3_url, cache=cache, trace_configs=[counter.config], **{**LETTERED, **settings}
         ) as session:
             judgment = await session.judge(state, ask)
         assert counter.started - before == judgment.usage.reads
@@ -134,7 +134,7 @@ async def test_64_identical_questions_at_once_send_one_read(gemma3_url: str) -> 
     counter = InFlightCounter(COMPLETION)
     ask = {"refund": questions()["refund"]}
     async with tv.Session.llama_cpp(
-        gemma3_url, cache=tv.MemoryReadCache(), trace_configs=[counter.config]
+        gemma3_url, cache=tv.MemoryReadCache(), trace_configs=[counter.config], **LETTERED
     ) as session:
         judgments = await asyncio.gather(*(session.judge(TICKET, ask) for _ in range(64)))
     assert counter.started == 1
@@ -152,7 +152,7 @@ async def test_a_judgment_that_may_retry_never_takes_the_503_of_one_that_may_not
     ask = {"refund": questions()["refund"]}
     async with (
         FaultInjectingProxy(gemma3_url) as proxy,
-        tv.Session.llama_cpp(proxy.url, cache=tv.MemoryReadCache()) as session,
+        tv.Session.llama_cpp(proxy.url, cache=tv.MemoryReadCache(), **LETTERED) as session,
     ):
         await session.probe()
         before = len(proxy.seen)
@@ -216,7 +216,8 @@ async def test_vllm_a_second_identical_judgment_reads_nothing(vllm_url: str) -> 
         first = await session.judge(TICKET, questions())
         sent = counter.started
         second = await session.judge(TICKET, questions())
-    assert sent == first.usage.reads == 3
+    # Three questions, and the Score's content-free prior (three reads, the first judgment's).
+    assert sent == first.usage.reads == 6
     assert counter.started == sent
     assert_all_hits(second)
     same_reads(first, second)
@@ -255,7 +256,8 @@ async def test_a_cached_rerun_of_the_shipped_eval_set_sends_no_read(
     # The same set through tv.evaluate, its reads counted on the wire: none.
     counter = InFlightCounter(COMPLETION)
     async with tv.SqliteReadCache(database) as cache:
-        assert await cache.entries() == 900
+        # 300 tickets x 3 questions, and the urgency Score's content-free prior (3 reads).
+        assert await cache.entries() == 903
         async with tv.Session.llama_cpp(
             gemma3_url, cache=cache, trace_configs=[counter.config]
         ) as session:
@@ -263,7 +265,7 @@ async def test_a_cached_rerun_of_the_shipped_eval_set_sends_no_read(
             shipped = tv.questions_from_json(json.loads(shipped_questions.read_text()))
             evaluation = await tv.evaluate(session, records, shipped)
     assert counter.started == 0
-    assert evaluation.usage == tv.Usage(cache_hits=900)
+    assert evaluation.usage == tv.Usage(cache_hits=903)
     assert orjson.loads(orjson.dumps(evaluation.report(resamples=200))) == report
 
     again, printed = run("again")
