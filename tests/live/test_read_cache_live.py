@@ -270,4 +270,4 @@ async def test_a_cached_rerun_of_the_shipped_eval_set_sends_no_read(
 
     again, printed = run("again")
     assert again == report
-    assert f"reads sent: 0; answered by the read cache {database}: 900" in printed
+    assert f"reads sent: 0; answered by the read cache {database}: 903" in printed
