@@ -204,7 +204,9 @@ async def _judge(
             backend, probe, slots, requests, strategy, options, readings, planner.cached_reads,
             priors,
         )  # fmt: skip
-        return attrs.evolve(judgment, usage=judgment.usage + spent) if spent.reads else judgment
+        if spent == Usage():  # the common case: no prior read (or hit) by this judgment
+            return judgment
+        return attrs.evolve(judgment, usage=judgment.usage + spent)
     permutations = options.permutations
     rotated = (
         max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
@@ -233,10 +235,8 @@ async def _content_free_priors(
     strategy: PrefixReuse,
     options: ReadOptions,
 ) -> tuple[dict[str, tuple[float, ...]], Usage]:
-    """`content_free_priors` of the questions the session calibrates so (none: nothing read),
-    each state read as this judgment reads the question (no map, no images)."""
-    setting = planner.settings.content_free
-    questions = [pair for pair in questions if content_free_applies(pair[1], setting)]
+    """`content_free_priors`, each state read as this judgment reads its question (no map)."""
+    questions = [q for q in questions if content_free_applies(q[1], planner.settings.content_free)]
     if not questions:
         return {}, Usage()
     unmapped = attrs.evolve(options, calibration=None)

@@ -11,6 +11,7 @@ import pytest
 import typevet_async as tv
 
 from .helpers import (
+    LETTERED,
     TICKET,
     InFlightCounter,
     assert_exact_softmax,
@@ -36,7 +37,8 @@ def vllm_session(url: str, **settings: Any) -> tv.Session:
 
 
 async def test_all_three_types(vllm_url: str) -> None:
-    async with vllm_session(vllm_url, max_concurrency=4) as session:
+    # Lettered: the ids below are the letters' (a Noul in words and a Score's scale: the default).
+    async with vllm_session(vllm_url, max_concurrency=4, **LETTERED) as session:
         judgment = await session.judge(TICKET, questions())
         probe = await session.probe()
     assert probe.family is tv.TemplateFamily.GEMMA3  # rendered through the server's /tokenize
