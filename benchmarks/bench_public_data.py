@@ -998,7 +998,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.resummarise is not None:
-        resummarise(args.resummarise, args.data)
+        try:
+            resummarise(args.resummarise, args.data)
+        except (OSError, ValueError, KeyError, TypeError) as error:  # not a results file of ours
+            parser.exit(2, f"--resummarise {args.resummarise}: {type(error).__name__}: {error}\n")
         return
     asyncio.run(main_async(args))
 

@@ -8,6 +8,7 @@ reads and fail one on cue; each method is also read live on the toy model's serv
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -268,6 +269,7 @@ def test_examples_are_normalised_to_option_labels_and_bad_ones_refused() -> None
         "non-empty text": lambda: tv.Noul("x", examples=[("  ", True)]),
         "a \\(state, answer\\) pair": lambda: tv.Noul("x", examples=[("s", True, 1)]),
         "at most 64": lambda: tv.Noul("x", examples=[("s", True)] * 65),
+        "got more": lambda: tv.Noul("x", examples=itertools.repeat(("s", True))),  # endless
     }
     for message, build in refused.items():
         with pytest.raises(tv.QuestionError, match=message):

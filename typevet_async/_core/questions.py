@@ -14,6 +14,7 @@ refused there: an answer that is not one of the question's options, a state that
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -174,11 +175,10 @@ def _examples(value: Any, question: Question) -> tuple[tuple[str, str], ...]:
         raise QuestionError(
             f"{kind} examples must be a sequence of (state, answer) pairs, got {value!r}"
         )
-    items = list(value)
+    items = list(itertools.islice(value, MAX_EXAMPLES + 1))  # an endless iterable stops here
     if len(items) > MAX_EXAMPLES:
         raise QuestionError(
-            f"{kind} examples: at most {MAX_EXAMPLES} (each is a turn of every prompt), "
-            f"got {len(items)}"
+            f"{kind} examples: at most {MAX_EXAMPLES} (each is a turn of every prompt), got more"
         )
     pairs: list[tuple[str, str]] = []
     for index, item in enumerate(items):
