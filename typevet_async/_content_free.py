@@ -83,6 +83,9 @@ async def content_free_priors(
     question, state)`` on every content-free state, averaged (`content_free_prior`), and the
     usage of the reads made here (none for a prior kept or read by another judgment). A
     question is kept by itself and how it is read (``readings``), not by its id."""
+    kept = {qid: cache.known((question, readings[qid])) for qid, question in questions}
+    if all(prior is not None for prior in kept.values()):  # the hot path: no task, no read
+        return {qid: prior for qid, prior in kept.items() if prior is not None}, Usage()
     spent: list[Usage] = []
 
     async def prior(pair: tuple[str, Question]) -> Prior:

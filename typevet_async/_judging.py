@@ -75,11 +75,10 @@ def question_readings(
             )
     readings: dict[str, Reading] = {}
     for question_id, question in questions:
-        if (
-            settings is not None
-            and not settings.layout.is_jev
-            and reads_in_one_order(question, settings.noul_controls, settings.score_controls)
-        ):
+        one_order = settings is not None and reads_in_one_order(
+            question, settings.noul_controls, settings.score_controls, jev=settings.layout.is_jev
+        )
+        if one_order:
             readings[question_id] = Reading()
             continue
         options_count = len(question.options())

@@ -250,10 +250,17 @@ def bind_controls(
 
 
 def reads_in_one_order(
-    question: Question, noul_controls: NoulControls, score_controls: ScoreControls
+    question: Question,
+    noul_controls: NoulControls,
+    score_controls: ScoreControls,
+    *,
+    jev: bool = False,
 ) -> bool:
     """Whether the default layout answers ``question`` with controls whose order is their
-    meaning (a Noul's words, a Score's numbers from 1), so it is read in that order only."""
+    meaning (a Noul's words, a Score's numbers from 1), so it is read in that order only; a
+    Jev layout (``jev``) never does (its letters A..P)."""
+    if jev:
+        return False
     if isinstance(question, Noul):
         return noul_controls == "words"
     if isinstance(question, Score):

@@ -222,7 +222,7 @@ def bind_question(
         )
     leads = leads or {}
     options = question.options()
-    one_order = not layout.is_jev and reads_in_one_order(question, noul_controls, score_controls)
+    one_order = reads_in_one_order(question, noul_controls, score_controls, jev=layout.is_jev)
     if one_order and isinstance(question, Noul):
         return _bind_words(question, layout, options, control_ids, leads, is_special)
     order = rotation_order(len(options), rotation) if rotation and not one_order else ()
