@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
+from typevet_async._core.content_free import CONTENT_FREE_STATES
 
 from .helpers import (
     LETTERED,
@@ -101,7 +102,10 @@ async def test_the_first_read_grows_with_the_menu(gemma3_url: str) -> None:
 
 
 async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
-    async with tv.Session.llama_cpp(gemma3_url, top_k=1, reproducible=True) as session:
+    counter = InFlightCounter("/completion")
+    async with tv.Session.llama_cpp(
+        gemma3_url, top_k=1, reproducible=True, trace_configs=[counter.config]
+    ) as session:
         judgment = await session.judge(TICKET, questions())
     for question_id in judgment:
         diagnostics = judgment.diagnostics[question_id]
@@ -110,7 +114,13 @@ async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
         independent = whole_vocabulary_logprobs(gemma3_url, diagnostics.prompt, cache_prompt=False)
         expected = [independent[token_id] for token_id in diagnostics.token_ids]
         assert_same_read(diagnostics.logprobs, expected)
-    assert judgment.usage.reads == sum(d.reads for d in judgment.diagnostics.values())
+    # Usage counts every read sent: the questions' and, under the default, the Score's
+    # content-free prior reads (three states, each escalated like the question's own read).
+    question_reads = sum(d.reads for d in judgment.diagnostics.values())
+    assert judgment.usage.reads == counter.started
+    prior_reads = judgment.usage.reads - question_reads
+    assert judgment.diagnostics["urgency"].content_free_prior is not None
+    assert prior_reads >= 2 * len(CONTENT_FREE_STATES), "each prior read escalates past top-1"
 
 
 async def test_fifty_judgments_never_exceed_the_cap(gemma3_url: str) -> None:

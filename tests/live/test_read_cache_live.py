@@ -24,6 +24,7 @@ import pytest
 
 import typevet_async as tv
 from typevet_async._core.calibration import QuestionMap, Temperature, question_hash
+from typevet_async._core.content_free import CONTENT_FREE_STATES
 
 from .faults import FaultInjectingProxy
 from .helpers import LETTERED, TICKET, InFlightCounter, questions
@@ -48,8 +49,10 @@ def same_reads(first: tv.Judgment, second: tv.Judgment) -> None:
         )  # fmt: skip
 
 
-def assert_all_hits(judgment: tv.Judgment) -> None:
-    assert judgment.usage == tv.Usage(cache_hits=len(judgment))
+def assert_all_hits(judgment: tv.Judgment, hits: int) -> None:
+    """Every read answered by the read cache: `hits` of them (a question's read each, and
+    the content-free prior reads the session did not already keep)."""
+    assert judgment.usage == tv.Usage(cache_hits=hits)
     for diagnostics in judgment.diagnostics.values():
         assert diagnostics.cache == "hit"
         assert (diagnostics.reads, diagnostics.attempts) == (0, 0)
@@ -96,7 +99,9 @@ async def test_a_second_identical_judgment_reads_nothing(
     assert all(d.cache == "miss" for d in first.diagnostics.values())
     assert first.usage.cache_hits == 0
     assert sent_again == 0
-    assert_all_hits(second)
+    # A new session keeps no prior: the Score's three prior reads come from the cache too (a
+    # read and its escalations are one entry, so hits count questions and prior states).
+    assert_all_hits(second, hits=len(second) + len(CONTENT_FREE_STATES))
     same_reads(first, second)
 
 
@@ -219,7 +224,7 @@ async def test_vllm_a_second_identical_judgment_reads_nothing(vllm_url: str) -> 
     # Three questions, and the Score's content-free prior (three reads, the first judgment's).
     assert sent == first.usage.reads == 6
     assert counter.started == sent
-    assert_all_hits(second)
+    assert_all_hits(second, hits=len(second))  # the session kept the prior: no prior read
     same_reads(first, second)
 
 

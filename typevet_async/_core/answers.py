@@ -219,10 +219,11 @@ class Usage:
     prompt_tokens: int = 0
     #: Of those, tokens the server took from its prompt cache.
     cached_tokens: int = 0
-    #: HTTP scoring reads, escalations included.
+    #: HTTP scoring reads, escalations and the content-free prior reads this judgment made
+    #: included (a prior the session already kept costs nothing).
     reads: int = 0
     #: Scoring requests answered by the session's read cache, with nothing sent (one per
-    #: question and rotation; a two-token code question's reads are one).
+    #: question and rotation, and per prior read; a two-token code question's reads are one).
     cache_hits: int = 0
 
     def __add__(self, other: Usage) -> Usage:
