@@ -84,6 +84,37 @@ async def test_judge_gives_the_direct_answers(gateway_url: str, gemma3_url: str)
 
 
 @pytest.mark.asyncio
+async def test_examples_ride_to_the_gateway_and_read_as_directly(
+    gateway_url: str, gemma3_url: str
+) -> None:
+    questions: dict[str, tv.Question] = {
+        "refund": tv.Noul(
+            "Is a refund requested?",
+            examples=[("Please refund my order.", True), ("Where is my parcel?", False)],
+        ),
+        "route": tv.Choice(
+            {"billing": "money matters", "shipping": None, "technical": None},
+            instructions="Which team should handle it?",
+            examples=[("I was billed twice.", "billing"), ("The app froze.", "technical")],
+        ),
+        "urgency": tv.Score(
+            ["can wait", "today", "now"],
+            instructions="How urgent is it?",
+            examples=[("No rush at all.", 0), ("My account is being hacked!", 2)],
+        ),
+    }
+    async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
+        direct = await direct_session.judge(TICKETS[0], questions)
+    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+        remote = await session.judge(TICKETS[0], questions)
+    assert_same_judgment(remote, direct)  # the same prompts: the examples were read there
+    for question_id, question in questions.items():
+        prompt = remote.diagnostics[question_id].prompt
+        for state, _ in question.examples:
+            assert prompt.index(state) < prompt.index("Ticket 0")
+
+
+@pytest.mark.asyncio
 async def test_judge_many_answers_every_record_in_order(gateway_url: str, gemma3_url: str) -> None:
     async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
         direct = [await direct_session.judge(ticket, QUESTIONS) for ticket in TICKETS]

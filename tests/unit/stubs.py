@@ -19,6 +19,7 @@ import anyio.lowlevel
 
 import typevet_async as tv
 from typevet_async._core.controls import DIGITS, NOUL_WORDS
+from typevet_async._core.framing import PromptFrame
 
 __all__ = [
     "IDS",
@@ -130,6 +131,9 @@ class InMemoryStubBackend:
         )
         self._model = model
         self.vision = vision
+        #: The frame its probe reports (None: its family's own, with no earlier turns learnt;
+        #: a test sets one with `turns` to frame examples).
+        self.frame: PromptFrame | None = None
         self.outputs: dict[str, tv.ChatOutput] = {}
         self.behaviours: dict[str, Behaviour] = {}
         self.state_behaviours: dict[str, Behaviour] = {}
@@ -180,7 +184,9 @@ class InMemoryStubBackend:
         if self.probe_failures:
             raise self.probe_failures.pop(0)
         model_ids = (self._model,) if self._model else ()
-        return tv.Probe(self.family, "rendered", IDS, 262_144, model_ids, vision=self.vision)
+        return tv.Probe(
+            self.family, "rendered", IDS, 262_144, model_ids, vision=self.vision, frame=self.frame
+        )
 
     async def _run(self, key: str, behaviours: list[Behaviour | None]) -> None:
         self.in_flight += 1

@@ -148,6 +148,10 @@ def test_the_clients_request_reads_back_as_the_same_questions() -> None:
     assert call.names == ("refund", "route", "urgency")
     with pytest.raises(tv.QuestionError, match="criteria"):
         request_to_decisions("m", "x", [("q", tv.Noul("Yes?", criteria={"true": "it is"}))])
+    # Decisions has no field for examples: refused, never sent without them.
+    with pytest.raises(tv.QuestionError, match="carries no examples") as raised:
+        request_to_decisions("m", "x", [("q", tv.Noul("Yes?", examples=[("money back", True)]))])
+    assert raised.value.question_id == "q"
 
 
 def _reply(answers: list[dict[str, Any]]) -> bytes:

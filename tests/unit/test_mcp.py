@@ -119,6 +119,21 @@ def test_the_questions_example_in_the_schema_is_read_and_fits_the_schema() -> No
         jsonschema.validate({"q": {"type": "box", "instructions": "Where?"}}, _mcp.QUESTIONS_SCHEMA)
 
 
+def test_the_schema_declares_examples_and_the_call_reads_them() -> None:
+    question = {
+        "type": "noul",
+        "instructions": "Refund?",
+        "x_examples": [{"state": "money back", "answer": True}],
+    }
+    jsonschema.validate({"q": question}, _mcp.QUESTIONS_SCHEMA)
+    call = request_from_system_one({"model": "m", "state": "s", "questions": {"q": question}})
+    assert call.questions["q"].examples == (("money back", "true"),)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            {"q": {**question, "x_examples": [{"state": "s"}]}}, _mcp.QUESTIONS_SCHEMA
+        )
+
+
 # -- 2. a bad question or bad input is a tool error naming it; nothing is sent --------------------
 
 BAD_CALLS = [

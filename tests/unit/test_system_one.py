@@ -18,9 +18,11 @@ from typesafe_sdk._schemas import models
 import typevet_async as tv
 from typevet_async._backends.system_one_wire import decode_judgment
 from typevet_async._core.systemone import (
+    EXAMPLES_FIELD,
     EXTENSION,
     NOUL_DEFAULT_INSTRUCTIONS,
     SystemOneValidationError,
+    examples_advertisement,
     render_structured,
     request_from_system_one,
     request_to_system_one,
@@ -307,3 +309,78 @@ def test_every_answer_shape_is_built_from_the_one_declared_schema() -> None:
         read = [f.name for f in ANSWER_FIELDS[kind] if f.read and f.name != "type"]
         assert list(struct.__struct_fields__) == read
         assert struct.__struct_config__.tag == kind
+
+
+EXAMPLE_QUESTIONS: dict[str, tv.Question] = {
+    "refund": tv.Noul(
+        instructions="Refund?", examples=[("Money back, please.", True), ("Where is it?", False)]
+    ),
+    "route": tv.Choice(
+        {"billing": "Money", "shipping": None},
+        instructions="Team?",
+        examples=[("I was billed twice.", "billing")],
+    ),
+    "urgency": tv.Score(["low", "high"], instructions="Urgent?", examples=[("No rush.", 0)]),
+}
+
+
+def test_examples_ride_in_x_examples_with_the_answers_as_given_and_read_back() -> None:
+    body = request_to_system_one("m", "ticket", EXAMPLE_QUESTIONS)
+    sent = body["questions"]
+    assert sent["refund"][EXAMPLES_FIELD] == [
+        {"state": "Money back, please.", "answer": True},
+        {"state": "Where is it?", "answer": False},
+    ]
+    assert sent["route"][EXAMPLES_FIELD] == [{"state": "I was billed twice.", "answer": "billing"}]
+    assert sent["urgency"][EXAMPLES_FIELD] == [{"state": "No rush.", "answer": 0}]
+    models.SystemOneRequest.model_validate(body)  # an x_ extension: the official models take it
+    assert request_from_system_one(body).questions == EXAMPLE_QUESTIONS
+    # A question without examples sends no field at all.
+    plain = request_to_system_one("m", "t", {"q": tv.Noul("Refund?")})["questions"]["q"]
+    assert EXAMPLES_FIELD not in plain
+
+
+@pytest.mark.parametrize(
+    ("examples", "problem"),
+    [
+        ("Money back", "must be an array"),
+        ([["Money back", True]], r"examples\[0\] must be an object of exactly"),
+        ([{"state": "Money back"}], r"examples\[0\] must be an object of exactly"),
+        ([{"state": "a", "answer": True, "why": "x"}], "exactly"),
+        ([{"state": "a", "answer": "yes"}], "True or False"),
+        ([{"state": {"text": "a"}, "answer": True}], "non-empty text"),
+        ([{"state": "a", "answer": True}] * 65, "at most 64"),
+    ],
+)
+def test_bad_examples_on_the_wire_are_a_422_naming_the_question(
+    examples: Any, problem: str
+) -> None:
+    body = {
+        "model": "m",
+        "state": "t",
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Refund?", EXAMPLES_FIELD: examples}
+        },
+    }
+    with pytest.raises(SystemOneValidationError, match=problem) as raised:
+        request_from_system_one(body)
+    [entry] = raised.value.detail
+    assert entry["loc"] == ["body", "questions", "refund"]
+
+
+def test_a_choice_or_score_example_answer_must_be_one_of_its_options() -> None:
+    for question, answer in (
+        ({"type": "choice", "instructions": "Team?", "criteria": {"a": None, "b": None}}, "c"),
+        ({"type": "score", "instructions": "Urgent?", "criteria": ["low", "high"]}, 2),
+    ):
+        body = {
+            "model": "m",
+            "state": "t",
+            "questions": {"q": {**question, EXAMPLES_FIELD: [{"state": "s", "answer": answer}]}},
+        }
+        with pytest.raises(SystemOneValidationError, match="examples"):
+            request_from_system_one(body)
+
+
+def test_the_gateway_advertises_the_examples_field_and_its_cap() -> None:
+    assert examples_advertisement() == {"field": EXAMPLES_FIELD, "max_examples": 64}

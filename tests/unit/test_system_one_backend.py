@@ -192,9 +192,11 @@ class SystemOneStubServer:
         self.headers: dict[str, str] = {}
         self.requests: list[tuple[dict[str, str], Any]] = []
         self.url = ""
+        #: What ``GET /v1/models`` answers (a test adds advertisements).
+        self.models: dict[str, Any] = dict(MODELS)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(MODELS)
+        return web.json_response(self.models)
 
     async def _judge(self, request: web.Request) -> web.Response:
         self.requests.append((dict(request.headers), await request.json()))
@@ -326,3 +328,33 @@ def test_bad_factory_arguments_are_configuration_errors() -> None:
     for setting in ({"layout": tv.Layout.SPLIT}, {"prefix_reuse": "off"}):
         with pytest.raises(tv.ConfigurationError, match="frames and reads the questions"):
             tv.Session.system_one("http://h", **setting)
+
+
+def with_examples(count: int) -> dict[str, tv.Question]:
+    """The recorded questions, the refund Noul with ``count`` examples."""
+    refund = tv.Noul("Refund?", examples=[(f"Ticket {n}", n % 2 == 0) for n in range(count)])
+    return {**QUESTIONS, "refund": refund}
+
+
+@pytest.mark.asyncio
+async def test_examples_go_only_to_a_server_that_advertises_reading_them(
+    stub: SystemOneStubServer,
+) -> None:
+    async with session_on(stub) as session:  # no advertisement: it would ignore x_examples
+        with pytest.raises(tv.QuestionError, match="does not say it reads them") as raised:
+            await session.judge(STATE, with_examples(2))
+    assert raised.value.question_id == "refund"
+    stub.models = {**MODELS, "x_question_examples": {"field": "x_examples", "max_examples": 1}}
+    async with session_on(stub) as session:
+        with pytest.raises(tv.QuestionError, match="reads at most 1 a question"):
+            await session.judge(STATE, with_examples(2))
+        assert stub.requests == []  # nothing was sent
+        await session.judge(STATE, with_examples(1))
+    [(_, body)] = stub.requests
+    assert body["questions"]["refund"]["x_examples"] == [{"state": "Ticket 0", "answer": True}]
+    # An advertisement of another field is not ours: nothing is sent there either.
+    stub.models = {**MODELS, "x_question_examples": {"field": "examples", "max_examples": 9}}
+    async with session_on(stub) as session:
+        with pytest.raises(tv.QuestionError, match="does not say it reads them"):
+            await session.judge(STATE, with_examples(1))
+    assert len(stub.requests) == 1

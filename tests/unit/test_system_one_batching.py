@@ -24,7 +24,8 @@ from aiohttp import web
 
 import typevet_async as tv
 from typevet_async._backends.system_one import AsyncSystemOne
-from typevet_async._backends.system_one_wire import ItemError, decode_batch, decode_models
+from typevet_async._backends.system_one_wire import ItemError, Listing, decode_batch, decode_models
+from typevet_async._core.framing import with_turns
 from typevet_async._gateway import GatewayConfig, running
 
 from ..live.faults import AdvertisingProxy, counting_tasks
@@ -175,13 +176,35 @@ def test_a_reply_with_the_wrong_number_of_results_is_a_protocol_error() -> None:
 
 def test_the_advertisement_is_read_only_for_our_path() -> None:
     listing = {"models": [{"name": "m", "description": "d", "release_date": "2026-12-01"}]}
-    assert decode_models(_json(listing)) == (("m",), None)
+    assert decode_models(_json(listing)) == Listing(("m",))
     ours = {**listing, "x_systemone_batch": {"path": "/v1/systemone/batch", "max_states": 9}}
-    assert decode_models(_json(ours)) == (("m",), 9)
+    assert decode_models(_json(ours)) == Listing(("m",), max_states=9)
     other = {**listing, "x_systemone_batch": {"path": "/v2/batch", "max_states": 9}}
-    assert decode_models(_json(other)) == (("m",), None)
+    assert decode_models(_json(other)) == Listing(("m",))
     with pytest.raises(tv.ProtocolError):
         decode_models(_json({**listing, "x_systemone_batch": {"path": "/x", "max_states": 0}}))
+    examples = {**listing, "x_question_examples": {"field": "x_examples", "max_examples": 8}}
+    assert decode_models(_json(examples)) == Listing(("m",), max_examples=8)
+    with pytest.raises(tv.ProtocolError):
+        decode_models(_json({**listing, "x_question_examples": {"field": "x_examples"}}))
+
+
+@pytest.mark.asyncio
+async def test_examples_go_through_the_batch_route_to_our_gateway(
+    stub: InMemoryStubBackend,
+) -> None:
+    refund = tv.Noul("Is a refund requested?", examples=[("Money back, now.", True)])
+    # Gemma's earlier turns, as the probe learns them from the served template.
+    turns = ("<end_of_turn>\n<start_of_turn>model\n", "<end_of_turn>\n<start_of_turn>user\n")
+    stub.frame = with_turns(None, stub.family, turns)
+    async with gateway(stub, max_batch_states=3) as url:
+        async with tv.Session.system_one(url, api_key=KEY) as session:
+            items = [item async for item in session.judge_many(STATES[:3], {"refund": refund})]
+        assert (await route_counts(url))["/v1/systemone/batch"] == 1
+    for item in items:
+        assert item.judgment is not None, item.error
+        prompt = item.judgment.diagnostics["refund"].prompt
+        assert prompt.index("Money back, now.") < prompt.index(STATES[item.index])
 
 
 def _json(value: Any) -> bytes:

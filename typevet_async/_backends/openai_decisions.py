@@ -182,7 +182,7 @@ class AsyncOpenAIDecisions(RemoteJudge):
         """One ``POST /v1/decisions`` for the whole judgment, retried like any read (it is
         idempotent); the answers checked and typed.
 
-        :raises QuestionError: a Noul with criteria (nothing sent).
+        :raises QuestionError: a Noul with criteria, or a question with examples (nothing sent).
         :raises InvalidInputError: the server refused the request (HTTP 400 or 422).
         :raises RefusalError: the server refused some questions.
         """

@@ -51,6 +51,7 @@ from typevet_async._core.answers import Judgment
 from typevet_async._core.framing import TemplateFamily
 from typevet_async._core.probe import Probe
 from typevet_async._core.questions import Question
+from typevet_async._core.systemone import UnsupportedQuestionError
 from typevet_async._errors import (
     InvalidInputError,
     QuestionError,
@@ -105,17 +106,44 @@ class AsyncSystemOne(RemoteJudge):
         super().__init__(config)
         #: States per batch request, as the server advertises it (None: no batch route).
         self._batch_limit: int | None = None
+        #: Examples a question may carry, as the server advertises it (None: it reads none).
+        self._max_examples: int | None = None
 
     async def probe(self) -> Probe:
         """The models the server lists; the pinned one must be among them.
 
         :raises ConfigurationError: the pinned model is not listed, or none is.
         """
-        names, advertised = decode_models(await self.http.get("/v1/models"))
+        listing = decode_models(await self.http.get("/v1/models"))
         # Taken up to our own cap, never as advertised (DEFAULT_MAX_BATCH_STATES says why).
-        cap = self.config.max_batch_states
+        cap, advertised = self.config.max_batch_states, listing.max_states
         self._batch_limit = None if advertised is None else min(advertised, cap)
-        return self.listed_models(names)
+        self._max_examples = listing.max_examples
+        return self.listed_models(listing.names)
+
+    def _refuse_unread_examples(self, questions: Sequence[tuple[str, Question]]) -> None:
+        """Examples go only to a server that advertises reading them (any other ignores the
+        ``x_examples`` field and would answer without them), at most as many as it takes.
+
+        :raises UnsupportedQuestionError: a question with examples the server would not
+            read (nothing is sent).
+        """
+        for question_id, question in questions:
+            count, most = len(question.examples), self._max_examples
+            if not count or (most is not None and count <= most):
+                continue
+            error = UnsupportedQuestionError(
+                f"question {question_id!r} has {count} examples and the System One server "
+                + (
+                    "does not say it reads them (no x_question_examples in GET /v1/models): "
+                    "it would answer without them; ask it without examples"
+                    if most is None
+                    else f"reads at most {most} a question"
+                )
+                + "; nothing was sent"
+            )
+            error.question_id = question_id
+            raise error
 
     async def judge(
         self,
@@ -127,6 +155,7 @@ class AsyncSystemOne(RemoteJudge):
     ) -> Judgment:
         """One ``POST /v1/systemone`` for the whole judgment, retried like any read (it is
         idempotent); the answers checked and typed."""
+        self._refuse_unread_examples(questions)
         model = self.request_model(probe)
         attempts = Attempts()
         try:
@@ -165,6 +194,7 @@ class AsyncSystemOne(RemoteJudge):
         outlived ``request_timeout``: it is not sent again whole (it would run as long again),
         each state goes alone under the retry policy.
         """
+        self._refuse_unread_examples(questions)
         model = self.request_model(probe)
         try:
             raw = await self.http.post(

@@ -41,6 +41,7 @@ from typevet_async._core.questions import Question
 from typevet_async._core.systemone import (
     ANSWER_FIELDS,
     BATCH_PATH,
+    EXAMPLES_FIELD,
     SystemOneAnswer,
     Value,
     answers_from_system_one,
@@ -51,6 +52,7 @@ from typevet_async._core.systemone import (
 __all__ = [
     "BATCH_PATH",
     "ItemError",
+    "Listing",
     "Refusal",
     "batch_body",
     "decode_batch",
@@ -250,26 +252,50 @@ class _BatchRoute(wire.Reply):
     max_states: Annotated[int, msgspec.Meta(ge=1)]
 
 
+class _ExamplesField(wire.Reply):
+    field: str
+    max_examples: Annotated[int, msgspec.Meta(ge=1)]
+
+
 class _Models(wire.Reply):
     models: list[_Model]
     #: The batch route, when the server offers it (`typevet_async._core.systemone.batch`).
     x_systemone_batch: _BatchRoute | None = None
+    #: The question field a server reads examples from, when it does (`EXAMPLES_ADVERTISEMENT`).
+    x_question_examples: _ExamplesField | None = None
 
 
 _MODELS = wire.decoder_for(_Models)
 
 
-def decode_models(raw: bytes) -> tuple[tuple[str, ...], int | None]:
-    """Every model name the server lists, and how many states its batch route takes (None:
-    it advertises none, or one at another path than ours).
+@attrs.frozen
+class Listing:
+    """What ``GET /v1/models`` says: the models, and the extensions the server offers."""
+
+    names: tuple[str, ...]
+    #: States one batch request takes (None: no batch route, or one at another path).
+    max_states: int | None = None
+    #: Examples one question may carry (None: the server does not read `EXAMPLES_FIELD`).
+    max_examples: int | None = None
+
+
+def decode_models(raw: bytes) -> Listing:
+    """Every model name the server lists, how many states its batch route takes and how many
+    examples a question may carry.
 
     :raises ProtocolError: not ``{"models": [{"name": ...}, ...]}``, or an advertisement
-        without a path and a positive ``max_states``.
+        without its fields (a path and a positive ``max_states``; a field and a positive
+        ``max_examples``).
     """
     reply = wire.decode(_MODELS, raw, "/v1/models")
-    batch = reply.x_systemone_batch
-    limit = batch.max_states if batch is not None and batch.path == BATCH_PATH else None
-    return tuple(model.name for model in reply.models), limit
+    batch, examples = reply.x_systemone_batch, reply.x_question_examples
+    return Listing(
+        tuple(model.name for model in reply.models),
+        batch.max_states if batch is not None and batch.path == BATCH_PATH else None,
+        examples.max_examples
+        if examples is not None and examples.field == EXAMPLES_FIELD
+        else None,
+    )
 
 
 def decode_model_names(raw: bytes) -> tuple[str, ...]:
@@ -277,7 +303,7 @@ def decode_model_names(raw: bytes) -> tuple[str, ...]:
 
     :raises ProtocolError: not ``{"models": [{"name": ...}, ...]}``.
     """
-    return decode_models(raw)[0]
+    return decode_models(raw).names
 
 
 # -- POST /v1/systemone/batch ---------------------------------------------------------------

@@ -25,8 +25,10 @@ from typevet_async._core.decisions import DecisionsCall
 from typevet_async._core.systemone import (
     ADVERTISEMENT,
     BATCH_PATH,
+    EXAMPLES_ADVERTISEMENT,
     SystemOneCall,
     advertisement,
+    examples_advertisement,
     response_to_system_one,
 )
 from typevet_async._gateway.batch import systemone_batch
@@ -294,6 +296,7 @@ async def _models(request: web.Request) -> web.StreamResponse:
                 }
             ],
             ADVERTISEMENT: advertisement(state.config.batch_cap()),
+            EXAMPLES_ADVERTISEMENT: examples_advertisement(),
         },
     )
 

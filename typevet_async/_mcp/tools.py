@@ -17,8 +17,10 @@ from pydantic import Field, JsonValue, WithJsonSchema
 from typing_extensions import TypedDict  # pydantic reads a TypedDict from typing only on 3.12+
 
 import typevet_async as tv
+from typevet_async._core.questions import MAX_EXAMPLES
 from typevet_async._core.systemone import (
     ANSWER_FIELDS,
+    EXAMPLES_FIELD,
     USAGE_FIELDS,
     SystemOneValidationError,
     Value,
@@ -114,6 +116,20 @@ QUESTIONS_SCHEMA: Final[dict[str, Any]] = {
                 "choice: an object of label to description (or null), or a list of labels; "
                 "score: the list of levels, lowest first",
                 "type": ["object", "array"],
+            },
+            EXAMPLES_FIELD: {
+                "description": "optional in-context examples, shown as earlier turns: the "
+                "answer is a noul's true/false, a choice's label, a score's level (0-based)",
+                "type": "array",
+                "maxItems": MAX_EXAMPLES,
+                "items": {
+                    "type": "object",
+                    "required": ["state", "answer"],
+                    "properties": {
+                        "state": {"type": "string"},
+                        "answer": {"type": ["boolean", "string", "integer"]},
+                    },
+                },
             },
         },
     },

@@ -25,6 +25,13 @@ __all__ = ["DecisionsAnswer", "answers_from_decisions", "request_to_decisions"]
 
 
 def _question(question_id: str, question: Question) -> dict[str, Any]:
+    if question.examples:  # the Decisions wire has no field for them: never dropped silently
+        error = QuestionError(
+            "a Decisions question carries no examples (the API has no field for them); ask it "
+            "without examples, or through System One to a server that reads them"
+        )
+        error.question_id = question_id
+        raise error
     if isinstance(question, Noul):
         if question.criteria:
             error = QuestionError(
@@ -63,7 +70,8 @@ def request_to_decisions(
 ) -> dict[str, Any]:
     """The Decisions request for ``questions`` about ``state``.
 
-    :raises QuestionError: a Noul with criteria (a predicate carries none; nothing is sent).
+    :raises QuestionError: a Noul with criteria (a predicate carries none), or a question with
+        examples (nothing is sent).
     """
     return {
         "model": model,

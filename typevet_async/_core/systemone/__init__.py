@@ -6,7 +6,8 @@ Shapes as the official client's models define them (``typesafe_sdk._schemas.mode
   (``document``, the v1 draft's name, is read as ``state``; both at once are refused);
   ``questions`` id -> ``{"type": "noul" | "choice" | "score", "instructions"?, "criteria"?}``
   (a Noul without instructions is asked `NOUL_DEFAULT_INSTRUCTIONS`; a ``box`` question is
-  refused with the 422 type ``unsupported``)
+  refused with the 422 type ``unsupported``; a question's in-context examples ride in the
+  ``x_examples`` extension, `EXAMPLES_FIELD`)
   (a Noul's criteria ``{"true"?, "false"?}``, a Choice's name -> description, a Score's an
   ordered list of level descriptions); ``assets`` placeholder -> ``{"type": "image",
   "format", "data_base64"}``.
@@ -57,9 +58,12 @@ from typevet_async._core.systemone.batch import (
     batch_to_system_one,
 )
 from typevet_async._core.systemone.questions import (
+    EXAMPLES_ADVERTISEMENT,
+    EXAMPLES_FIELD,
     EXTENSION,
     NOUL_DEFAULT_INSTRUCTIONS,
     UnsupportedQuestionError,
+    examples_advertisement,
     question_from_system_one,
     question_to_system_one,
     questions_from_system_one,
@@ -90,6 +94,8 @@ __all__ = [
     "ADVERTISEMENT",
     "ANSWER_FIELDS",
     "BATCH_PATH",
+    "EXAMPLES_ADVERTISEMENT",
+    "EXAMPLES_FIELD",
     "EXTENSION",
     "NOUL_DEFAULT_INSTRUCTIONS",
     "SYSTEM_ONE_SLACK",
@@ -109,6 +115,7 @@ __all__ = [
     "batch_item_error",
     "batch_response",
     "batch_to_system_one",
+    "examples_advertisement",
     "question_from_system_one",
     "question_to_system_one",
     "questions_from_system_one",

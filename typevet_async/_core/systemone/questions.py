@@ -1,6 +1,13 @@
 """System One's questions, both ways: a question's JSON (``{"type", "instructions"?,
-"criteria"?}``) as a typed `Question`, and back; structured instructions and criteria (a
-string as it is, an object or array as compact JSON, keys in the order given) as prompt text."""
+"criteria"?, "x_examples"?}``) as a typed `Question`, and back; structured instructions and
+criteria (a string as it is, an object or array as compact JSON, keys in the order given) as
+prompt text.
+
+A question's in-context examples ride in `EXAMPLES_FIELD` (an extension, ``x_``-prefixed as
+System One reserves), each ``{"state": text, "answer": ...}``: a Noul's ``true``/``false``, a
+Choice's label, a Score's level (0-based). A server that reads them says so in ``GET
+/v1/models`` (`EXAMPLES_ADVERTISEMENT`); a client sends them only to one that does, since any
+other System One server ignores the field and would answer without them."""
 
 from __future__ import annotations
 
@@ -8,13 +15,16 @@ import warnings
 from typing import Any, Final
 
 from typevet_async._core.jsonvalues import compact_json
-from typevet_async._core.questions import Choice, Noul, Question, Score
+from typevet_async._core.questions import MAX_EXAMPLES, Choice, Noul, Question, Score
 from typevet_async._errors import QuestionError, TypevetError
 
 __all__ = [
+    "EXAMPLES_ADVERTISEMENT",
+    "EXAMPLES_FIELD",
     "EXTENSION",
     "NOUL_DEFAULT_INSTRUCTIONS",
     "UnsupportedQuestionError",
+    "examples_advertisement",
     "question_from_system_one",
     "question_to_system_one",
     "questions_from_system_one",
@@ -28,6 +38,12 @@ EXTENSION: Final = "x_typevet"
 #: What a Noul sent without instructions (System One allows it: its criteria may say it all)
 #: is asked; its option lines, "Yes" and "No" with their criteria, follow it in the prompt.
 NOUL_DEFAULT_INSTRUCTIONS: Final = "Which of these holds: yes or no?"
+
+#: A question's examples on the wire: ``[{"state": text, "answer": ...}, ...]``.
+EXAMPLES_FIELD: Final = "x_examples"
+#: The ``GET /v1/models`` field of a server that reads `EXAMPLES_FIELD`
+#: (`examples_advertisement`).
+EXAMPLES_ADVERTISEMENT: Final = "x_question_examples"
 
 _IMAGE_FORMATS: Final = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg"}
 
@@ -53,11 +69,58 @@ def render_structured(value: Any, what: str) -> str | None:
     raise QuestionError(f"{what} must be a string, an object or an array, got {value!r}")
 
 
+def examples_advertisement() -> dict[str, Any]:
+    """The `EXAMPLES_ADVERTISEMENT` field's value: the question field read, and its cap."""
+    return {"field": EXAMPLES_FIELD, "max_examples": MAX_EXAMPLES}
+
+
+def _examples_from_system_one(raw: Any) -> list[tuple[Any, Any]] | None:
+    """`EXAMPLES_FIELD` as (state, answer) pairs for the question's own checks (None: absent).
+
+    :raises QuestionError: not an array of at most `MAX_EXAMPLES` ``{"state", "answer"}``
+        objects.
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise QuestionError(
+            f'{EXAMPLES_FIELD} must be an array of {{"state", "answer"}} objects, got {raw!r}'
+        )
+    if len(raw) > MAX_EXAMPLES:
+        raise QuestionError(
+            f"{EXAMPLES_FIELD}: at most {MAX_EXAMPLES} examples (each is a turn of every "
+            f"prompt), got {len(raw)}"
+        )
+    pairs: list[tuple[Any, Any]] = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) != {"state", "answer"}:
+            raise QuestionError(
+                f'{EXAMPLES_FIELD}[{index}] must be an object of exactly "state" and '
+                f'"answer", got {item!r}'
+            )
+        pairs.append((item["state"], item["answer"]))
+    return pairs
+
+
+def _examples_to_system_one(question: Question) -> list[dict[str, Any]]:
+    """A question's examples as `EXAMPLES_FIELD` carries them (the answers as the caller gave
+    them: a Noul's bool, a Choice's label, a Score's level)."""
+
+    def answer(label: str) -> Any:
+        if isinstance(question, Noul):
+            return label == "true"
+        if isinstance(question, Score):
+            return int(label)
+        return label
+
+    return [{"state": state, "answer": answer(label)} for state, label in question.examples]
+
+
 def question_from_system_one(data: Any, question_id: str) -> Question:
     """One System One question.
 
     A Score's levels are its ``criteria`` (a list); the old ``levels`` key is still read, with a
-    `DeprecationWarning`.
+    `DeprecationWarning`. Examples are read from `EXAMPLES_FIELD`.
 
     :raises QuestionError: not a question of a supported type (``question_id`` names it).
     """
@@ -67,6 +130,7 @@ def question_from_system_one(data: Any, question_id: str) -> Question:
         kind = data.get("type")
         instructions = render_structured(data.get("instructions"), "instructions")
         criteria = data.get("criteria")
+        examples = _examples_from_system_one(data.get(EXAMPLES_FIELD))
         if kind == "noul":
             if criteria is not None and not isinstance(criteria, dict):
                 raise QuestionError(f"a Noul's criteria must be an object, got {criteria!r}")
@@ -77,14 +141,14 @@ def question_from_system_one(data: Any, question_id: str) -> Question:
             )
             if instructions is None:  # absent or null; an empty string is still refused
                 instructions = NOUL_DEFAULT_INSTRUCTIONS
-            return Noul(instructions=instructions, criteria=rendered)
+            return Noul(instructions=instructions, criteria=rendered, examples=examples)
         if kind == "choice":
             if isinstance(criteria, dict):
                 criteria = {
                     name: render_structured(text, f"criteria[{name!r}]")
                     for name, text in criteria.items()
                 }
-            return Choice(criteria, instructions=instructions)
+            return Choice(criteria, instructions=instructions, examples=examples)
         if kind == "score":
             if criteria is None and "levels" in data:
                 warnings.warn(
@@ -99,7 +163,7 @@ def question_from_system_one(data: Any, question_id: str) -> Question:
             levels = [
                 render_structured(level, f"criteria[{n}]") for n, level in enumerate(criteria)
             ]
-            return Score(levels, instructions=instructions)
+            return Score(levels, instructions=instructions, examples=examples)
         if kind == "box":
             raise UnsupportedQuestionError(
                 "box questions are not supported: no model here locates boxes"
@@ -120,21 +184,25 @@ def questions_from_system_one(data: Any) -> dict[str, Question]:
 
 
 def question_to_system_one(question: Question) -> dict[str, Any]:
-    """A question as System One sends it."""
+    """A question as System One sends it (its examples, if any, in `EXAMPLES_FIELD`)."""
+    body: dict[str, Any]
     if isinstance(question, Noul):
         criteria = {o.label: o.description for o in question.options() if o.description}
-        body: dict[str, Any] = {"type": "noul", "instructions": question.instructions}
+        body = {"type": "noul", "instructions": question.instructions}
         if criteria:
             body["criteria"] = criteria
-        return body
-    if isinstance(question, Choice):
-        return {
+    elif isinstance(question, Choice):
+        body = {
             "type": "choice",
             "instructions": question.instructions,
             "criteria": {o.label: o.description for o in question.options()},
         }
-    return {
-        "type": "score",
-        "instructions": question.instructions,
-        "criteria": list(question.levels),
-    }
+    else:
+        body = {
+            "type": "score",
+            "instructions": question.instructions,
+            "criteria": list(question.levels),
+        }
+    if question.examples:
+        body[EXAMPLES_FIELD] = _examples_to_system_one(question)
+    return body
