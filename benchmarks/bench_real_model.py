@@ -69,9 +69,13 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 PLAIN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
-def load_set(every: int) -> tuple[list[dict[str, Any]], dict[str, tv.Question]]:
+def load_set(
+    every: int, questions_file: Path = EVAL / "questions.json"
+) -> tuple[list[dict[str, Any]], dict[str, tv.Question]]:
+    """Every ``every``-th shipped ticket, and the questions of ``questions_file`` (System One
+    JSON, ``x_examples`` read: the shipped set's own by default)."""
     tickets = [json.loads(line) for line in (EVAL / "tickets.jsonl").read_text().splitlines()]
-    questions = tv.questions_from_json(json.loads((EVAL / "questions.json").read_text()))
+    questions = tv.questions_from_json(json.loads(questions_file.read_text()))
     return tickets[::every], dict(questions)
 
 
@@ -542,7 +546,7 @@ def print_tables(summary: Mapping[str, Any], questions: Mapping[str, tv.Question
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    tickets, questions = load_set(args.every)
+    tickets, questions = load_set(args.every, args.questions)
     if args.question:
         questions = {qid: questions[qid] for qid in questions if qid in args.question}
     arms = args.arm or ["plain", "sdk"]
@@ -628,6 +632,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "model": MODEL,
             "tickets": len(tickets),
             "every": args.every,
+            "questions_file": str(args.questions.resolve().relative_to(ROOT)),
             "slots": args.slots,
             "arms": arms,
             "seconds": seconds,
@@ -638,6 +643,19 @@ async def main_async(args: argparse.Namespace) -> None:
             "speed": speed,
         },
     )
+
+
+def _questions_file(text: str) -> Path:
+    """An argparse type: a readable questions file inside the repository (its path is recorded
+    relative to it), whose questions parse (exit 2 naming the problem otherwise)."""
+    path = Path(text).resolve()
+    if not path.is_relative_to(ROOT) or not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file inside the repository")
+    try:
+        tv.questions_from_json(json.loads(path.read_text()))
+    except (ValueError, tv.TypevetError) as error:
+        raise argparse.ArgumentTypeError(f"{text}: {error}") from None
+    return path
 
 
 def _count(minimum: int) -> Any:
@@ -678,6 +696,14 @@ def main() -> None:
         metavar="QID",
         help="read only this question, repeated (default: every question of the set)",
     )
+    parser.add_argument(
+        "--questions",
+        type=_questions_file,
+        default=EVAL / "questions.json",
+        metavar="FILE",
+        help="the questions (System One JSON under the repository, `x_examples` read; the plain "
+        "arm asks them without examples; default: examples/eval/questions.json)",
+    )
     parser.add_argument("--slots", type=_count(1), default=4, help="server slots (default: 4)")
     parser.add_argument("--no-reversed", dest="reversed", action="store_false")
     parser.add_argument(
@@ -707,7 +733,7 @@ def main() -> None:
         help="write the sdk arm's reliability diagrams (docs/images/real-QUESTION-reliability.png)",
     )
     args = parser.parse_args()
-    _, questions = load_set(1)
+    _, questions = load_set(1, args.questions)
     unknown = sorted(set(args.question or ()) - set(questions))
     if unknown:
         parser.error(f"--question: no such question {unknown} (the set has {sorted(questions)})")

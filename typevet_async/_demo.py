@@ -35,18 +35,13 @@ QUESTIONS: dict[str, tv.Question] = {
         },
         instructions="Which team should handle this?",
     ),
-    "urgency": tv.Score(
-        ["can wait", "this week", "today", "right now"],
-        instructions="How urgent is this?",
-        # One written example a level, none of them a ticket below. The 1.5B model reads this
-        # rubric alone as "right now" for every ticket, the thank-you note included; shown
-        # these four, it orders the tickets (docs: Real answers).
-        examples=[
-            ("Just a suggestion: a dark mode would be nice some day.", 0),
-            ("My March invoice shows the wrong company name; please fix it by month end.", 1),
-            ("I can't log in and my exam on your platform starts this afternoon.", 2),
-            ("Someone is making purchases with my card on your site as we speak!", 3),
-        ],
+    # A Score this model reads: how the customer feels (on SST-5, the same kind of scale, its
+    # expected level has a Spearman of 0.78 with human labels). Urgency, asked here before, it
+    # reads barely: no method measured beat the plain prompt's NLL of 0.953 on the shipped
+    # tickets' three levels (chance: 1.099), and none separated these five (docs: Real answers).
+    "mood": tv.Score(
+        ["very unhappy", "unhappy", "neutral", "happy"],
+        instructions="How does the customer feel?",
     ),
 }
 

@@ -31,8 +31,8 @@ TICKET = "I was charged twice for my order and need a refund today."
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"
 
 
-#: The settings that letter every question, as before issue 44's defaults (a Noul in words, a
-#: Score on a scale with its content-free prior): for tests of reads at the letters' ids.
+#: The settings that letter every question, as before issue 44's default (a Noul in words):
+#: for tests of reads at the letters' ids.
 LETTERED: dict[str, Any] = {
     "noul_controls": "letters",
     "score_controls": "letters",
@@ -69,7 +69,7 @@ def softmax(logprobs: Sequence[float]) -> tuple[float, ...]:
 def assert_exact_softmax(judgment: tv.Judgment) -> None:
     """Each answer's probabilities are the softmax of the logprobs it read (float64 arithmetic
     on the same numbers: 1e-12 is rounding, not a tuned tolerance), divided by its content-free
-    prior where one was (a Score's, under the defaults)."""
+    prior where one was (``content_free`` on)."""
     for question_id, answer in judgment.items():
         diagnostics = judgment.diagnostics[question_id]
         expected = softmax(diagnostics.logprobs)

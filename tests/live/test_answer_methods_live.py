@@ -69,7 +69,7 @@ async def test_a_noul_in_words_reads_the_tokens_yes_and_no_where_the_model_write
 async def test_a_score_on_a_scale_reads_the_numbers_and_reports_both_levels(
     gemma3_url: str,
 ) -> None:
-    # The scale alone: its content-free prior (the default's) is another test's.
+    # The scale alone: its content-free prior is another test's.
     answer, diagnostics = await judged(
         gemma3_url, "urgency", URGENCY, score_controls="scale", content_free="off"
     )

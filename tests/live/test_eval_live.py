@@ -87,10 +87,8 @@ def test_eval_calibrate_and_apply_over_a_slice_of_the_shipped_set(
     calibration = tv.CalibrationMap.from_json(map_path.read_bytes())
     assert calibration.pins.backend == "llama.cpp"
     assert calibration.pins.template_family == "gemma3"
-    # The default layout as read: letters, a Noul in words, a Score on a scale with its prior.
-    assert (
-        calibration.pins.framing == "typevet/letters/2/score-scale/noul-words/content-free-scores"
-    )
+    # The default layout as read: letters, a Noul in words.
+    assert calibration.pins.framing == "typevet/letters/2/noul-words"
     for entry in calibration.questions.values():
         figures = entry.report
         assert figures["fit_items"] + figures["heldout_items"] == count

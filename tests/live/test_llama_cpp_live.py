@@ -34,7 +34,7 @@ LONG_STATE = " ".join(f"sentence {n} about a delayed refund." for n in range(200
 
 
 async def test_all_three_types_in_request_order(gemma3_url: str) -> None:
-    # Every question lettered (a Noul in words and a Score on a scale are the defaults).
+    # Every question lettered (a Noul in words is the default).
     async with tv.Session.llama_cpp(gemma3_url, max_concurrency=4, **LETTERED) as session:
         judgment = await session.judge(TICKET, questions())
     assert list(judgment) == ["refund", "route", "urgency"]
@@ -104,8 +104,9 @@ async def test_the_first_read_grows_with_the_menu(gemma3_url: str) -> None:
 async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
     counter = InFlightCounter("/completion")
     async with tv.Session.llama_cpp(
-        gemma3_url, top_k=1, reproducible=True, trace_configs=[counter.config]
-    ) as session:
+        gemma3_url, top_k=1, reproducible=True, content_free="scores",
+        trace_configs=[counter.config],
+    ) as session:  # fmt: skip
         judgment = await session.judge(TICKET, questions())
     for question_id in judgment:
         diagnostics = judgment.diagnostics[question_id]
@@ -114,8 +115,8 @@ async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
         independent = whole_vocabulary_logprobs(gemma3_url, diagnostics.prompt, cache_prompt=False)
         expected = [independent[token_id] for token_id in diagnostics.token_ids]
         assert_same_read(diagnostics.logprobs, expected)
-    # Usage counts every read sent: the questions' and, under the default, the Score's
-    # content-free prior reads (three states, each escalated like the question's own read).
+    # Usage counts every read sent: the questions' and the Score's content-free prior reads
+    # (three states, each escalated like the question's own read).
     question_reads = sum(d.reads for d in judgment.diagnostics.values())
     assert judgment.usage.reads == counter.started
     prior_reads = judgment.usage.reads - question_reads

@@ -95,13 +95,6 @@ async def test_batch_results_are_the_single_routes_and_the_direct_judgments(
 ) -> None:
     states = TICKETS[:CAP]
     wire = request_to_system_one("gemma", states[0], QUESTIONS)["questions"]
-    # The gateway's session reads a Score's content-free prior once and keeps it; the judgment
-    # that reads it counts those reads in its usage. One judgment first, so every one below
-    # (batched or single) finds the prior kept and their usages compare.
-    warm_status, _, _ = await post(
-        gateway_url, "/v1/systemone", {"model": "g", "state": states[-1], "questions": wire}
-    )
-    assert warm_status == 200
     status, body, seconds = await post(
         gateway_url, BATCH_PATH, batch_to_system_one("gemma", states, QUESTIONS)
     )

@@ -147,8 +147,8 @@ def _map(question: tv.Question = ROUTE, **pins: str) -> CalibrationMap:
         "model": "stub-model",
         "template_family": "gemma3",
         "backend": "custom",
-        # The default framing: letters, a Noul in words, a Score on a scale with its prior.
-        "framing": "typevet/letters/2/score-scale/noul-words/content-free-scores",
+        # The default framing: letters, a Noul in words.
+        "framing": "typevet/letters/2/noul-words",
         **pins,
     }
     entry = QuestionMap(question_hash(question), Reading(), Temperature(2.0), "question")
@@ -201,7 +201,7 @@ def _check(calibration: CalibrationMap, **given: object) -> None:
         "model": "stub-model",
         "template_family": "gemma3",
         "backend": "custom",
-        "framing": "typevet/letters/2/score-scale/noul-words/content-free-scores",
+        "framing": "typevet/letters/2/noul-words",
     }
     questions = given.pop("questions", [("route", ROUTE)])
     readings = given.pop("readings", {"route": Reading()})

@@ -67,8 +67,7 @@ async def test_a_bad_state_is_its_own_item_error_and_the_rest_are_answered() -> 
             assert error["status"] == 422
             assert error["loc"] == ["body", "states", index]
             assert "a string, an object or an array" in error["message"]
-        # The two good states' questions only, and the Score's content-free prior (3 reads).
-        assert len(backend.read_requests) == 2 * 3 + 3
+        assert len(backend.read_requests) == 2 * 3  # the two good states' questions only
     finally:
         await client.close()
 

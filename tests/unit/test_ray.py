@@ -222,8 +222,7 @@ def test_batches_at_once_share_one_session_and_its_cap(
     outputs = actor_loop.run(three_batches())
     stats = simulated.stats()
     assert stats["requests"]["/props"] == 1  # one session, probed once
-    # 3 batches of 12 records, 3 questions each, and the Score's content-free prior (3 reads).
-    assert stats["simulation"]["served"] == 3 * 12 * 3 + 3
+    assert stats["simulation"]["served"] == 3 * 12 * 3  # 3 batches of 12 records, 3 questions
     assert stats["simulation"]["peak_slots_held"] == 3  # the session's cap, shared
     for n, output in enumerate(outputs):
         assert output.column_names == ["id", "state", "refund", "route", "urgency", ERROR_COLUMN]

@@ -114,11 +114,10 @@ async def test_a_response_validates_against_the_official_response_model() -> Non
     assert parsed.usage.input_tokens == judgment.usage.prompt_tokens
     assert parsed.usage.output_tokens == 0  # no token is generated
     # Our richer record rides along; System One clients ignore it.
-    # Three reads, and the Score's content-free prior (three more, 10 prompt tokens each).
-    assert body[EXTENSION]["usage"] == {
-        "prompt_tokens": 60,
+    assert body[EXTENSION]["usage"] == {  # three reads, 10 prompt tokens each
+        "prompt_tokens": 30,
         "cached_tokens": 0,
-        "reads": 6,
+        "reads": 3,
         "cache_hits": 0,
     }
     assert set(body[EXTENSION]["diagnostics"]) == {"refund", "route", "urgency"}
