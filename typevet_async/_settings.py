@@ -84,7 +84,7 @@ PrefixReuse = Literal["auto", "first", "sequential", "off"]
 
 #: The defaults of the answer methods, from their figures on held-out public data and the
 #: shipped tickets (docs/guide/real-answers.md; Qwen2.5 Coder 1.5B): a Noul in words (SST-2:
-#: NLL -0.121, accuracy +0.042; shipped refund: NLL 0.476 -> 0.259). A Score stays the plain
+#: NLL -0.121, accuracy +0.042; shipped refund: NLL 0.476 -> 0.258). A Score stays the plain
 #: letter prompt, without a content-free prior: its scale with the prior won SST-5 (NLL -0.107)
 #: and lost the shipped urgency (NLL +0.077), a coin flip by data set, not a default. A Choice
 #: stays the plain letter prompt (the prior cost AG News 0.051 of NLL, and SST-2 0.006).
@@ -115,15 +115,16 @@ class SessionSettings:
         ``B. Yes``, "Answer with one letter.") or ``"words"`` (the default: the tokens ``Yes``
         and ``No`` as the model writes them, "Answer Yes or No.").
     :param score_controls: how the default layout asks a Score: ``"letters"`` (the default:
-        its levels lettered) or ``"scale"`` (numbered 1..n, lowest first, "Answer with one number from 1
-        to n."; a Score of more than 9 levels stays lettered). A words Noul and a scale Score
-        are read in their one order whatever ``permutations`` says (their order is their
-        meaning).
+        its levels lettered) or ``"scale"`` (numbered 1..n, lowest first, "Answer with one
+        number from 1 to n."; a Score of more than 9 levels stays lettered). A words Noul and a
+        scale Score are read in their one order whatever ``permutations`` says (their order is
+        their meaning).
     :param content_free: content-free calibration (Zhao et al., ICML 2021) of ``"all"``
-        questions (or True), ``"scores"`` only, or ``"off"`` (or False; the default): each such question is
-        read once per session on content-free states (`CONTENT_FREE_STATES`), the mean of
-        those answers is the question's prior, and every answer is divided by it and
-        renormalised; the prior and the undivided probabilities are in the diagnostics.
+        questions (or True), ``"scores"`` only, or ``"off"`` (or False; the default): each
+        such question is read once per session on content-free states
+        (`CONTENT_FREE_STATES`), the mean of those answers is the question's prior, and every
+        answer is divided by it and renormalised; the prior and the undivided probabilities
+        are in the diagnostics.
     :param off_menu_threshold: flag answers whose off-menu mass exceeds it (and with
         ``raise_off_menu`` raise `OffMenuError`); a judgment may override both.
     :param max_images: most images one judgment or generation may take; ``max_image_bytes``
