@@ -130,6 +130,22 @@ HOSTILE: dict[str, tuple[bytes, dict[str, str], int, str]] = {
     ),
     # 1,000,000 numbers
     "items": (body(state=[0] * 1_000_000), {"Content-Type": "application/json"}, 422, "items"),
+    # 400 questions of 64 in-context examples each (25,600: valid, decoded in 67 ms off the
+    # loop), the last question one example over the cap
+    "examples": (
+        body(
+            questions={
+                f"q{i}": {
+                    **QUESTION["refund"],
+                    "x_examples": [{"state": "s", "answer": True}] * (64 + (i == 399)),
+                }
+                for i in range(400)
+            }
+        ),
+        {"Content-Type": "application/json"},
+        422,
+        "at most 64 examples",
+    ),
 }
 
 
