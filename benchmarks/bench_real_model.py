@@ -58,6 +58,8 @@ import numpy as np
 
 import typevet_async as tv
 from benchmarks._shared import markdown_table, write_results
+from typevet_async._cli.exits import CommandLineError
+from typevet_async._cli.inputs import read_json_file
 from typevet_async._core import fitting
 from typevet_async._core.metrics import evaluate
 
@@ -75,7 +77,7 @@ def load_set(
     """Every ``every``-th shipped ticket, and the questions of ``questions_file`` (System One
     JSON, ``x_examples`` read: the shipped set's own by default)."""
     tickets = [json.loads(line) for line in (EVAL / "tickets.jsonl").read_text().splitlines()]
-    questions = tv.questions_from_json(json.loads(questions_file.read_text()))
+    questions = tv.questions_from_json(read_json_file(questions_file, "--questions"))
     return tickets[::every], dict(questions)
 
 
@@ -651,10 +653,10 @@ def _questions_file(text: str) -> Path:
     path = Path(text).resolve()
     if not path.is_relative_to(ROOT) or not path.is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is not a file inside the repository")
-    try:
-        tv.questions_from_json(json.loads(path.read_text()))
-    except (ValueError, tv.TypevetError) as error:
-        raise argparse.ArgumentTypeError(f"{text}: {error}") from None
+    try:  # read as the CLI reads --questions (a nesting too deep, a key twice: refused)
+        tv.questions_from_json(read_json_file(path, "--questions"))
+    except (CommandLineError, tv.TypevetError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return path
 
 
