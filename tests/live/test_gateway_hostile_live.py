@@ -144,7 +144,7 @@ HOSTILE: dict[str, tuple[bytes, dict[str, str], int, str]] = {
         ),
         {"Content-Type": "application/json"},
         422,
-        "at most 64 examples",
+        "at most 64",
     ),
 }
 

@@ -32,6 +32,7 @@ __all__ = [
     "Question",
     "Score",
     "check_questions",
+    "example_answer",
     "refuse_lookalike_options",
 ]
 
@@ -164,6 +165,16 @@ def _example_label(question: Question, index: int, answer: Any) -> str:
             f"{where}: a Score's answer must be a level from 0 to {levels - 1}, got {answer!r}"
         )
     return str(answer)
+
+
+def example_answer(question: Question, label: str) -> bool | str | int:
+    """An example's answer as the caller gave it, from the option label it is kept as (the
+    inverse of `_example_label`): a Noul's bool, a Choice's label, a Score's level."""
+    if isinstance(question, Noul):
+        return label == "true"
+    if isinstance(question, Score):
+        return int(label)
+    return label
 
 
 def _examples(value: Any, question: Question) -> tuple[tuple[str, str], ...]:

@@ -15,7 +15,14 @@ import warnings
 from typing import Any, Final
 
 from typevet_async._core.jsonvalues import compact_json
-from typevet_async._core.questions import MAX_EXAMPLES, Choice, Noul, Question, Score
+from typevet_async._core.questions import (
+    MAX_EXAMPLES,
+    Choice,
+    Noul,
+    Question,
+    Score,
+    example_answer,
+)
 from typevet_async._errors import QuestionError, TypevetError
 
 __all__ = [
@@ -75,10 +82,10 @@ def examples_advertisement() -> dict[str, Any]:
 
 
 def _examples_from_system_one(raw: Any) -> list[tuple[Any, Any]] | None:
-    """`EXAMPLES_FIELD` as (state, answer) pairs for the question's own checks (None: absent).
+    """`EXAMPLES_FIELD` as (state, answer) pairs for the question's own checks (its cap and
+    its answers' types are the question's rules; None: absent).
 
-    :raises QuestionError: not an array of at most `MAX_EXAMPLES` ``{"state", "answer"}``
-        objects.
+    :raises QuestionError: not an array of ``{"state", "answer"}`` objects.
     """
     if raw is None:
         return None
@@ -86,13 +93,8 @@ def _examples_from_system_one(raw: Any) -> list[tuple[Any, Any]] | None:
         raise QuestionError(
             f'{EXAMPLES_FIELD} must be an array of {{"state", "answer"}} objects, got {raw!r}'
         )
-    if len(raw) > MAX_EXAMPLES:
-        raise QuestionError(
-            f"{EXAMPLES_FIELD}: at most {MAX_EXAMPLES} examples (each is a turn of every "
-            f"prompt), got {len(raw)}"
-        )
     pairs: list[tuple[Any, Any]] = []
-    for index, item in enumerate(raw):
+    for index, item in enumerate(raw[: MAX_EXAMPLES + 1]):  # one past the cap: refused there
         if not isinstance(item, dict) or set(item) != {"state", "answer"}:
             raise QuestionError(
                 f'{EXAMPLES_FIELD}[{index}] must be an object of exactly "state" and '
@@ -104,16 +106,11 @@ def _examples_from_system_one(raw: Any) -> list[tuple[Any, Any]] | None:
 
 def _examples_to_system_one(question: Question) -> list[dict[str, Any]]:
     """A question's examples as `EXAMPLES_FIELD` carries them (the answers as the caller gave
-    them: a Noul's bool, a Choice's label, a Score's level)."""
-
-    def answer(label: str) -> Any:
-        if isinstance(question, Noul):
-            return label == "true"
-        if isinstance(question, Score):
-            return int(label)
-        return label
-
-    return [{"state": state, "answer": answer(label)} for state, label in question.examples]
+    them: `example_answer`)."""
+    return [
+        {"state": state, "answer": example_answer(question, label)}
+        for state, label in question.examples
+    ]
 
 
 def question_from_system_one(data: Any, question_id: str) -> Question:
