@@ -11,6 +11,7 @@ The tree::
     │   │   └── CalibrationError                      a map unreadable, or fitted for another run
     │   ├── SystemOneValidationError                  a body without the System One shape (422)
     │   ├── DecisionsValidationError                  a body without the Decisions shape (422)
+    │   ├── PromptTooLongError                        a prompt that cannot fit the served context
     │   └── DecodeError                               a served body past its decode budget
     │       ├── BodyTooLargeError                     bytes, compressed or not (413)
     │       ├── BadEncodingError                      a Content-Encoding refused or corrupt (415)
@@ -70,6 +71,7 @@ __all__ = [
     "ModelIntegrityError",
     "OffMenuError",
     "OutputValidationError",
+    "PromptTooLongError",
     "ProtocolError",
     "QuestionError",
     "RefusalError",
@@ -168,6 +170,21 @@ class DecisionsValidationError(InvalidInputError):
         first = detail[0]
         super().__init__(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
         self.detail = detail
+
+
+class PromptTooLongError(InvalidInputError):
+    """A question's prompt (its state, examples, instructions and options) certainly cannot
+    fit the served context, refused before any request: ``prompt_bytes`` of text take at least
+    ``min_tokens`` tokens, and a request may hold at most ``context_tokens`` (the prompt and
+    the one token read after it)."""
+
+    def __init__(
+        self, message: str, *, prompt_bytes: int, min_tokens: int, context_tokens: int
+    ) -> None:
+        super().__init__(message)
+        self.prompt_bytes = prompt_bytes
+        self.min_tokens = min_tokens
+        self.context_tokens = context_tokens
 
 
 class DecodeError(InvalidInputError):

@@ -16,12 +16,12 @@ from collections.abc import Mapping, Sequence
 from typevet_async._backends.base import AnswerTokenizing, Backend
 from typevet_async._content_free import PriorCache
 from typevet_async._core.calibration import Reading
-from typevet_async._core.codes import CodeTokens, codes_in_context, codes_needed
+from typevet_async._core.codes import CodeTokens, check_code_count, codes_in_context, codes_needed
 from typevet_async._core.controls import ALPHABETS, available_controls
 from typevet_async._core.framing import TemplateFamily, turn_markers
 from typevet_async._core.layouts import Layout
 from typevet_async._core.markers import ALL_RUNS, marker_runs
-from typevet_async._core.probe import Probe
+from typevet_async._core.probe import Probe, check_context
 from typevet_async._core.questions import Question
 from typevet_async._core.rotations import rotation_offsets
 from typevet_async._core.scoring import QuestionPlan, ScoringRequest, bind_question, request_for
@@ -103,7 +103,12 @@ class Planner:
         def option_count(question: Question) -> int:
             return len(question.options())
 
+        @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+        def example_states(question: Question) -> tuple[str, ...]:
+            return tuple(state for state, _ in question.examples)
+
         self._bind = bind
+        self._example_states = example_states
         self._question_runs = question_runs
         self._option_count = option_count
         #: Code -> its tokens in context, or None where the tokenizer writes it otherwise;
@@ -133,7 +138,14 @@ class Planner:
     async def learn(self, state_text: str, questions: Sequence[tuple[str, Question]]) -> None:
         """Ask the backend what planning this judgment needs and it has not said yet: the
         verdicts on new marker runs, and the tokens of the codes of a question with more
-        options than single controls (no request in the common case)."""
+        options than single controls (no request in the common case).
+
+        :raises TooManyOptionsError: a question with more options than any tokenizer gives
+            codes (`check_code_count`), before anything is asked.
+        :raises PromptTooLongError: the state and a question's examples certainly cannot fit
+            the served context (`check_context`; `plan` checks each whole prompt).
+        """
+        self._refuse_unanswerable(state_text, questions)
         await self._learn_runs(state_text, questions)
         if self._codes is None:
             return
@@ -141,6 +153,22 @@ class Planner:
         widest = max((self._option_count(question) for _, question in questions), default=0)
         if widest > self._single_limit:
             await self._learn_codes(widest, self._codes)
+
+    def _refuse_unanswerable(
+        self, state_text: str, questions: Sequence[tuple[str, Question]]
+    ) -> None:
+        """Refuse, before the tokenizer is asked anything, a question no read can answer: more
+        options than there are codes, or a state and examples past the served context."""
+        context = self.probe.context_tokens
+        for question_id, question in questions:
+            if self._codes is not None:  # else the single controls are the limit (`plan`)
+                try:
+                    check_code_count(self._option_count(question))
+                except TypevetError as error:
+                    error.question_id = question_id
+                    raise
+            if context is not None:  # each prompt shows the state and its question's examples
+                check_context(question_id, (state_text, *self._example_states(question)), context)
 
     async def _learn_codes(self, count: int, known: dict[str, CodeTokens | None]) -> None:
         """Ask the tokenizer how it writes codes at the answer position until ``count`` are
@@ -190,6 +218,8 @@ class Planner:
         :raises InvalidInputError: images for a server that does not declare vision.
         :raises TooManyOptionsError: a question needs more controls or candidates than there
             are (``question_id`` names it).
+        :raises PromptTooLongError: a request's prompt certainly cannot fit the served context
+            (`check_context`).
         """
         frame, probe = self._frame, self.probe
         if self._frames and frame is None:
@@ -224,20 +254,28 @@ class Planner:
                 except TypevetError as error:
                     error.question_id = question_id
                     raise
-                requests.append(
-                    request_for(
-                        question_id,
-                        plan,
-                        state_text,
-                        frame=frame,
-                        images=images.state,
-                        media_marker=probe.media_marker,
-                        is_special=self.is_special,
-                        judgment=judgment,
-                        question_images=images.of(question_id),
-                    )
+                request = request_for(
+                    question_id,
+                    plan,
+                    state_text,
+                    frame=frame,
+                    images=images.state,
+                    media_marker=probe.media_marker,
+                    is_special=self.is_special,
+                    judgment=judgment,
+                    question_images=images.of(question_id),
                 )
+                check_context(question_id, _prompt_texts(request), probe.context_tokens)
+                requests.append(request)
         return requests
+
+
+def _prompt_texts(request: ScoringRequest) -> tuple[str, ...]:
+    """The text a request's prompt holds: the raw prefix the SDK framed, else its messages'
+    contents (the server's template adds its own markers around them)."""
+    if request.prompt is not None:
+        return (request.prompt,)
+    return tuple(message.content for message in request.messages)
 
 
 def examples_refusal(question_id: str, probe: Probe) -> UnsupportedTemplateError:

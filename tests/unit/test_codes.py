@@ -287,6 +287,23 @@ async def test_codes_the_tokenizer_merges_are_skipped() -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("count", [521, 1000])
+async def test_a_question_past_every_code_is_refused_before_the_tokenizer_is_asked(
+    count: int,
+) -> None:
+    backend = CodeTokenizingStub()
+    async with session(backend) as s:
+        with pytest.raises(tv.TooManyOptionsError) as refused:
+            await s.judge("state", {"few": choice(3), "many": choice(count)})
+        assert backend.asked == []  # not one code asked (it asked all 520 before)
+        assert backend.read_requests == []
+        await s.judge("state", {"most": choice(len(CODES))})  # the maximum is still answered
+    error = refused.value
+    assert (error.question_id, error.count, error.limit) == ("many", count, 520)
+    assert f"{count} options, and a question takes at most 520" in str(error)
+
+
+@pytest.mark.asyncio
 async def test_a_backend_that_cannot_tokenize_answers_keeps_the_single_control_limit() -> None:
     async with session(InMemoryStubBackend()) as s:
         with pytest.raises(tv.TooManyOptionsError, match="only 10 single-token controls"):

@@ -50,6 +50,7 @@ def test_the_error_tree() -> None:
         tv.TooManyOptionsError,
         tv.SchemaError,
         tv.ConfigurationError,
+        tv.PromptTooLongError,
     ):
         assert issubclass(cls, tv.InvalidInputError)
         assert issubclass(cls, ValueError)

@@ -192,7 +192,9 @@ def ref_llama_props(raw: bytes) -> Any:
     slots = field(doc, "total_slots", nullable(lambda value: integer(value, 1)), None)
     template = field(doc, "chat_template", string, "")
     bos = field(doc, "bos_token", nullable(string), None)
-    return llama_cpp_wire.Props(vision, marker or None, slots, template, bos or None)
+    slot = field(doc, "default_generation_settings", obj, {})
+    context = field(slot, "n_ctx", nullable(lambda value: integer(value, 1)), None)
+    return llama_cpp_wire.Props(vision, marker or None, slots, template, bos or None, context)
 
 
 def ref_chat_output(raw: bytes) -> Any:
@@ -268,9 +270,22 @@ def ref_vllm_rendered(raw: bytes) -> Any:
     return "".join(pieces)
 
 
+def sdk_vllm_models(raw: bytes) -> Any:
+    """The served ids, and the recorded model's ``max_model_len`` (the probe's context)."""
+    return vllm_wire.decode_model_ids(raw), vllm_wire.decode_max_model_len(raw, "gemma3-270m")
+
+
 def ref_vllm_models(raw: bytes) -> Any:
-    models = required(obj(strict_json(raw)), "data", array)
-    return tuple(required(obj(item), "id", string) for item in models)
+    models = [obj(item) for item in required(obj(strict_json(raw)), "data", array)]
+    found = [
+        (
+            required(item, "id", string),
+            field(item, "max_model_len", nullable(lambda value: integer(value, 1)), None),
+        )
+        for item in models
+    ]
+    context = next((length for name, length in found if name == "gemma3-270m"), None)
+    return tuple(name for name, _ in found), context
 
 
 def system_one_questions() -> list[tuple[str, tv.Question]]:
@@ -440,7 +455,7 @@ ENDPOINTS = [
     Endpoint(
         "llama_cpp", "props", llama_cpp_wire.decode_props, ref_llama_props,
         (("modalities", "vision"), ("media_marker",), ("total_slots",), ("chat_template",),
-         ("bos_token",)),
+         ("bos_token",), ("default_generation_settings", "n_ctx")),
     ),
     Endpoint("llama_cpp", "chat_generation", decode_chat_output, ref_chat_output, CHAT_USED),
     Endpoint(
@@ -464,7 +479,10 @@ ENDPOINTS = [
         "vllm", "tokenize_messages", vllm_wire.decode_rendered, ref_vllm_rendered,
         (("token_strs", "*"),),
     ),
-    Endpoint("vllm", "models", vllm_wire.decode_model_ids, ref_vllm_models, (("data", "*", "id"),)),
+    Endpoint(
+        "vllm", "models", sdk_vllm_models, ref_vllm_models,
+        (("data", "*", "id"), ("data", "*", "max_model_len")),
+    ),
     Endpoint(
         "system_one", "judgment", sdk_system_one, ref_system_one,
         (

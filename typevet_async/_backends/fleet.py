@@ -268,6 +268,10 @@ class AsyncFleet:
                     f"{'; '.join(found)}. An answer must not depend on which endpoint read it"
                 )
             self._set_slots(endpoint, outcome)
+        # A prompt is refused only where it fits no endpoint: the longest context, if all say.
+        contexts = [probe.context_tokens for _, probe in answered]
+        longest = None if None in contexts else max(c for c in contexts if c is not None)
+        reference = attrs.evolve(reference, context_tokens=longest)
         self._probe = reference
         return reference
 

@@ -303,6 +303,7 @@ class AsyncLlamaCpp:
             media_marker=props.media_marker,
             slots=props.slots,
             frame=frame,
+            context_tokens=props.context_tokens,
             control_leads=controls.leads,
             consecutive_user_turns=await self._renders_consecutive_user_turns(),
         )

@@ -16,8 +16,10 @@ reply                  fields read                                   checked whi
 template``
 ``GET /v1/models``     ``data[].id``, ``data[].aliases``,            strings; ``n_vocab`` a
                        ``data[0].meta.n_vocab``                      positive integer
-``GET /props``         ``modalities.vision``, ``media_marker``       an object and a boolean, a
-                                                                     string or null
+``GET /props``         ``modalities.vision``, ``media_marker``,      an object and a boolean, a
+                       ``total_slots``, ``chat_template``,           string or null, positive
+                       ``bos_token``,                                integers
+                       ``default_generation_settings.n_ctx``
 ``POST /v1/chat/       ``choices[0].message.content``,               shared with vLLM:
 completions``          ``finish_reason``, ``usage``                  `openai_chat`
 =====================  ============================================  ==========================
@@ -324,8 +326,13 @@ class _Modalities(Reply):
     vision: bool = False
 
 
+class _SlotSettings(Reply):
+    n_ctx: Annotated[int, msgspec.Meta(gt=0)] | None = None
+
+
 class _Props(Reply):
     modalities: _Modalities = msgspec.field(default_factory=_Modalities)
+    default_generation_settings: _SlotSettings = msgspec.field(default_factory=_SlotSettings)
     media_marker: str | None = None
     total_slots: Annotated[int, msgspec.Meta(gt=0)] | None = None
     chat_template: str = ""
@@ -346,12 +353,15 @@ class Props:
     #: The served chat template's source ("" if it does not say) and the BOS token's text.
     chat_template: str = ""
     bos_token: str | None = None
+    #: The tokens one request may hold: a slot's context (``default_generation_settings.n_ctx``,
+    #: the server's ``n_ctx`` over its slots); None if it does not say.
+    context_tokens: int | None = None
 
 
 def decode_props(raw: bytes) -> Props:
     """:raises ProtocolError: ``modalities`` not an object, ``vision`` not a boolean,
-    ``media_marker`` neither a string nor null, ``total_slots`` not a positive integer, or
-    ``chat_template`` or ``bos_token`` not a string."""
+    ``media_marker`` neither a string nor null, ``total_slots`` or a slot's ``n_ctx`` not a
+    positive integer, or ``chat_template`` or ``bos_token`` not a string."""
     reply = decode(_PROPS, raw, "/props")
     return Props(
         reply.modalities.vision,
@@ -359,4 +369,5 @@ def decode_props(raw: bytes) -> Props:
         reply.total_slots,
         reply.chat_template,
         reply.bos_token or None,
+        reply.default_generation_settings.n_ctx,
     )

@@ -26,6 +26,7 @@ from typevet_async._backends.vllm_wire import (
     chat_tokens_body,
     completion_scoring_body,
     decode_completion_scoring,
+    decode_max_model_len,
     decode_model_ids,
     decode_rendered,
     decode_scoring,
@@ -151,7 +152,8 @@ class AsyncVllm:
         """Served models, the template's family (rendered via /tokenize), and the controls'
         ids in context: the probe message's answer position rendered by the template with and
         without each control as the assistant's answer."""
-        model_ids = decode_model_ids(await self.http.get("/v1/models"))
+        models = await self.http.get("/v1/models")
+        model_ids = decode_model_ids(models)
         check_served_model(self.model, model_ids)  # before anything else names the model
         raw = await self.http.post("/tokenize", render_body(self.model))
         rendered, base = decode_rendered(raw), decode_tokens(raw)
@@ -177,6 +179,7 @@ class AsyncVllm:
             vision=True,  # vLLM does not declare it; a text-only model refuses images itself
             control_leads=controls.leads,
             consecutive_user_turns=await self._renders_consecutive_user_turns(),
+            context_tokens=decode_max_model_len(models, self.model),
         )
 
     async def _renders_consecutive_user_turns(self) -> bool:

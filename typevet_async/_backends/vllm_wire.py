@@ -26,7 +26,8 @@ completions`` (generation)  ``finish_reason``, ``usage``                    llam
 ``POST /v1/completions``    ``choices[0].logprobs.tokens[0]`` and           as the chat read
 (token-prompt scoring)      ``.top_logprobs[0]`` (token -> logprob),
                             ``usage``
-``GET /v1/models``          ``data[].id``                                   strings
+``GET /v1/models``          ``data[].id``, ``data[].max_model_len``         strings, positive
+                                                                            integers or null
 ==========================  ==============================================  ====================
 
 The values' rules (repeated ids, finite logprobs at most 0 in a ``*_logprobs`` mode, every
@@ -36,9 +37,10 @@ candidate present) are `typevet_async._core.readings`' and are applied right aft
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import attrs
+import msgspec
 
 from typevet_async._backends import wire
 from typevet_async._backends.openai_chat import NO_THINKING, user_message
@@ -54,6 +56,7 @@ __all__ = [
     "chat_tokens_body",
     "completion_scoring_body",
     "decode_completion_scoring",
+    "decode_max_model_len",
     "decode_model_ids",
     "decode_rendered",
     "decode_scoring",
@@ -371,6 +374,7 @@ def decode_rendered(raw: bytes) -> str:
 
 class _Model(wire.Reply):
     id: str
+    max_model_len: Annotated[int, msgspec.Meta(gt=0)] | None = None
 
 
 class _Models(wire.Reply):
@@ -383,3 +387,14 @@ _MODELS = wire.decoder_for(_Models)
 def decode_model_ids(raw: bytes) -> tuple[str, ...]:
     """Every served model id. :raises ProtocolError: no ``data[].id`` strings."""
     return tuple(model.id for model in wire.decode(_MODELS, raw, "/v1/models").data)
+
+
+def decode_max_model_len(raw: bytes, model: str | None) -> int | None:
+    """The tokens one request for ``model`` may hold, prompt and output (``max_model_len`` of
+    its ``data[]`` entry); None if the server does not say.
+
+    :raises ProtocolError: no ``data[].id`` strings, or a ``max_model_len`` that is not a
+        positive integer.
+    """
+    models = wire.decode(_MODELS, raw, "/v1/models").data
+    return next((entry.max_model_len for entry in models if entry.id == model), None)

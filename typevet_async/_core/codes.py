@@ -28,11 +28,13 @@ import attrs
 from typevet_async._core.controls import DIGITS, LOWERCASE, UPPERCASE, BoundOption
 from typevet_async._core.questions import Option
 from typevet_async._core.readings import CandidateRead
+from typevet_async._errors import TooManyOptionsError
 
 __all__ = [
     "CODES",
     "CodeTokens",
     "bind_codes",
+    "check_code_count",
     "code_firsts",
     "codes_in_context",
     "codes_needed",
@@ -56,6 +58,22 @@ class CodeTokens:
     lead: tuple[int, ...]
     first: int
     second: int
+
+
+def check_code_count(count: int) -> None:
+    """Refuse a question with more options than there are codes: no tokenizer could give them
+    all, so the tokenizer is not asked about any.
+
+    :raises TooManyOptionsError: naming the count and the maximum (``len(CODES)``).
+    """
+    if count > len(CODES):
+        raise TooManyOptionsError(
+            f"{count} options, and a question takes at most {len(CODES)} (past the single-"
+            f"token controls each option gets a two-token code, a digit then a letter, and "
+            f"there are {len(CODES)}): refused before any request",
+            count=count,
+            limit=len(CODES),
+        )
 
 
 def codes_needed(count: int, known: Mapping[str, CodeTokens | None]) -> list[str]:

@@ -80,11 +80,12 @@ def _encode(value: Any, parts: list[bytes]) -> None:
 def probe_digest(probe: Probe) -> str:
     """The hex SHA-256 of what the probe learnt (cattrs-unstructured: the served models, the
     template's family, rendering and frame, the controls' ids and leads, the vocabulary,
-    vision), computed once per probe, part of every read's key. Every field but ``slots``:
-    how many reads the server runs at once decides how many are sent, not what one reads (and
-    a fleet's endpoints may differ in it)."""
+    vision), computed once per probe, part of every read's key. Every field but ``slots`` and
+    ``context_tokens``: how many reads the server runs at once, and how long a prompt it
+    takes, decide what is sent, not what one read reads (and a fleet's endpoints may differ
+    in them)."""
     learnt = _converter.unstructure(probe)
-    del learnt["slots"]
+    del learnt["slots"], learnt["context_tokens"]
     return hashlib.sha256(canonical(learnt)).hexdigest()
 
 
