@@ -22,7 +22,7 @@ from typevet_async._content_free import Answered, content_free_priors
 from typevet_async._core.answers import Answer, Diagnostics, Judgment, Usage
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, question_set_hash
 from typevet_async._core.codes import code_firsts, with_reads_after
-from typevet_async._core.content_free import content_free_applies
+from typevet_async._core.content_free import ContentFreePrior, content_free_applies
 from typevet_async._core.controls import reads_in_one_order
 from typevet_async._core.fields import framing_pin
 from typevet_async._core.interpreting import interpret_read, settle_question
@@ -233,23 +233,25 @@ async def _content_free_priors(
     questions: Sequence[tuple[str, Question]],
     strategy: PrefixReuse,
     options: ReadOptions,
-) -> tuple[dict[str, tuple[float, ...]], Usage]:
-    """`content_free_priors`, each state read as this judgment reads its question (no map)."""
+) -> tuple[dict[str, ContentFreePrior], Usage]:
+    """`content_free_priors`, each state read as this judgment reads its question, under
+    `ReadOptions.for_priors` (no map, no off-menu guard)."""
     questions = [q for q in questions if content_free_applies(q[1], planner.settings.content_free)]
     if not questions:
         return {}, Usage()
-    unmapped = attrs.evolve(options, calibration=None)
-    readings = question_readings(questions, unmapped, planner.settings)
+    unguarded = options.for_priors({question_id for question_id, _ in questions})
+    readings = question_readings(questions, unguarded, planner.settings)
 
     async def answer_to(question_id: str, question: Question, state: str) -> Answered:
         asked = [(question_id, question)]
         await planner.learn(state, asked)
         requests = planner.plan(state, asked, NO_IMAGES, readings)
         judgment = await read_judgment(
-            planner.backend, planner.probe, slots, requests, strategy, unmapped, readings,
+            planner.backend, planner.probe, slots, requests, strategy, unguarded, readings,
             planner.cached_reads,
         )  # fmt: skip
-        return tuple(judgment[question_id].probabilities.values()), judgment.usage
+        probabilities = tuple(judgment[question_id].probabilities.values())
+        return probabilities, judgment.diagnostics[question_id].off_menu_mass, judgment.usage
 
     return await content_free_priors(planner.content_free_priors, questions, readings, answer_to)
 
@@ -415,7 +417,7 @@ async def read_judgment(
     options: ReadOptions,
     readings: Mapping[str, Reading] | None = None,
     cached: CachedReads | None = None,
-    priors: Mapping[str, tuple[float, ...]] | None = None,
+    priors: Mapping[str, ContentFreePrior] | None = None,
 ) -> Judgment:
     """Read every request (under ``strategy`` where the backend reuses prefixes; through
     ``cached``, the session's read cache, if any) and gather the answers in request order: a
@@ -449,7 +451,7 @@ def _settled(
     usage: Usage,
     options: ReadOptions,
     readings: Mapping[str, Reading],
-    priors: Mapping[str, tuple[float, ...]],
+    priors: Mapping[str, ContentFreePrior],
 ) -> Judgment:
     grouped: dict[str, list[tuple[ScoringRequest, _Scored]]] = {}
     for request, item in zip(requests, scored, strict=True):

@@ -6,7 +6,7 @@ the caller). A call's overrides become a `ReadOptions` through the same validato
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar, Literal, Self
 
 import attrs
@@ -234,6 +234,22 @@ class ReadOptions(_CallOptions):
     permutations: Permutations = attrs.field(default=1, validator=_permutations)
     label_prior: bool = attrs.field(default=False, validator=boolean)
     calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
+
+    def for_priors(self, question_ids: Collection[str]) -> ReadOptions:
+        """The options the content-free priors of ``question_ids`` are read under: each
+        question's rotations and label prior as here (the counts of the other questions left
+        out), no calibration map, and no off-menu guard, which judges the answer to the state
+        (a prior's off-menu mass is reported in that answer's diagnostics)."""
+        permutations = self.permutations
+        if isinstance(permutations, Mapping):
+            permutations = {qid: n for qid, n in permutations.items() if qid in question_ids}
+        return attrs.evolve(
+            self,
+            off_menu_threshold=None,
+            raise_off_menu=False,
+            permutations=permutations,
+            calibration=None,
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -9,6 +9,7 @@ What these methods are worth is measured on the real instruction model in
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -114,15 +115,76 @@ async def test_the_prior_is_the_mean_of_independent_reads_of_the_content_free_pr
     async with tv.Session.llama_cpp(gemma3_url, content_free=True, reproducible=True) as session:
         judgment = await session.judge(TICKET, {"refund": REFUND})
     diagnostics = judgment.diagnostics["refund"]
-    # Gemma's template trims a message (the empty state's prompt starts at the question), and
-    # its tokenizer reads "[MASK]" as text ("<mask>" is its special token).
-    frame = attrs.evolve(GEMMA_FRAMES[TemplateFamily.GEMMA3], trim=True)
     block = "Is the customer asking for a refund?\nAnswer Yes or No."  # in words, the default
-    prompts = [frame.prefix(f"{state}\n\n{block}") for state in CONTENT_FREE_STATES]
+    prompts = content_free_prompts(block)
     assert prompts[0] == diagnostics.prompt.replace(TICKET, "N/A")
     reads = [independent_read(gemma3_url, prompt, diagnostics.token_ids) for prompt in prompts]
     mean = tuple(sum(read[i] for read in reads) / len(reads) for i in range(2))
     assert diagnostics.content_free_prior == pytest.approx(mean, abs=1e-5)
+
+
+def content_free_prompts(block: str) -> list[str]:
+    """The prompts of the content-free states under Gemma's template (which trims a message:
+    the empty state's prompt starts at the question; its tokenizer reads "[MASK]" as text)."""
+    frame = attrs.evolve(GEMMA_FRAMES[TemplateFamily.GEMMA3], trim=True)
+    return [frame.prefix(f"{state}\n\n{block}") for state in CONTENT_FREE_STATES]
+
+
+async def test_the_off_menu_guard_judges_the_answer_and_reports_the_prior_s_off_menu_mass(
+    gemma3_url: str,
+) -> None:
+    # The toy model answers a state that opens with "Yes" on the menu (it repeats the word),
+    # and the content-free states far off it: a threshold of 0.5 lies between the two.
+    states = ("Yes, I want a refund.", "Yes, refund me.")
+    async with tv.Session.llama_cpp(
+        gemma3_url, content_free=True, reproducible=True, off_menu_threshold=0.5,
+        raise_off_menu=True,
+    ) as session:  # fmt: skip
+        first = await session.judge(states[0], {"refund": REFUND})
+        second = await session.judge(states[1], {"refund": REFUND})
+        with pytest.raises(tv.OffMenuError) as raised:  # the guard still judges the answer
+            await session.judge(TICKET, {"refund": REFUND})
+    for judgment in (first, second):
+        diagnostics = judgment.diagnostics["refund"]
+        assert diagnostics.off_menu_mass is not None
+        assert diagnostics.off_menu_mass < 0.5
+        assert not diagnostics.off_menu_flagged
+        assert diagnostics.content_free_off_menu_mass is not None
+        assert diagnostics.content_free_off_menu_mass > 0.5
+    # The prior's off-menu mass is the mean of independent reads of the content-free prompts.
+    diagnostics = first.diagnostics["refund"]
+    prompts = content_free_prompts("Is the customer asking for a refund?\nAnswer Yes or No.")
+    masses = []
+    for prompt in prompts:
+        logprobs = whole_vocabulary_logprobs(gemma3_url, prompt, cache_prompt=False)
+        masses.append(1.0 - sum(math.exp(logprobs[token]) for token in diagnostics.token_ids))
+    # Off-menu mass is exact up to the float32 normaliser's rounding (docs/guide/judging.md).
+    assert diagnostics.content_free_off_menu_mass == pytest.approx(sum(masses) / 3, abs=5e-3)
+    assert second.diagnostics["refund"].content_free_prior == diagnostics.content_free_prior
+    # The prior was read once, by the first judgment: the later ones read only their state.
+    assert first.usage.reads >= diagnostics.reads + len(CONTENT_FREE_STATES)
+    assert second.usage.reads == second.diagnostics["refund"].reads
+    assert raised.value.off_menu_mass > 0.5
+
+
+async def test_scores_only_content_free_answers_with_permutations_for_a_choice(
+    gemma3_url: str,
+) -> None:
+    route = tv.Choice(["billing", "shipping", "tech"], instructions="Which team handles it?")
+    questions = {"route": route, "urgency": URGENCY}
+    async with tv.Session.llama_cpp(
+        gemma3_url, content_free="scores", permutations={"route": 3}, reproducible=True
+    ) as session:
+        judgment = await session.judge(TICKET, questions)
+        again = await session.judge(TICKET, questions, permutations={"route": 2})
+    for answered in (judgment, again):
+        assert list(answered) == ["route", "urgency"]
+        assert answered.diagnostics["route"].content_free_prior is None  # a Choice: no prior
+        assert answered.diagnostics["urgency"].content_free_prior is not None
+    assert len(judgment.diagnostics["route"].rotations) == 3
+    assert len(again.diagnostics["route"].rotations) == 2
+    # The Score is read in one order under both: one prior, read by the first judgment.
+    assert again.usage.reads == sum(d.reads for d in again.diagnostics.values())
 
 
 async def test_examples_are_earlier_turns_the_next_state_reads_from_the_prompt_cache(

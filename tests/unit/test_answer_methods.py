@@ -21,6 +21,7 @@ from typevet_async._core.calibration import question_hash
 from typevet_async._core.content_free import (
     CONTENT_FREE_STATES,
     PRIOR_FLOOR,
+    content_free_off_menu_mass,
     content_free_prior,
     divide_prior,
 )
@@ -37,6 +38,7 @@ from typevet_async._core.framing import (
 from typevet_async._core.layouts import Layout
 from typevet_async._core.readings import softmax
 from typevet_async._core.scoring import bind_question, request_for
+from typevet_async._settings import ReadOptions
 
 from .stubs import IDS, InMemoryStubBackend, failing_after
 
@@ -95,6 +97,26 @@ def test_a_prior_that_is_not_a_distribution_is_refused() -> None:
         content_free_prior([(math.nan, 1.0)])
     with pytest.raises(tv.InvalidLogprobsError, match="against a prior of 3"):
         divide_prior((0.5, 0.5), (0.2, 0.3, 0.5))
+
+
+def test_the_prior_s_off_menu_mass_is_the_mean_of_its_reads_or_unknown() -> None:
+    assert content_free_off_menu_mass([0.9, 0.6, 0.3]) == pytest.approx(0.6)
+    assert content_free_off_menu_mass([0.9, None, 0.3]) is None  # a read from logits
+    assert content_free_off_menu_mass([]) is None
+
+
+def test_a_prior_is_read_without_the_guard_and_with_its_own_questions_counts() -> None:
+    options = ReadOptions.for_call(
+        tv.SessionSettings(),
+        off_menu_threshold=0.5,
+        raise_off_menu=True,
+        permutations={"route": 3, "urgency": 2},
+        label_prior=True,
+    )
+    priors = options.for_priors({"urgency"})
+    assert (priors.off_menu_threshold, priors.raise_off_menu) == (None, False)
+    assert priors.permutations == {"urgency": 2}
+    assert priors.label_prior
 
 
 @pytest.mark.asyncio

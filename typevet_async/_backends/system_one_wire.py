@@ -152,6 +152,7 @@ class _ExtensionDiagnostics(wire.Reply):
     raw_probabilities: list[Probability] | None = None
     calibration: str | None = None
     content_free_prior: list[Probability] | None = None
+    content_free_off_menu_mass: Probability | None = None
 
 
 class _Extension(wire.Reply):
@@ -173,6 +174,7 @@ def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
         content_free_prior=None
         if sent.content_free_prior is None
         else tuple(sent.content_free_prior),
+        content_free_off_menu_mass=sent.content_free_off_menu_mass,
     )  # fmt: skip
 
 

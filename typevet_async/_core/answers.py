@@ -209,6 +209,10 @@ class Diagnostics:
     #: The question's content-free prior, in option order, divided out of this answer
     #: (``content_free=True``: `typevet_async._core.content_free`); None: not divided.
     content_free_prior: tuple[float, ...] | None = None
+    #: The mean off-menu mass of the reads ``content_free_prior`` was averaged from (None: no
+    #: prior, or a read's mass is unknown). Reported only: the off-menu guard
+    #: (``off_menu_threshold``, ``raise_off_menu``) judges this answer's own read.
+    content_free_off_menu_mass: float | None = None
 
 
 @attrs.frozen

@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
+import attrs
+
 from typevet_async._core.questions import Question, Score
 from typevet_async._errors import ConfigurationError, InvalidLogprobsError
 
@@ -27,7 +29,9 @@ __all__ = [
     "CONTENT_FREE_STATES",
     "PRIOR_FLOOR",
     "ContentFree",
+    "ContentFreePrior",
     "content_free_applies",
+    "content_free_off_menu_mass",
     "content_free_prior",
     "content_free_setting",
     "divide_prior",
@@ -39,6 +43,17 @@ CONTENT_FREE_STATES: tuple[str, ...] = ("N/A", "", "[MASK]")
 #: The smallest prior probability divided by: an option the content-free reads gave 0 (an
 #: underflow) would otherwise take every answer's mass.
 PRIOR_FLOOR = 1e-6
+
+
+@attrs.frozen
+class ContentFreePrior:
+    """A question's content-free prior as kept: the mean of its content-free answers
+    (`content_free_prior`), and the mean off-menu mass of their reads
+    (`content_free_off_menu_mass`), which is reported beside the answers it divides, never
+    held against them."""
+
+    probabilities: tuple[float, ...]
+    off_menu_mass: float | None = None
 
 
 def content_free_setting(value: Any) -> ContentFree:
@@ -77,6 +92,15 @@ def content_free_prior(reads: Sequence[Sequence[float]]) -> tuple[float, ...]:
         if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in read):
             raise InvalidLogprobsError(f"a content-free read is not a distribution: {read!r}")
     return tuple(math.fsum(read[i] for read in reads) / len(reads) for i in range(options))
+
+
+def content_free_off_menu_mass(masses: Sequence[float | None]) -> float | None:
+    """The mean of the content-free reads' off-menu masses: the off-menu mass of their mean
+    distribution over the whole vocabulary (None: no reads, or a read's mass is unknown)."""
+    known = [mass for mass in masses if mass is not None]
+    if not masses or len(known) < len(masses):
+        return None
+    return math.fsum(known) / len(known)
 
 
 def divide_prior(probabilities: Sequence[float], prior: Sequence[float]) -> tuple[float, ...]:

@@ -13,7 +13,7 @@ import attrs
 
 from typevet_async._core.answers import Answer, Diagnostics, build_answer
 from typevet_async._core.codes import code_firsts, joint_logprobs
-from typevet_async._core.content_free import divide_prior
+from typevet_async._core.content_free import ContentFreePrior, divide_prior
 from typevet_async._core.questions import Question
 from typevet_async._core.readings import (
     CandidateRead,
@@ -146,14 +146,14 @@ def settle_question(
     orders: Sequence[tuple[int, ...]],
     *,
     label_prior: bool = False,
-    prior: Sequence[float] | None = None,
+    prior: ContentFreePrior | None = None,
     calibrate: Callable[[Sequence[float]], tuple[float, ...]] | None = None,
     calibration: str | None = None,
 ) -> tuple[Answer, Diagnostics]:
     """A question's answer from its reads (one, or one per rotation: `combine_rotations`),
     divided by its content-free ``prior`` (`divide_prior`) when it has one, then through
-    ``calibrate`` when a map applies; the diagnostics keep the rotations', the prior and the
-    raw probabilities (before either), and count every read.
+    ``calibrate`` when a map applies; the diagnostics keep the rotations', the prior (and its
+    reads' off-menu mass) and the raw probabilities (before either), and count every read.
     """
     answer, diagnostics = reads[0]
     if len(reads) == 1 and calibrate is None and prior is None:
@@ -170,7 +170,7 @@ def settle_question(
         )
     raw = None
     if prior is not None:
-        raw, probabilities = probabilities, divide_prior(probabilities, prior)
+        raw, probabilities = probabilities, divide_prior(probabilities, prior.probabilities)
     if calibrate is not None:
         raw, probabilities = raw or probabilities, calibrate(probabilities)
     settled = attrs.evolve(
@@ -179,7 +179,8 @@ def settle_question(
         attempts=sum(read.attempts for _, read in reads),
         rotations=rotations,
         raw_probabilities=raw,
-        content_free_prior=None if prior is None else tuple(prior),
+        content_free_prior=None if prior is None else prior.probabilities,
+        content_free_off_menu_mass=None if prior is None else prior.off_menu_mass,
         calibration=calibration,
         cache=_cache_outcome([read.cache for _, read in reads]),
     )
