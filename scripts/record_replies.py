@@ -136,6 +136,12 @@ def llama_cpp_server(name: str) -> tv.EmbeddedServer:
     return tv.EmbeddedServer(attrs.evolve(options, log_file=logs / f"{name}.log"))
 
 
+#: Marker runs as a session puts them to the tokenizer (`Backend.special_runs`): a control
+#: token, an unused one, ordinary markup, a user-defined image boundary, a run of ordinary
+#: tokens, and characters whose pieces are bytes that are not UTF-8 on their own.
+PIECES_CONTENT = "<start_of_turn>\n<unused5>\n<b>\n<start_of_image>\n[INST]\n<ǅꙮ𓂀>"
+
+
 def record_llama_cpp() -> None:
     server = llama_cpp_server("record-gemma3")
     server.start()
@@ -148,6 +154,8 @@ def record_llama_cpp() -> None:
             body = llama_cpp_wire.completion_body(route.prompt, k, cache_prompt=True)
             recorder.record(f"completion_top{k}", "POST", "/completion", body, compress=k > 64)
         recorder.record("tokenize", "POST", "/tokenize", llama_cpp_wire.tokenize_body(" A"))
+        body = llama_cpp_wire.tokenize_body(PIECES_CONTENT, with_pieces=True)
+        recorder.record("tokenize_pieces", "POST", "/tokenize", body)
         recorder.record(
             "apply_template", "POST", "/apply-template", llama_cpp_wire.probe_template_body()
         )
@@ -277,7 +285,7 @@ def record_probe() -> None:
         # special tokens before a Score's prior is read (`Backend.special_runs`).
         for run in sorted(marker_runs(CONTENT_FREE_STATES)):
             for parse in (True, False):
-                body = llama_cpp_wire.tokenize_body(run, parse_special=parse)
+                body = llama_cpp_wire.tokenize_body(run, parse_special=parse, with_pieces=True)
                 tokenized.setdefault(run, send(url, "POST", "/tokenize", body).decode())
         renderings = []
         for body in (

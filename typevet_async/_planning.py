@@ -20,7 +20,7 @@ from typevet_async._core.codes import CodeTokens, check_code_count, codes_in_con
 from typevet_async._core.controls import ALPHABETS, available_controls
 from typevet_async._core.framing import TemplateFamily, turn_markers
 from typevet_async._core.layouts import Layout
-from typevet_async._core.markers import ALL_RUNS, marker_runs
+from typevet_async._core.markers import ALL_RUNS, marker_runs, runs_to_check
 from typevet_async._core.probe import Probe, check_context
 from typevet_async._core.questions import Question
 from typevet_async._core.rotations import rotation_offsets
@@ -67,8 +67,11 @@ class Planner:
     Caller text is neutralised by the served tokenizer's own verdict on each marker run
     (`typevet_async._core.markers`): before a judgment's first request, the runs in its state
     and questions that the session has not met yet are put to the backend in one
-    `Backend.special_runs` call, and the verdicts kept (`VERDICT_CACHE_SIZE`). A backend that
-    cannot tell answers None once, and every run is then neutralised (`ALL_RUNS`).
+    `Backend.special_runs` call, at most `MAX_CHECKED_RUNS` of them (`runs_to_check`; the rest
+    are neutralised unchecked), and the verdicts kept (`VERDICT_CACHE_SIZE`). A backend that
+    cannot tell answers None once, and every run is then neutralised (`ALL_RUNS`). The
+    server's own media marker (``/props``) is always neutralised: the server reads it as an
+    image's place whatever its tokenizer makes of it.
     """
 
     def __init__(self, backend: Backend, probe: Probe, settings: SessionSettings) -> None:
@@ -86,6 +89,7 @@ class Planner:
         #: Marker run -> whether the served tokenizer reads it as a special token (recently
         #: used last); None once the backend has said it cannot tell.
         self._verdicts: collections.OrderedDict[str, bool] | None = collections.OrderedDict()
+        self._media_marker = probe.media_marker
         is_special = self.is_special
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
@@ -129,6 +133,8 @@ class Planner:
         verdicts = self._verdicts
         if verdicts is None:
             return ALL_RUNS(run)
+        if run == self._media_marker:
+            return True
         verdict = verdicts.get(run)
         if verdict is None:
             return True
@@ -186,10 +192,15 @@ class Planner:
         verdicts = self._verdicts
         if verdicts is None:
             return
-        runs = marker_runs((state_text,)) if ("<" in state_text or "[" in state_text) else set()
+        asked: set[str] = set()
         for _, question in questions:
-            runs |= self._question_runs(question)
-        unknown = sorted(run for run in runs if run not in verdicts)
+            asked |= self._question_runs(question)
+        state = marker_runs((state_text,)) if ("<" in state_text or "[" in state_text) else set()
+        media = self._media_marker
+        unknown = runs_to_check(
+            (run for run in asked if run not in verdicts and run != media),
+            (run for run in state if run not in verdicts and run != media),
+        )
         if not unknown:
             return
         special = await self.backend.special_runs(unknown)

@@ -339,6 +339,32 @@ def test_llama_cpp_tokenize_takes_ids_and_pieces() -> None:
     assert llama_wire.decode_tokens(b'{"tokens": [{"id": 562, "piece": " A"}]}') == [562]
 
 
+def test_llama_cpp_pieces_are_text_or_bytes() -> None:
+    raw = b'{"tokens": [{"id": 200, "piece": "<b>"}, {"id": 437, "piece": [199]}]}'
+    assert llama_wire.decode_pieces(raw) == [(200, b"<b>"), (437, b"\xc7")]
+    body = llama_wire.tokenize_body("<b>", parse_special=False, with_pieces=True)
+    assert body == {
+        "content": "<b>",
+        "add_special": False,
+        "parse_special": False,
+        "with_pieces": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"tokens": [236771]},
+        {"tokens": [{"id": 1}]},
+        {"tokens": [{"id": 1, "piece": [256]}]},
+        {"tokens": [{"id": 1, "piece": None}]},
+    ],
+)
+def test_llama_cpp_pieces_failures(payload: Any) -> None:
+    with pytest.raises(tv.ProtocolError):
+        llama_wire.decode_pieces(encode(payload))
+
+
 def models(**meta: Any) -> dict[str, Any]:
     return {
         "models": [{"name": "gemma"}],

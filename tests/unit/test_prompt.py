@@ -25,8 +25,17 @@ from typevet_async._core.framing import (
     structural_markers,
 )
 from typevet_async._core.layouts import Layout
-from typevet_async._core.markers import marker_runs, neutralise, neutralise_line
+from typevet_async._core.markers import (
+    CHECKED_RUNS_BYTES,
+    MAX_CHECKED_RUNS,
+    marker_runs,
+    neutralise,
+    neutralise_line,
+    runs_to_check,
+    special_runs_from_pieces,
+)
 from typevet_async._core.scoring import bind_question, plan_question
+from typevet_async._planning import Planner
 
 from .stubs import InMemoryStubBackend
 
@@ -350,7 +359,8 @@ async def test_a_session_asks_its_backend_about_each_new_marker_run_once() -> No
     assert "Is <b>this</b> a refund?" in prompts[0]
     assert prompts[1] == prompts[0]
     # One query for the first judgment's new runs (state and question); none after.
-    assert backend.special_queries == [["</b>", "</div>", "<b>", "<div>", "<end_of_turn>"]]
+    # The questions' runs first (every judgment of the question shares them), then the state's.
+    assert backend.special_queries == [["</b>", "<b>", "</div>", "<div>", "<end_of_turn>"]]
 
 
 @pytest.mark.asyncio
@@ -361,6 +371,113 @@ async def test_a_backend_that_cannot_tell_gets_every_marker_run_neutralised() ->
     assert "‹div›x‹/div›" in prompts[0]
     assert "‹p›y‹/p›" in prompts[1]
     assert len(backend.special_queries) == 1  # asked once; never again once it said no
+
+
+def pieces(*tokens: tuple[int, str | bytes]) -> list[tuple[int, bytes]]:
+    return [(token, piece.encode() if isinstance(piece, str) else piece) for token, piece in tokens]
+
+
+#: Gemma 3's tokenization of some runs joined by line breaks, as the real llama.cpp server
+#: gives it with pieces (ids and pieces copied from its replies): with special parsing, then the
+#: first run's tokens without it (the rest are the same both ways; llama.cpp parses user-defined
+#: tokens such as ``<start_of_image>`` and ``<table>`` either way).
+GEMMA_RUNS = ["<unused5>", "<b>", "<start_of_image>", "[INST]", "<table>", "[...]"]
+GEMMA_REST = pieces(
+    (107, "\n"),
+    (200, "<b>"),
+    (107, "\n"),
+    (255999, "<start_of_image>"),
+    (107, "\n"),
+    (236840, "["),
+    (34177, "INST"),
+    (236842, "]"),
+    (107, "\n"),
+    (168, "<table>"),
+    (107, "\n"),
+    (173169, "[...]"),
+)
+GEMMA_PARSED = pieces((11, "<unused5>")) + GEMMA_REST
+GEMMA_PLAIN = pieces((236820, "<"), (63634, "unused"), (236810, "5"), (236813, ">")) + GEMMA_REST
+
+
+def test_one_tokenization_of_all_the_runs_says_which_are_special() -> None:
+    special = special_runs_from_pieces(GEMMA_RUNS, GEMMA_PARSED, GEMMA_PLAIN)
+    # A control token, and a user-defined token that is no markup (an image boundary); the
+    # HTML tags and punctuation that are whole tokens too are ordinary text.
+    assert special == {"<unused5>", "<start_of_image>"}
+
+
+def test_a_dummy_prefix_and_byte_pieces_still_spell_the_runs() -> None:
+    # Mistral's SentencePiece writes a space before the first token after a special token (and
+    # of the text); a character may come as bytes that are not UTF-8 alone.
+    runs = ["[INST]", "<é>"]
+    parsed = pieces(
+        (3, "[INST]"),
+        (28705, " "),
+        (13, "\n"),
+        (28789, "<"),
+        (1, b"\xc3"),
+        (2, b"\xa9"),
+        (28767, ">"),
+    )
+    plain = pieces(
+        (733, " ["),
+        (16289, "INST"),
+        (28793, "]"),
+        (13, "\n"),
+        (28789, "<"),
+        (1, b"\xc3"),
+        (2, b"\xa9"),
+        (28767, ">"),
+    )
+    assert special_runs_from_pieces(runs, parsed, plain) == {"[INST]"}
+
+
+def test_pieces_that_do_not_spell_the_runs_leave_the_verdict_unknown() -> None:
+    assert special_runs_from_pieces(["<b>"], pieces((1, "<i>")), pieces((1, "<i>"))) is None
+    assert special_runs_from_pieces(["<b>"], pieces((1, "<b")), pieces((1, "<b>"))) is None
+
+
+def test_a_judgment_checks_at_most_so_many_runs_the_questions_first() -> None:
+    state = [f"<s{n:04}>" for n in range(2 * MAX_CHECKED_RUNS)]
+    chosen = runs_to_check(["<q>", "<a>"], [*state, "<a>"])
+    assert chosen == ["<a>", "<q>", *state[: MAX_CHECKED_RUNS - 2]]
+    long = ["<" + "x" * 63 + f"{n:x}>" for n in range(MAX_CHECKED_RUNS)]
+    chosen = runs_to_check([], long)
+    assert len("\n".join(chosen).encode()) <= CHECKED_RUNS_BYTES
+    assert len("\n".join(long[: len(chosen) + 1]).encode()) > CHECKED_RUNS_BYTES
+
+
+@pytest.mark.asyncio
+async def test_runs_past_the_check_are_neutralised_and_checked_by_the_next_judgment() -> None:
+    backend = InMemoryStubBackend(special_tokens=frozenset({"<end_of_turn>"}))
+    question = tv.Noul(instructions="Is <b>this</b> a refund?")
+    runs = [f"<r{n:04}>" for n in range(MAX_CHECKED_RUNS + 10)]
+    state = " ".join(runs)
+    prompts = await _judge_prompts(backend, [state, state, state], question)
+    first, second = backend.special_queries  # one query per judgment, none once all are known
+    assert len(first) == MAX_CHECKED_RUNS
+    assert first[:2] == ["</b>", "<b>"]
+    assert second == runs[MAX_CHECKED_RUNS - 2 :]
+    assert "<r0000>" in prompts[0]  # asked: ordinary
+    assert "‹r0265›" in prompts[0]  # not asked yet, so neutralised
+    assert "Is <b>this</b> a refund?" in prompts[0]
+    assert state in prompts[1]  # every run ordinary, now that it was asked
+    assert prompts[2] == prompts[1]
+
+
+@pytest.mark.asyncio
+async def test_the_servers_own_media_marker_is_neutralised_unasked() -> None:
+    backend = InMemoryStubBackend(special_tokens=frozenset())
+    marker = "<__media_Xy12__>"
+    async with tv.Session(backend) as session:
+        probe = attrs.evolve(await backend.probe(), media_marker=marker)
+        planner = Planner(backend, probe, session.settings)
+        await planner.learn(f"see {marker} and <b>", [])
+    assert backend.special_queries == [["<b>"]]
+    assert neutralise(f"see {marker} and <b>", planner.is_special) == (
+        "see ‹__media_Xy12__› and <b>"
+    )
 
 
 #: Meta Llama 3 8B Instruct's chat template, as its tokenizer_config.json ships it.

@@ -163,6 +163,22 @@ def ref_llama_tokens(raw: bytes) -> Any:
     return [token(item) for item in required(obj(strict_json(raw)), "tokens", array)]
 
 
+def ref_llama_pieces(raw: bytes) -> Any:
+    def byte(value: Any) -> int:
+        if integer(value) > 255:
+            raise Refused("not a byte")
+        return int(value)
+
+    def piece(value: Any) -> bytes:
+        return value.encode() if isinstance(value, str) else bytes(map(byte, array(value)))
+
+    def token(value: Any) -> tuple[int, bytes]:
+        item = obj(value)
+        return required(item, "id", integer), required(item, "piece", piece)
+
+    return [token(item) for item in required(obj(strict_json(raw)), "tokens", array)]
+
+
 def ref_llama_rendered(raw: bytes) -> Any:
     return required(obj(strict_json(raw)), "prompt", string)
 
@@ -443,6 +459,10 @@ ENDPOINTS = [
     Endpoint(
         "llama_cpp", "tokenize", llama_cpp_wire.decode_tokens, ref_llama_tokens,
         (("tokens", "*", "id"),),
+    ),
+    Endpoint(
+        "llama_cpp", "tokenize_pieces", llama_cpp_wire.decode_pieces, ref_llama_pieces,
+        (("tokens", "*", "id"), ("tokens", "*", "piece")),
     ),
     Endpoint(
         "llama_cpp", "apply_template", llama_cpp_wire.decode_rendered, ref_llama_rendered,

@@ -29,6 +29,7 @@ from typevet_async._backends.llama_cpp_wire import (
     completion_body,
     decode_completion,
     decode_models,
+    decode_pieces,
     decode_props,
     decode_rendered,
     decode_tokens,
@@ -55,6 +56,12 @@ from typevet_async._core.framing import (
     with_turns,
 )
 from typevet_async._core.generation import ChatOutput, GenerationRequest
+from typevet_async._core.markers import (
+    ALL_RUNS,
+    RUN_SEPARATOR,
+    Piece,
+    special_runs_from_pieces,
+)
 from typevet_async._core.probe import Probe, check_served_model, model_identity
 from typevet_async._core.readings import (
     CandidateRead,
@@ -335,27 +342,22 @@ class AsyncLlamaCpp:
         return decode_tokens(await self.http.post("/tokenize", body))
 
     async def special_runs(self, runs: Sequence[str]) -> frozenset[str]:
-        """The runs the served tokenizer reads as special tokens: those it tokenizes otherwise
-        with ``parse_special`` than without. One pair of ``/tokenize`` requests for all the runs
-        (joined by line breaks, which no run contains) when none is special, the common case;
-        else the runs are halved until each special one is found."""
+        """The runs the served tokenizer reads as special tokens, from one pair of
+        ``/tokenize`` requests sent at once whatever the runs: all of them joined, with and
+        without ``parse_special``, each token with its text (`special_runs_from_pieces`).
+        Pieces that do not spell the text (a tokenizer that rewrites it) leave the rule where
+        the tokenizer cannot be asked (`ALL_RUNS`)."""
+        if not runs:
+            return frozenset()
+        joined = RUN_SEPARATOR.join(runs)
 
-        async def has_special(texts: Sequence[str]) -> bool:
-            joined = "\n".join(texts)
-            parsed, plain = await gather_in_order(
-                (True, False), lambda parse: self.tokenize(joined, parse_special=parse)
-            )
-            return parsed != plain
+        async def pieces(parse_special: bool) -> list[Piece]:
+            body = tokenize_body(joined, parse_special=parse_special, with_pieces=True)
+            return decode_pieces(await self.http.post("/tokenize", body))
 
-        async def find(texts: Sequence[str]) -> list[str]:
-            if not texts or not await has_special(texts):
-                return []
-            if len(texts) == 1:
-                return list(texts)
-            middle = len(texts) // 2
-            return [*await find(texts[:middle]), *await find(texts[middle:])]
-
-        return frozenset(await find(runs))
+        parsed, plain = await gather_in_order((True, False), pieces)
+        special = special_runs_from_pieces(runs, parsed, plain)
+        return frozenset(filter(ALL_RUNS, runs)) if special is None else special
 
     async def _render(
         self, request: ScoringRequest, max_retries: int | Unset, attempts: Attempts

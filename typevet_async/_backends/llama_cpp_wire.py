@@ -11,7 +11,8 @@ reply                  fields read                                   checked whi
                        ``[].id`` / ``.logprob``,                     logprobs numbers, counts
                        ``generation_settings.n_probs``,              non-negative integers, one
                        ``tokens_evaluated``, ``timings.cache_n``     position, ``n_probs`` echo
-``POST /tokenize``     ``tokens`` (ids, or ``{"id"}`` pieces)        ids non-negative integers
+``POST /tokenize``     ``tokens`` (ids, or ``{"id"}`` pieces), or    ids non-negative integers;
+                       ``tokens[].id`` / ``.piece``                  a piece a string or bytes
 ``POST /apply-         ``prompt``                                    a string
 template``
 ``GET /v1/models``     ``data[].id``, ``data[].aliases``,            strings; ``n_vocab`` a
@@ -53,6 +54,7 @@ from typevet_async._backends.wire import (
 from typevet_async._core.framing import ANSWER_PROBE, PROBE_MESSAGE, SECOND_PROBE_MESSAGE
 from typevet_async._core.generation import GenerationRequest
 from typevet_async._core.layouts import ImagePart, Message
+from typevet_async._core.markers import Piece
 from typevet_async._core.readings import TopLogprobs
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "completion_body",
     "decode_completion",
     "decode_models",
+    "decode_pieces",
     "decode_props",
     "decode_rendered",
     "decode_tokens",
@@ -154,10 +157,15 @@ def probe_template_body(message: str = PROBE_MESSAGE) -> dict[str, Any]:
     }
 
 
-def tokenize_body(text: str, *, parse_special: bool = True) -> dict[str, Any]:
+def tokenize_body(
+    text: str, *, parse_special: bool = True, with_pieces: bool = False
+) -> dict[str, Any]:
     """``parse_special`` False: special-token text is read as plain text (how the SDK tells
-    special marker runs from ordinary ones)."""
-    return {"content": text, "add_special": False, "parse_special": parse_special}
+    special marker runs from ordinary ones); ``with_pieces``: each token with its text."""
+    body: dict[str, Any] = {"content": text, "add_special": False, "parse_special": parse_special}
+    if with_pieces:
+        body["with_pieces"] = True
+    return body
 
 
 def generation_body(request: GenerationRequest) -> dict[str, Any]:
@@ -264,11 +272,38 @@ class _Tokens(Reply):
 
 _TOKENS = decoder_for(_Tokens)
 
+Byte = Annotated[int, msgspec.Meta(ge=0, le=255)]
+
+
+class _TextPiece(Reply):
+    id: TokenId
+    #: The token's text; its bytes where they are not valid UTF-8 on their own.
+    piece: str | list[Byte]
+
+
+class _Pieces(Reply):
+    tokens: list[_TextPiece]
+
+
+_PIECES = decoder_for(_Pieces)
+
 
 def decode_tokens(raw: bytes) -> list[int]:
     """:raises ProtocolError: no ``tokens``, or one that is not a non-negative integer."""
     reply = decode(_TOKENS, raw, "/tokenize")
     return [token if isinstance(token, int) else token.id for token in reply.tokens]
+
+
+def decode_pieces(raw: bytes) -> list[Piece]:
+    """Each token's id and the bytes of its text (a ``with_pieces`` reply).
+
+    :raises ProtocolError: no ``tokens``, or one without a non-negative ``id`` and a ``piece``
+        that is a string or a list of bytes."""
+    reply = decode(_PIECES, raw, "/tokenize")
+    return [
+        (token.id, token.piece.encode() if isinstance(token.piece, str) else bytes(token.piece))
+        for token in reply.tokens
+    ]
 
 
 # -- POST /apply-template -------------------------------------------------------------------
