@@ -18,7 +18,9 @@ answered, only uncached. Lookups run on a second connection, so they never queue
 write waiting for the lock (in WAL mode a writer does not block readers). `aclose` gives the
 writes waiting at most `CLOSE_TIMEOUT`.
 
-One table, ``reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER)``. A hit's
+One table, ``reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER)``; a file whose
+``reads`` is not that (a view, a virtual table, other columns, another primary key, a unique
+index ``key`` does not decide: another program's) is refused at `open`. A hit's
 ``last_used`` is written in batches (`TOUCH_BATCH` hits, or with the next write, or at
 `SqliteReadCache.aclose`), not once per hit. A batch of stores is written with each its own
 ``last_used`` (when it was stored, or last found); with the first batch, and then whenever the
@@ -34,6 +36,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -79,7 +82,17 @@ _TABLE: Final = (
     "(key TEXT PRIMARY KEY, value BLOB NOT NULL, last_used INTEGER NOT NULL)"
 )
 _INDEX: Final = "CREATE INDEX IF NOT EXISTS reads_last_used ON reads (last_used)"
-_COLUMNS: Final = [("key", "TEXT"), ("value", "BLOB"), ("last_used", "INTEGER")]
+#: The table's columns: name, declared type, place in the primary key (``key`` alone).
+_COLUMNS: Final = [("key", "TEXT", 1), ("value", "BLOB", 0), ("last_used", "INTEGER", 0)]
+_SHAPE: Final = "key TEXT PRIMARY KEY, value BLOB, last_used INTEGER"
+_KIND: Final = (
+    "SELECT type, sql FROM sqlite_master "
+    "WHERE name = 'reads' COLLATE NOCASE AND type IN ('table', 'view')"
+)
+_UNIQUE: Final = (
+    "SELECT list.name, info.name FROM pragma_index_list('reads') AS list "
+    'JOIN pragma_index_info(list.name) AS info WHERE list."unique"'
+)
 _GET: Final = "SELECT value FROM reads WHERE key = ?"
 _PUT: Final = (
     "INSERT INTO reads (key, value, last_used) VALUES (?, ?, ?) "
@@ -94,6 +107,45 @@ def _openable(path: Path) -> None:
     import sqlite3
 
     sqlite3.connect(path, timeout=READ_BUSY_TIMEOUT).close()
+
+
+def _table_problem(
+    kind: str,
+    sql: str | None,
+    columns: Sequence[Sequence[Any]],
+    unique: Sequence[Sequence[Any]],
+) -> str | None:
+    """Why a file's ``reads`` cannot be this cache's table, or None. The stores' upsert needs a
+    table (not a view or virtual table) of these columns and types, ``key`` alone its primary
+    key (its conflict target), and no unique index that ``key`` does not decide (two reads'
+    rows would collide on it).
+
+    :param kind: its ``sqlite_master`` type; ``sql``: its statement.
+    :param columns: its ``PRAGMA table_info`` rows.
+    :param unique: (index name, column name) of each unique index's columns.
+    """
+    if kind != "table" or (sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+        return f"'reads' is a {'virtual table' if kind == 'table' else kind}, not a table"
+    shape = [(str(row[1]).lower(), str(row[2]).upper(), int(row[5])) for row in columns]
+    if [column[:2] for column in shape] != [column[:2] for column in _COLUMNS]:
+        found = ", ".join(f"{name} {declared}".strip() for name, declared, _ in shape)
+        return f"its table 'reads' has the columns ({found}), not ({_SHAPE})"
+    if shape != _COLUMNS:
+        keys = [name for name, _, place in sorted(shape, key=lambda column: column[2]) if place]
+        return (
+            f"its table 'reads' has the primary key ({', '.join(keys)}), not (key) "
+            "alone: stores could not replace a read"
+        )
+    indexes: dict[str, list[str]] = {}
+    for index, column in unique:
+        indexes.setdefault(str(index), []).append(str(column).lower())
+    for index, names in indexes.items():
+        if "key" not in names:
+            return (
+                f"its table 'reads' has a unique index {index!r} on ({', '.join(names)}), "
+                "which two reads could share"
+            )
+    return None
 
 
 def _positive(name: str, value: Any) -> int:
@@ -184,11 +236,14 @@ class SqliteReadCache(AsyncResource):
             )
         await connection.execute("PRAGMA synchronous = NORMAL")
         await connection.execute(_TABLE)
+        ((kind, sql),) = await connection.execute_fetchall(_KIND)
         columns = await connection.execute_fetchall("PRAGMA table_info(reads)")
-        if [(row[1], str(row[2]).upper()) for row in columns] != _COLUMNS:
+        unique = await connection.execute_fetchall(_UNIQUE)
+        problem = _table_problem(str(kind), sql, list(columns), list(unique))
+        if problem is not None:
             raise ConfigurationError(
-                f"the read cache {str(self.path)!r} cannot be opened: its table 'reads' is "
-                "not a read cache's (another program's database?)"
+                f"the read cache {str(self.path)!r} cannot be opened: {problem}; it is not a "
+                "read cache's (another program's database?)"
             )
         await connection.execute(_INDEX)
 

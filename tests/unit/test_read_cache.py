@@ -181,6 +181,57 @@ async def test_sqlite_writes_last_used_in_batches_and_at_close(tmp_path: Path) -
     assert touched > stored
 
 
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        # The case: the cache's columns, no primary key (every store failed after).
+        ("CREATE TABLE reads (key TEXT, value BLOB, last_used INTEGER)", "primary key"),
+        (
+            "CREATE TABLE reads (key TEXT, value BLOB, last_used INTEGER, "
+            "PRIMARY KEY (key, value))",
+            r"primary key \(key, value\)",
+        ),
+        ("CREATE TABLE reads (key TEXT, value BLOB, last_used INTEGER PRIMARY KEY)", "primary key"),
+        ("CREATE TABLE reads (key BLOB PRIMARY KEY, value TEXT, last_used INTEGER)", "columns"),
+        (
+            "CREATE TABLE reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER, "
+            "UNIQUE (last_used))",
+            "unique index",
+        ),
+        (
+            "CREATE TABLE kept (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER); "
+            "CREATE VIEW reads AS SELECT * FROM kept",
+            "'reads' is a view",
+        ),
+    ],
+)
+async def test_a_reads_table_a_store_cannot_write_is_refused_at_open(
+    tmp_path: Path, table: str, problem: str
+) -> None:
+    foreign = tmp_path / "foreign.db"
+    plain = sqlite3.connect(foreign)
+    plain.executescript(table)
+    plain.close()
+    with pytest.raises(tv.ConfigurationError, match=problem) as refused:
+        await tv.SqliteReadCache(foreign).open()
+    assert "foreign.db" in str(refused.value)
+    assert "not a read cache" in str(refused.value)
+
+
+async def test_a_reads_table_of_the_cache_s_shape_made_elsewhere_is_used(tmp_path: Path) -> None:
+    path = tmp_path / "made.db"
+    plain = sqlite3.connect(path)
+    plain.executescript(  # another spelling of the same table; a unique index key decides
+        "CREATE TABLE Reads (key text PRIMARY KEY, value blob, last_used integer);"
+        "CREATE UNIQUE INDEX by_key_and_use ON Reads (last_used, key)"
+    )
+    plain.close()
+    async with tv.SqliteReadCache(path) as cache:
+        await cache.put("k", b"v")
+        assert await cache.entries() == 1
+        assert cache.failed_stores == 0
+
+
 # -- single flight -------------------------------------------------------------------------
 
 
