@@ -232,6 +232,59 @@ async def test_a_reads_table_of_the_cache_s_shape_made_elsewhere_is_used(tmp_pat
         assert cache.failed_stores == 0
 
 
+# A script that opens a cache, stores, flushes, stores again and leaves without `aclose`: by an
+# exception, by returning (either way the loop's end finds the last stores' transaction under
+# way), or by a loop that ends without cancelling its tasks (the last stores not yet begun).
+_LEFT_OPEN = """
+import asyncio, sys
+import typevet_async as tv
+
+async def main(path, how):
+    cache = tv.SqliteReadCache(path)
+    await cache.open()
+    await cache.put("flushed", b"1")
+    await cache.flush()
+    for n in range(500):
+        await cache.put(f"after{n}", b"2" * 1000)
+    if how == "raise":
+        raise RuntimeError("between open and aclose")
+
+path, how = sys.argv[1:]
+if how == "loop":
+    asyncio.new_event_loop().run_until_complete(main(path, how))
+else:
+    asyncio.run(main(path, how))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "kept"),
+    [("raise", 1, 501), ("return", 0, 501), ("loop", 0, 1)],
+)
+async def test_a_cache_left_open_never_holds_the_process_nor_loses_a_flushed_store(
+    tmp_path: Path, how: str, code: int, kept: int
+) -> None:
+    path = tmp_path / "reads.db"
+    # aiosqlite's threads held the process for ever: a generous bound, whatever the load.
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [sys.executable, "-c", _LEFT_OPEN, str(path), how],
+            check=False, cwd=Path(__file__).parents[2],
+        )  # fmt: skip
+    stderr = done.stderr.decode()
+    assert done.returncode == code, stderr
+    assert ("RuntimeError: between open and aclose" in stderr) == (how == "raise")
+    assert "Exception in thread" not in stderr
+    assert "Task was destroyed" not in stderr
+    plain = sqlite3.connect(path)
+    keys = {key for (key,) in plain.execute("SELECT key FROM reads")}
+    plain.close()
+    # asyncio.run cancels the loop's tasks at its end: the cache closes as aclose would,
+    # writing what waits. A loop that just stops keeps what was flushed.
+    assert "flushed" in keys
+    assert len(keys) == kept
+
+
 # -- single flight -------------------------------------------------------------------------
 
 
