@@ -248,12 +248,17 @@ async def test_a_script_that_raises_before_aclose_exits_with_its_reads_kept(
     gemma3_url: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "reads.db"
-    # Unbounded before (aiosqlite's threads held the process): a bound far past a judgment's.
+    # Unbounded before (aiosqlite's threads held the process): a bound far past a judgment's,
+    # within the test's own timeout so that a hang fails as the child's.
     done = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-c", _RAISES_BEFORE_ACLOSE, gemma3_url, str(path), TICKET],
-        capture_output=True, text=True, timeout=300, check=False, cwd=REPOSITORY,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=REPOSITORY,
+    )
     assert done.returncode == 1, done.stderr
     assert "RuntimeError: between open and aclose" in done.stderr
     # Its stores were never flushed: the loop's end wrote them, so this reads nothing.

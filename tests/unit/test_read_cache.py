@@ -269,8 +269,9 @@ async def test_a_cache_left_open_never_holds_the_process_nor_loses_a_flushed_sto
     with anyio.fail_after(60):
         done = await anyio.run_process(
             [sys.executable, "-c", _LEFT_OPEN, str(path), how],
-            check=False, cwd=Path(__file__).parents[2],
-        )  # fmt: skip
+            check=False,
+            cwd=Path(__file__).parents[2],
+        )
     stderr = done.stderr.decode()
     assert done.returncode == code, stderr
     assert ("RuntimeError: between open and aclose" in stderr) == (how == "raise")
