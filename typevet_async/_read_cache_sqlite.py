@@ -18,7 +18,17 @@ answered, only uncached. Lookups run on a second connection, so they never queue
 write waiting for the lock (in WAL mode a writer does not block readers). `aclose` gives the
 writes waiting at most `CLOSE_TIMEOUT`.
 
-One table, ``reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER)``. A hit's
+**A cache left open never holds the process.** A script may end, or raise, between `open` and
+`aclose`. When its event loop ends (``asyncio.run`` cancels every task as it returns or
+raises), a task the cache keeps while open closes it as `aclose` would: the writes waiting are
+written (within `CLOSE_TIMEOUT`) and the file closed. aiosqlite's threads are made daemons, so
+a loop that ends without cancelling its tasks (``loop.run_until_complete`` and exit) does not
+hold the process either: what was written (`flush`) is in the file, the stores not yet written
+are lost (each only uncached). A batch cancelled halfway is rolled back and waits again.
+
+One table, ``reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER)``; a file whose
+``reads`` is not that (a view, a virtual table, other columns, another primary key, a unique
+index ``key`` does not decide: another program's) is refused at `open`. A hit's
 ``last_used`` is written in batches (`TOUCH_BATCH` hits, or with the next write, or at
 `SqliteReadCache.aclose`), not once per hit. A batch of stores is written with each its own
 ``last_used`` (when it was stored, or last found); with the first batch, and then whenever the
@@ -31,9 +41,12 @@ once may pass it, until their next counts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -79,7 +92,17 @@ _TABLE: Final = (
     "(key TEXT PRIMARY KEY, value BLOB NOT NULL, last_used INTEGER NOT NULL)"
 )
 _INDEX: Final = "CREATE INDEX IF NOT EXISTS reads_last_used ON reads (last_used)"
-_COLUMNS: Final = [("key", "TEXT"), ("value", "BLOB"), ("last_used", "INTEGER")]
+#: The table's columns: name, declared type, place in the primary key (``key`` alone).
+_COLUMNS: Final = [("key", "TEXT", 1), ("value", "BLOB", 0), ("last_used", "INTEGER", 0)]
+_SHAPE: Final = "key TEXT PRIMARY KEY, value BLOB, last_used INTEGER"
+_KIND: Final = (
+    "SELECT type, sql FROM sqlite_master "
+    "WHERE name = 'reads' COLLATE NOCASE AND type IN ('table', 'view')"
+)
+_UNIQUE: Final = (
+    "SELECT list.name, info.name FROM pragma_index_list('reads') AS list "
+    'JOIN pragma_index_info(list.name) AS info WHERE list."unique"'
+)
 _GET: Final = "SELECT value FROM reads WHERE key = ?"
 _PUT: Final = (
     "INSERT INTO reads (key, value, last_used) VALUES (?, ?, ?) "
@@ -96,6 +119,56 @@ def _openable(path: Path) -> None:
     sqlite3.connect(path, timeout=READ_BUSY_TIMEOUT).close()
 
 
+def _table_problem(
+    kind: str,
+    sql: str | None,
+    columns: Sequence[Sequence[Any]],
+    unique: Sequence[Sequence[Any]],
+) -> str | None:
+    """Why a file's ``reads`` cannot be this cache's table, or None. The stores' upsert needs a
+    table (not a view or virtual table) of these columns and types, ``key`` alone its primary
+    key (its conflict target), and no unique index that ``key`` does not decide (two reads'
+    rows would collide on it).
+
+    :param kind: its ``sqlite_master`` type; ``sql``: its statement.
+    :param columns: its ``PRAGMA table_info`` rows.
+    :param unique: (index name, column name) of each unique index's columns.
+    """
+    if kind != "table" or (sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+        return f"'reads' is a {'virtual table' if kind == 'table' else kind}, not a table"
+    shape = [(str(row[1]).lower(), str(row[2]).upper(), int(row[5])) for row in columns]
+    if [column[:2] for column in shape] != [column[:2] for column in _COLUMNS]:
+        found = ", ".join(f"{name} {declared}".strip() for name, declared, _ in shape)
+        return f"its table 'reads' has the columns ({found}), not ({_SHAPE})"
+    if shape != _COLUMNS:
+        keys = [name for name, _, place in sorted(shape, key=lambda column: column[2]) if place]
+        return (
+            f"its table 'reads' has the primary key ({', '.join(keys)}), not (key) "
+            "alone: stores could not replace a read"
+        )
+    indexes: dict[str, list[str]] = {}
+    for index, column in unique:
+        indexes.setdefault(str(index), []).append(str(column).lower())
+    for index, names in indexes.items():
+        if "key" not in names:
+            return (
+                f"its table 'reads' has a unique index {index!r} on ({', '.join(names)}), "
+                "which two reads could share"
+            )
+    return None
+
+
+def _daemonic(connection: aiosqlite.Connection) -> aiosqlite.Connection:
+    """``connection`` (not started), its thread made a daemon, so that a process that ends
+    with the connection open is not held by the thread waiting for queries. aiosqlite's
+    ``Connection`` is that thread up to 0.21 and holds it (``_thread``) from 0.22."""
+    thread = connection if isinstance(connection, threading.Thread) else None
+    thread = thread or getattr(connection, "_thread", None)
+    if isinstance(thread, threading.Thread) and not thread.is_alive():
+        thread.daemon = True
+    return connection
+
+
 def _positive(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
@@ -110,6 +183,8 @@ class SqliteReadCache(AsyncResource):
     or `open` and `aclose`): its owner does, not the sessions that use it. One object may serve
     several sessions of one event loop at once; several processes may use one file at once.
     Stores are written behind (module docstring): a judgment never waits for the file's lock.
+    Left open when its event loop ends, it closes itself and never holds the process (module
+    docstring).
 
     :raises ConfigurationError: ``max_entries`` is not a positive integer.
     """
@@ -135,6 +210,8 @@ class SqliteReadCache(AsyncResource):
         self._touched: dict[str, int] = {}
         #: The task writing behind, while there is something to write.
         self._writing: asyncio.Task[None] | None = None
+        #: While open: the task that closes the cache when the loop ends before `aclose`.
+        self._keeper: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"SqliteReadCache({str(self.path)!r}, max_entries={self.max_entries}, {self._state})"
@@ -160,9 +237,8 @@ class SqliteReadCache(AsyncResource):
             # its own thread on that failure without waiting for it, after the loop may be gone.
             await anyio.to_thread.run_sync(_openable, self.path)
             for busy in (READ_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT):
-                opened.append(
-                    await aiosqlite.connect(self.path, timeout=busy, isolation_level=None)
-                )
+                connecting = aiosqlite.connect(self.path, timeout=busy, isolation_level=None)
+                opened.append(await _daemonic(connecting))
             await self._prepare(opened[1])
         except (sqlite3.Error, OSError, ConfigurationError) as error:
             for connection in opened:
@@ -171,6 +247,7 @@ class SqliteReadCache(AsyncResource):
                 raise
             raise self._unusable(error) from None
         (self._reader, self._writer), self._state = opened, "open"
+        self._keeper = asyncio.get_running_loop().create_task(self._close_with_the_loop())
 
     def _unusable(self, error: BaseException) -> ConfigurationError:
         return ConfigurationError(f"the read cache {str(self.path)!r} cannot be opened: {error}")
@@ -184,11 +261,14 @@ class SqliteReadCache(AsyncResource):
             )
         await connection.execute("PRAGMA synchronous = NORMAL")
         await connection.execute(_TABLE)
+        ((kind, sql),) = await connection.execute_fetchall(_KIND)
         columns = await connection.execute_fetchall("PRAGMA table_info(reads)")
-        if [(row[1], str(row[2]).upper()) for row in columns] != _COLUMNS:
+        unique = await connection.execute_fetchall(_UNIQUE)
+        problem = _table_problem(str(kind), sql, list(columns), list(unique))
+        if problem is not None:
             raise ConfigurationError(
-                f"the read cache {str(self.path)!r} cannot be opened: its table 'reads' is "
-                "not a read cache's (another program's database?)"
+                f"the read cache {str(self.path)!r} cannot be opened: {problem}; it is not a "
+                "read cache's (another program's database?)"
             )
         await connection.execute(_INDEX)
 
@@ -199,18 +279,46 @@ class SqliteReadCache(AsyncResource):
         if self._state != "open":
             self._state = "closed"
             return
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()  # it sees the cache closing and leaves it to this call
+        await self._close()
+        if keeper is not None:
+            await asyncio.wait({keeper})  # no task of the cache outlives its close
+
+    async def _close_with_the_loop(self) -> None:
+        """Wait to be cancelled: by `aclose`, or by the end of the loop (``asyncio.run``
+        cancels every task as it returns or raises) with the cache still open, which then
+        closes as `aclose` would."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            if self._state == "open":
+                await self._close()
+            raise
+
+    async def _close(self) -> None:
         self._state = "closed"
-        self._write_behind()  # the touches a batch had not taken yet
-        writing = self._writing
-        if writing is not None and not writing.done():
-            done, _ = await asyncio.wait({writing}, timeout=CLOSE_TIMEOUT)
-            if not done:
-                writing.cancel()  # its statement ends within WRITE_BUSY_TIMEOUT; close waits
-                self._failed(len(self._unwritten), "CloseTimeout")
-        reader, writer, self._reader, self._writer = self._reader, self._writer, None, None
-        for connection in (reader, writer):
-            if connection is not None:
-                await connection.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_TIMEOUT
+        try:
+            # Until nothing waits: a batch cancelled with the loop's tasks waits again.
+            while True:
+                self._write_behind()  # the touches a batch had not taken yet
+                writing = self._writing
+                if writing is None or writing.done():
+                    break
+                done, _ = await asyncio.wait({writing}, timeout=max(0, deadline - loop.time()))
+                if not done:
+                    writing.cancel()  # its statement ends within WRITE_BUSY_TIMEOUT
+                    await asyncio.wait({writing})  # its batch rolled back, waiting again
+                    break
+            self._failed(len(self._unwritten), "CloseTimeout")
+        finally:
+            reader, writer, self._reader, self._writer = self._reader, self._writer, None, None
+            for connection in (reader, writer):
+                if connection is not None:
+                    await connection.close()
 
     def _open(self) -> aiosqlite.Connection:
         """The lookups' connection.
@@ -262,7 +370,7 @@ class SqliteReadCache(AsyncResource):
         """
         self._open()
         while (writing := self._writing) is not None and not writing.done():
-            await asyncio.shield(writing)
+            await asyncio.wait({writing})  # neither cancels it nor takes its cancellation
 
     def _write_behind(self) -> None:
         """Start the writing task, unless it runs (it takes what is waiting when it is done)."""
@@ -280,12 +388,15 @@ class SqliteReadCache(AsyncResource):
             ]
             try:
                 await self._write(self._writer, rows, touched)
+            except asyncio.CancelledError:
+                # Rolled back: the batch waits again, for the close that cancelled it.
+                self._touched = touched | self._touched
+                raise
             except Exception as error:  # a store never raises into a judgment (sqlite3.Error...)
                 self._failed(len(stores), type(error).__name__)
-            finally:
-                for key, entry in stores.items():  # written or dropped: no longer waiting
-                    if self._unwritten.get(key) is entry:
-                        del self._unwritten[key]
+            for key, entry in stores.items():  # written or dropped: no longer waiting
+                if self._unwritten.get(key) is entry:
+                    del self._unwritten[key]
 
     async def _write(
         self,
@@ -296,8 +407,8 @@ class SqliteReadCache(AsyncResource):
         """One transaction: the hits' ``last_used``, the stores (each ``last_used`` when it
         was stored or last found), then, when they may have filled the room the last count
         left, the count and eviction."""
-        await writer.execute("BEGIN IMMEDIATE")  # the lock first: one wait for the batch
         try:
+            await writer.execute("BEGIN IMMEDIATE")  # the lock first: one wait for the batch
             if touched:
                 await writer.executemany(_TOUCH, [(when, key) for key, when in touched.items()])
             await writer.executemany(_PUT, rows)
@@ -305,8 +416,10 @@ class SqliteReadCache(AsyncResource):
             if room < 0:
                 room = await self._evict(writer)
             await writer.execute("COMMIT")
-        except Exception:
-            if writer.in_transaction:
+        except BaseException:
+            # Cancelled, a statement may still run on the connection's thread (a transaction
+            # begun, not ended): the rollback is queued behind it. None begun: a no-op.
+            with contextlib.suppress(Exception):
                 await writer.execute("ROLLBACK")
             raise
         self._room = room

@@ -227,6 +227,51 @@ async def test_vllm_a_second_identical_judgment_reads_nothing(vllm_url: str) -> 
     same_reads(first, second)
 
 
+# A script whose judgment's reads go to a cache it opened and never closes: it raises first.
+_RAISES_BEFORE_ACLOSE = """
+import asyncio, sys
+import typevet_async as tv
+
+async def main(url, path):
+    cache = tv.SqliteReadCache(path)
+    await cache.open()
+    async with tv.Session.llama_cpp(url, cache=cache) as session:
+        judgment = await session.judge(sys.argv[3], {"refund": tv.Noul(instructions="Refund?")})
+    assert judgment.diagnostics["refund"].cache == "miss"
+    raise RuntimeError("between open and aclose")
+
+asyncio.run(main(*sys.argv[1:3]))
+"""
+
+
+async def test_a_script_that_raises_before_aclose_exits_with_its_reads_kept(
+    gemma3_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "reads.db"
+    # Unbounded before (aiosqlite's threads held the process): a bound far past a judgment's,
+    # within the test's own timeout so that a hang fails as the child's.
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _RAISES_BEFORE_ACLOSE, gemma3_url, str(path), TICKET],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=REPOSITORY,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: between open and aclose" in done.stderr
+    # Its stores were never flushed: the loop's end wrote them, so this reads nothing.
+    counter = InFlightCounter(COMPLETION)
+    async with (
+        tv.SqliteReadCache(path) as cache,
+        tv.Session.llama_cpp(gemma3_url, cache=cache, trace_configs=[counter.config]) as session,
+    ):
+        again = await session.judge(TICKET, {"refund": tv.Noul(instructions="Refund?")})
+    assert counter.started == 0
+    assert_all_hits(again, hits=1)
+
+
 def eval_cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "typevet_async._cli", "eval", *args, "--base-url", url],

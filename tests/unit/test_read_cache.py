@@ -181,6 +181,111 @@ async def test_sqlite_writes_last_used_in_batches_and_at_close(tmp_path: Path) -
     assert touched > stored
 
 
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        # The issue's case: the cache's columns, no primary key (every store failed after).
+        ("CREATE TABLE reads (key TEXT, value BLOB, last_used INTEGER)", "primary key"),
+        (
+            "CREATE TABLE reads (key TEXT, value BLOB, last_used INTEGER, "
+            "PRIMARY KEY (key, value))",
+            r"primary key \(key, value\)",
+        ),
+        ("CREATE TABLE reads (key TEXT, value BLOB, last_used INTEGER PRIMARY KEY)", "primary key"),
+        ("CREATE TABLE reads (key BLOB PRIMARY KEY, value TEXT, last_used INTEGER)", "columns"),
+        (
+            "CREATE TABLE reads (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER, "
+            "UNIQUE (last_used))",
+            "unique index",
+        ),
+        (
+            "CREATE TABLE kept (key TEXT PRIMARY KEY, value BLOB, last_used INTEGER); "
+            "CREATE VIEW reads AS SELECT * FROM kept",
+            "'reads' is a view",
+        ),
+    ],
+)
+async def test_a_reads_table_a_store_cannot_write_is_refused_at_open(
+    tmp_path: Path, table: str, problem: str
+) -> None:
+    foreign = tmp_path / "foreign.db"
+    plain = sqlite3.connect(foreign)
+    plain.executescript(table)
+    plain.close()
+    with pytest.raises(tv.ConfigurationError, match=problem) as refused:
+        await tv.SqliteReadCache(foreign).open()
+    assert "foreign.db" in str(refused.value)
+    assert "not a read cache" in str(refused.value)
+
+
+async def test_a_reads_table_of_the_cache_s_shape_made_elsewhere_is_used(tmp_path: Path) -> None:
+    path = tmp_path / "made.db"
+    plain = sqlite3.connect(path)
+    plain.executescript(  # another spelling of the same table; a unique index key decides
+        "CREATE TABLE Reads (key text PRIMARY KEY, value blob, last_used integer);"
+        "CREATE UNIQUE INDEX by_key_and_use ON Reads (last_used, key)"
+    )
+    plain.close()
+    async with tv.SqliteReadCache(path) as cache:
+        await cache.put("k", b"v")
+        assert await cache.entries() == 1
+        assert cache.failed_stores == 0
+
+
+# A script that opens a cache, stores, flushes, stores again and leaves without `aclose`: by an
+# exception, by returning (either way the loop's end finds the last stores' transaction under
+# way), or by a loop that ends without cancelling its tasks (the last stores not yet begun).
+_LEFT_OPEN = """
+import asyncio, sys
+import typevet_async as tv
+
+async def main(path, how):
+    cache = tv.SqliteReadCache(path)
+    await cache.open()
+    await cache.put("flushed", b"1")
+    await cache.flush()
+    for n in range(500):
+        await cache.put(f"after{n}", b"2" * 1000)
+    if how == "raise":
+        raise RuntimeError("between open and aclose")
+
+path, how = sys.argv[1:]
+if how == "loop":
+    asyncio.new_event_loop().run_until_complete(main(path, how))
+else:
+    asyncio.run(main(path, how))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "kept"),
+    [("raise", 1, 501), ("return", 0, 501), ("loop", 0, 1)],
+)
+async def test_a_cache_left_open_never_holds_the_process_nor_loses_a_flushed_store(
+    tmp_path: Path, how: str, code: int, kept: int
+) -> None:
+    path = tmp_path / "reads.db"
+    # aiosqlite's threads held the process for ever: a generous bound, whatever the load.
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [sys.executable, "-c", _LEFT_OPEN, str(path), how],
+            check=False,
+            cwd=Path(__file__).parents[2],
+        )
+    stderr = done.stderr.decode()
+    assert done.returncode == code, stderr
+    assert ("RuntimeError: between open and aclose" in stderr) == (how == "raise")
+    assert "Exception in thread" not in stderr
+    assert "Task was destroyed" not in stderr
+    plain = sqlite3.connect(path)
+    keys = {key for (key,) in plain.execute("SELECT key FROM reads")}
+    plain.close()
+    # asyncio.run cancels the loop's tasks at its end: the cache closes as aclose would,
+    # writing what waits. A loop that just stops keeps what was flushed.
+    assert "flushed" in keys
+    assert len(keys) == kept
+
+
 # -- single flight -------------------------------------------------------------------------
 
 
