@@ -13,6 +13,8 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -1037,3 +1039,80 @@ def test_calibrate_leaves_out_a_last_line_a_kill_cut_short_and_says_so(
     assert code == 0, err
     assert [line["id"] for line in answers(reads)] == [f"r{n}" for n in range(6)]
     assert len(stub.read_requests) > sent
+
+
+# -- 12. a newcomer's first mistakes: each failure says what was expected and what to do --------
+
+
+@pytest.mark.parametrize(
+    ("flag", "spec", "parts"),
+    [
+        ("--choice", "team=billing,shipping",
+         ['--choice wants ID="INSTRUCTIONS:LABEL,LABEL,..."', "'team=billing,shipping'",
+          "no ':' between the instructions and the labels"]),
+        ("--score", "mood=low,high",
+         ['--score wants ID="INSTRUCTIONS:LEVEL,LEVEL,..."', "no ':' between the instructions"]),
+        ("--choice", "team=Which team?:billing",
+         ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "at least two labels, got 1"]),
+        ("--choice", "team", ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "no '=' after the id"]),
+    ],
+)  # fmt: skip
+def test_a_choice_or_score_flag_without_its_instructions_says_the_form_it_wants(
+    flag: str,
+    spec: str,
+    parts: list[str],
+    stub: InMemoryStubBackend,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # "--choice team=billing,shipping" said "a Choice needs at least two labels, got 0".
+    code, _, err = run(capsys, "judge", "x", flag, spec)
+    assert_one_line_failure(code, err, *parts)
+    assert stub.opened == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "listed"),
+    [
+        (["judge", "x", *QUESTION], "--label-prior"),
+        (["batch", "in.jsonl", *QUESTION, "--out", "o.jsonl"], "--resume"),
+        (["eval", "in.jsonl", *QUESTION, "--out", "o"], "--resamples"),
+        (["calibrate", "run", "--out", "map.json"], "--holdout"),
+        (["generate", "p", "--schema", "s.json"], "--max-tokens"),
+        (["serve", "--base-url", "http://127.0.0.1:9"], "--port"),
+    ],
+)
+def test_an_unknown_flag_points_to_its_commands_help_which_lists_the_flags(
+    argv: list[str], listed: str, stub: InMemoryStubBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It pointed to 'typevet-async --help', which lists the commands and none of their flags.
+    code, _, err = run(capsys, *argv, "--tabel")
+    assert_one_line_failure(code, err, "--tabel", f"(see 'typevet-async {argv[0]} --help')")
+    assert main([argv[0], "--help"]) == 0
+    assert listed in capsys.readouterr().out
+    assert stub.opened == 0
+
+
+def test_a_server_that_is_not_running_is_one_line_saying_what_to_do() -> None:
+    # Each retry was a timestamped WARNING, then only "Cannot connect to host ...".
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "typevet_async._cli", "judge", "x", *QUESTION,
+            "--base-url", f"http://127.0.0.1:{port}"]  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, cwd=REPOSITORY, env=environ
+    )
+    assert done.returncode == 2, done.stderr
+    assert_one_line_failure(
+        done.returncode, done.stderr, "TransportError", f"127.0.0.1:{port}",
+        "is a model server running at that URL?", "--local-model",
+        "(see 'typevet-async judge --help')",
+    )  # fmt: skip
+    # The retries are still made (a server may be starting): -v shows them, at INFO.
+    verbose = subprocess.run(
+        [*argv, "-v"], capture_output=True, text=True, timeout=120, cwd=REPOSITORY, env=environ
+    )
+    retries = [line for line in verbose.stderr.splitlines() if "typevet_async.retry" in line]
+    assert retries, verbose.stderr
+    assert all(" INFO attempt " in line for line in retries), retries
