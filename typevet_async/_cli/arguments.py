@@ -80,9 +80,9 @@ class CommandParser(argparse.ArgumentParser):
     def _parser_of(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction) and action.dest:
-                chosen = action.choices.get(getattr(parsed, action.dest, None))
-                if chosen is not None:
-                    return chosen  # type: ignore[no-any-return]
+                chosen = action.choices.get(str(getattr(parsed, action.dest, "")))
+                if isinstance(chosen, argparse.ArgumentParser):
+                    return chosen
         return self
 
 
