@@ -903,13 +903,24 @@ def _eval_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path,
     """A folder as eval leaves it on the stub (6 labelled records), and eval's own argv."""
     routes = ("billing", "shipping", "technical")
     records = [
-        {"id": f"r{n}", "state": f"ticket {n}",
-         "labels": {"refund": n % 2 == 0, "route": routes[n % 3]}}
+        {
+            "id": f"r{n}",
+            "state": f"ticket {n}",
+            "labels": {"refund": n % 2 == 0, "route": routes[n % 3]},
+        }
         for n in range(6)
-    ]  # fmt: skip
+    ]
     source = jsonl(tmp_path / "labelled.jsonl", *records)
-    argv = ["eval", str(source), *EVAL_QUESTIONS, "--out", str(tmp_path / "run"),
-            "--no-progress", "--resamples", "0"]  # fmt: skip
+    argv = [
+        "eval",
+        str(source),
+        *EVAL_QUESTIONS,
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--resamples",
+        "0",
+    ]
     code, _, err = run(capsys, *argv)
     assert code == 0, err
     return tmp_path / "run", argv
@@ -1047,16 +1058,28 @@ def test_calibrate_leaves_out_a_last_line_a_kill_cut_short_and_says_so(
 @pytest.mark.parametrize(
     ("flag", "spec", "parts"),
     [
-        ("--choice", "team=billing,shipping",
-         ['--choice wants ID="INSTRUCTIONS:LABEL,LABEL,..."', "'team=billing,shipping'",
-          "no ':' between the instructions and the labels"]),
-        ("--score", "mood=low,high",
-         ['--score wants ID="INSTRUCTIONS:LEVEL,LEVEL,..."', "no ':' between the instructions"]),
-        ("--choice", "team=Which team?:billing",
-         ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "at least two labels, got 1"]),
+        (
+            "--choice",
+            "team=billing,shipping",
+            [
+                '--choice wants ID="INSTRUCTIONS:LABEL,LABEL,..."',
+                "'team=billing,shipping'",
+                "no ':' between the instructions and the labels",
+            ],
+        ),
+        (
+            "--score",
+            "mood=low,high",
+            ['--score wants ID="INSTRUCTIONS:LEVEL,LEVEL,..."', "no ':' between the instructions"],
+        ),
+        (
+            "--choice",
+            "team=Which team?:billing",
+            ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "at least two labels, got 1"],
+        ),
         ("--choice", "team", ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "no '=' after the id"]),
     ],
-)  # fmt: skip
+)
 def test_a_choice_or_score_flag_without_its_instructions_says_the_form_it_wants(
     flag: str,
     spec: str,
@@ -1097,18 +1120,30 @@ def test_a_server_that_is_not_running_is_one_line_saying_what_to_do() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "typevet_async._cli", "judge", "x", *QUESTION,
-            "--base-url", f"http://127.0.0.1:{port}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "typevet_async._cli",
+        "judge",
+        "x",
+        *QUESTION,
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+    ]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=120, cwd=REPOSITORY, env=environ
     )
     assert done.returncode == 2, done.stderr
     assert_one_line_failure(
-        done.returncode, done.stderr, "TransportError", f"127.0.0.1:{port}",
-        "is a model server running at that URL?", "--local-model",
+        done.returncode,
+        done.stderr,
+        "TransportError",
+        f"127.0.0.1:{port}",
+        "is a model server running at that URL?",
+        "--local-model",
         "(see 'typevet-async judge --help')",
-    )  # fmt: skip
+    )
     # The retries are still made (a server may be starting): -v shows them, at INFO.
     verbose = subprocess.run(
         [*argv, "-v"], capture_output=True, text=True, timeout=120, cwd=REPOSITORY, env=environ
