@@ -9,7 +9,10 @@ accurate judgments.
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 
@@ -17,7 +20,7 @@ import typevet_async as tv
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
-TICKETS = [
+TICKETS: list[str | dict[str, str]] = [
     "I was charged twice for my order and need a refund today.",
     "My parcel has been stuck in transit for three weeks. Where is it?",
     "The app crashes every time I open the settings page on Android.",
@@ -46,6 +49,14 @@ QUESTIONS: dict[str, tv.Question] = {
 }
 
 
+#: What the figures after each answer mean, printed once before the answers.
+LEGEND = (
+    "Each answer comes with its confidence (0: as unsure as an even spread over the options,\n"
+    "1: certain) and its off-menu mass (the probability the model gave to tokens that are none\n"
+    "of the options)."
+)
+
+
 def describe(answer: tv.Answer) -> str:
     if isinstance(answer, tv.NoulAnswer):
         return f"P(true)={answer.noul:.3f}"
@@ -55,24 +66,66 @@ def describe(answer: tv.Answer) -> str:
     return f"{answer.score:.2f}, most likely {answer.legend[answer.level]!r}"
 
 
+def ticket_text(ticket: str | Mapping[str, Any]) -> str:
+    """A ticket as the model reads it: its text, or a structured ticket as JSON."""
+    return ticket if isinstance(ticket, str) else json.dumps(ticket, ensure_ascii=False)
+
+
+def judgment_lines(ticket: str | Mapping[str, Any], judgment: tv.Judgment) -> list[str]:
+    """A ticket and its answers, one line each, and what the judgment read."""
+    lines = [f"ticket: {ticket_text(ticket)}"]
+    for question_id, answer in judgment.items():
+        off_menu = judgment.diagnostics[question_id].off_menu_mass
+        lines.append(
+            f"  {question_id:8} {describe(answer):54} "
+            f"confidence={answer.confidence:.2f} off-menu={off_menu:.2f}"
+        )
+    usage = judgment.usage
+    lines.append(
+        f"  {usage.reads} reads, {usage.prompt_tokens} prompt tokens "
+        f"({usage.cached_tokens} of them cached)"
+    )
+    return lines
+
+
+def _json(value: Any, indent: str = "") -> str:
+    """Indented JSON whose innermost objects and lists stay on one line, numbers rounded."""
+    if isinstance(value, float):
+        return json.dumps(round(value, 4))
+    if not isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    pairs = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+    members = [
+        (f"{json.dumps(key, ensure_ascii=False)}: " if key is not None else "", item)
+        for key, item in pairs
+    ]
+    opening, closing = "{}" if isinstance(value, dict) else "[]"
+    if not any(isinstance(item, dict | list) for _, item in members):  # innermost: one line
+        return opening + ", ".join(name + _json(item) for name, item in members) + closing
+    inner = indent + "  "
+    lines = ",\n".join(f"{inner}{name}{_json(item, inner)}" for name, item in members)
+    return f"{opening}\n{lines}\n{indent}{closing}"
+
+
+def answers_json(judgment: tv.Judgment) -> str:
+    """A judgment's answers and usage as `tv.judgment_to_json` writes them, whole and
+    indented, numbers rounded for reading (the diagnostics, with the prompts, left out)."""
+    written = json.loads(tv.judgment_to_json(judgment))
+    return _json({key: written[key] for key in ("answers", "usage")})
+
+
 async def run(model: str) -> None:
     print(f"Starting the embedded llama.cpp server ({tv.LOCAL_MODELS[model].title})...")
     started = time.monotonic()
     async with tv.Session.local(model, max_concurrency=4) as session:
         await session.probe()
         print(f"ready in {time.monotonic() - started:.1f} s\n")
+        print(f"{LEGEND}\n")
         for ticket in TICKETS:
             judgment = await session.judge(ticket, QUESTIONS, timeout=120)
-            print(f"ticket: {ticket}")
-            for question_id, answer in judgment.items():
-                off_menu = judgment.diagnostics[question_id].off_menu_mass
-                print(
-                    f"  {question_id:8} {describe(answer):60} "
-                    f"confidence={answer.confidence:.3f} off-menu={off_menu:.3f}"
-                )
-            print(f"  usage: {judgment.usage}\n")
-        last = tv.judgment_to_json(judgment).decode()
-    print(f"The last judgment as JSON:\n{last[:400]}...")
+            print("\n".join(judgment_lines(ticket, judgment)) + "\n")
+    print("The last judgment's answers as JSON (tv.judgment_to_json; numbers rounded here):")
+    print(answers_json(judgment))
     print(f"\n{len(TICKETS)} tickets judged in {time.monotonic() - started:.1f} s in all.")
 
 

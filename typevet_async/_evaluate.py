@@ -102,7 +102,14 @@ def _prepare(evaluation: Evaluation, path: Path, resume: bool, done: set[str]) -
     facts_path = path.with_name(path.name + ".run.json")
     facts = run_facts(evaluation)
     if resume and facts_path.exists():
-        if orjson.loads(facts_path.read_bytes()) != orjson.loads(orjson.dumps(facts)):
+        try:
+            found = orjson.loads(facts_path.read_bytes())
+        except orjson.JSONDecodeError as error:
+            raise tv.InvalidInputError(
+                f"{facts_path} is not an eval run's facts ({error}): {path} cannot be resumed; "
+                "evaluate into a new file"
+            ) from None
+        if found != orjson.loads(orjson.dumps(facts)):
             raise tv.InvalidInputError(
                 f"{path} was made with other questions, model, backend, template family, "
                 f"permutations or calibration ({facts_path}); evaluate into a new file"

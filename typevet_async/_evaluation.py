@@ -35,8 +35,8 @@ from typevet_async._core.calibration import (
     Reading,
     question_hash,
 )
+from typevet_async._core.eval_reads import reads_line
 from typevet_async._core.jsonvalues import record_key
-from typevet_async._core.labels import gold_indices
 from typevet_async._core.questions import Question
 from typevet_async._core.reliability import Bin
 from typevet_async._core.systemone import questions_from_system_one
@@ -96,46 +96,54 @@ class Evaluation:
         """The evaluation a reads file (``evaluate(out=...)``) holds, with what it was made
         with (its ``.run.json``), to fit a map on without judging again.
 
-        :raises InvalidInputError: either file is missing or not what `evaluate` writes.
+        A last line cut short (a killed run) is left out, with a warning; any other line
+        that is not what `evaluate` writes is refused.
+
+        :raises InvalidInputError: either file is missing or not what `evaluate` writes, naming
+            the file, the line and the problem.
         """
         reads = Path(path)
         facts_path = reads.with_name(reads.name + ".run.json")
         try:
             facts = orjson.loads(facts_path.read_bytes())
-            evaluation = cls(
-                tuple(questions_from_system_one(facts["questions"]).items()),
-                Pins(**facts["pins"]),
-                {qid: Reading(**reading) for qid, reading in facts["readings"].items()},
-                None,
-                {qid: QuestionReads() for qid in facts["questions"]},
-            )
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as error:
+            questions = tuple(questions_from_system_one(facts["questions"]).items())
+            readings = {qid: Reading(**reading) for qid, reading in facts["readings"].items()}
+            if set(readings) != {qid for qid, _ in questions}:
+                raise ValueError("its readings are not those of its questions")
+            reads_of = {qid: QuestionReads() for qid, _ in questions}
+            evaluation = cls(questions, Pins(**facts["pins"]), readings, None, reads_of)
+        except (OSError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise InvalidInputError(
                 f"{facts_path} is not an eval run's facts (typevet-async eval writes it next "
                 f"to reads.jsonl): {error}"
             ) from None
-        read_lines(evaluation, reads, set())
+        if read_lines(evaluation, reads, set(), then="run it again").cut_at is not None:
+            log.warning(
+                "%s: its last line was cut short (a killed run?): that record is left out", reads
+            )
         return evaluation
 
-    def add_line(self, line: Mapping[str, Any]) -> None:
-        """Take one reads line (`evaluate`'s JSONL shape)."""
+    def add_line(self, line: Any) -> None:
+        """Take one reads line (`evaluate`'s JSONL shape).
+
+        :raises InvalidInputError: it is not one (`typevet_async._core.eval_reads.reads_line`);
+            nothing of it is taken.
+        """
+        checked = reads_line(line, self.questions, self.readings)
         self.records += 1
-        if "error" in line:
+        if checked.error is not None:
             self.failed += 1
             if len(self.failures) < 20:
-                error = line["error"]
-                self.failures.append((line["id"], error["type"], error["message"]))
+                self.failures.append((checked.record_id, *checked.error))
             return
-        key = record_key(line["id"])
-        gold = gold_indices(line["labels"], self.questions)
-        for question_id, index in gold.items():
-            read = line["answers"][question_id]
+        key = record_key(checked.record_id)
+        for question_id, read in checked.reads.items():
             target = self.reads[question_id]
             target.keys.append(key)
-            target.gold.append(index)
-            target.probabilities.append(tuple(read["probabilities"]))
-            target.raw.append(tuple(read["raw"] or read["probabilities"]))
-            target.rotations.append(tuple(tuple(r) for r in read["rotations"]))
+            target.gold.append(read.gold)
+            target.probabilities.append(read.probabilities)
+            target.raw.append(read.raw)
+            target.rotations.append(read.rotations)
 
     def facts(self) -> dict[str, Any]:
         """The run's facts, as the report shows them."""
@@ -334,16 +342,24 @@ def question_entry(
     }
 
 
-def read_lines(evaluation: Evaluation, path: Path, done: set[str]) -> Resumable:
+def read_lines(
+    evaluation: Evaluation, path: Path, done: set[str], *, then: str = "resume again"
+) -> Resumable:
     """Each reads line of ``path`` into ``evaluation`` (its record key into ``done``), and
     where the file continues (`typevet_async._jsonl.read_resumable`: a last line cut short by
-    a kill is judged again; any other bad line is refused, naming it, and the half-filled
-    evaluation is dropped with the command)."""
+    a kill is judged again; any other bad line, or a record id a second time, is refused,
+    naming it, and the half-filled evaluation is dropped with the command; ``then`` says what
+    to do once the line is mended)."""
+    first_seen: dict[str, int] = {}
 
-    def take(_: int, line: Any) -> None:
-        if not isinstance(line, dict):
-            raise TypeError(f"a {type(line).__name__}, not an object")
+    def take(number: int, line: Any) -> None:
         evaluation.add_line(line)
-        done.add(record_key(line["id"]))
+        key = record_key(line["id"])
+        if key in first_seen:  # counted twice, a record would weigh twice in a fit
+            raise InvalidInputError(
+                f"the record id {key[:40]} is on line {first_seen[key]} already"
+            )
+        first_seen[key] = number
+        done.add(key)
 
-    return read_resumable(path, take, shape="a reads line")
+    return read_resumable(path, take, shape="a reads line", then=then)

@@ -98,9 +98,12 @@ def refuse_overwrite(path: Path, *, resume: bool, named: str, how_to_resume: str
         )
 
 
-def read_resumable(path: Path, take: Callable[[int, Any], None], *, shape: str) -> Resumable:
+def read_resumable(
+    path: Path, take: Callable[[int, Any], None], *, shape: str, then: str = "resume again"
+) -> Resumable:
     """Hand each complete line of ``path`` to ``take(line number, value)``, and say where to
-    continue. A missing file holds nothing.
+    continue. A missing file holds nothing. ``then`` is what the message of a refused line
+    tells its reader to do once it is mended.
 
     ``take`` raises `ValueError`, `KeyError` or `TypeError` for a line that is JSON but not of
     the output's ``shape`` (such a line was never cut short by a kill: it is refused).
@@ -128,16 +131,21 @@ def read_resumable(path: Path, take: Callable[[int, Any], None], *, shape: str) 
                     return resumable
                 raise InvalidInputError(
                     f"{path} line {number} is not JSON ({json_error(error)}); it is not the "
-                    "last line, so no kill cut it short: fix or remove it, then resume again"
+                    f"last line, so no kill cut it short: fix or remove it, then {then}"
                 ) from None
             try:
                 take(number, value)
             except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
                 # Valid JSON: no kill made it (a line cut short never parses).
+                why = (
+                    str(error)
+                    if isinstance(error, InvalidInputError)
+                    else (f"{type(error).__name__}: {error}")
+                )
                 raise InvalidInputError(
-                    f"{path} line {number} is JSON but not {shape} ({type(error).__name__}: "
-                    f"{error}): it is not a file this command wrote; fix or remove the line, "
-                    "then resume again"
+                    f"{path} line {number} is JSON but not {shape} ({why}): it is not a file "
+                    "this command wrote; fix or remove the line, "
+                    f"then {then}"
                 ) from None
             resumable.lines += 1
             resumable.needs_newline = end == -1

@@ -175,6 +175,27 @@ def test_a_degenerate_map_with_a_consistent_digest_is_refused() -> None:
         CalibrationMap.from_json(orjson.dumps({**body, "sha256": digest}))
 
 
+@pytest.mark.parametrize(
+    ("reading", "message"),
+    [
+        ({"rotations": "3", "label_prior": False}, "rotations must be a whole number"),
+        ({"rotations": 0, "label_prior": False}, "rotations must be a whole number"),
+        ({"rotations": True, "label_prior": False}, "rotations must be a whole number"),
+        ({"rotations": 3, "label_prior": "yes"}, "label_prior must be true or false"),
+    ],
+)
+def test_a_map_whose_reading_is_not_one_is_refused(
+    reading: dict[str, object], message: str
+) -> None:
+    # Taken as it was before, and refused only at a judgment as a map for another reading.
+    body = orjson.loads(_map().to_json())
+    body["questions"]["route"]["reading"] = reading
+    del body["sha256"]
+    digest = "sha256:" + hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    with pytest.raises(tv.CalibrationError, match=message):
+        CalibrationMap.from_json(orjson.dumps({**body, "sha256": digest}))
+
+
 def test_a_transform_never_returns_a_non_finite_answer() -> None:
     # Past the validators (built around them), the result is still checked.
     sharp = object.__new__(Temperature)

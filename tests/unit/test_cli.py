@@ -13,6 +13,8 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +44,9 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> InMemoryStubBackend:
     """Every session the CLI builds (after its own flag checks) judges on this stub."""
     backend = InMemoryStubBackend()
 
-    def from_env(cls: type[tv.Session], environ: Any = None, *, flags: Any = None) -> tv.Session:
+    def from_env(
+        cls: type[tv.Session], environ: Any = None, *, flags: Any = None, **settings: Any
+    ) -> tv.Session:  # eval's settings (its read cache) are none here
         return tv.Session(backend, tv.SessionSettings(max_concurrency=4))
 
     monkeypatch.setattr(tv.Session, "from_env", classmethod(from_env))
@@ -888,3 +892,262 @@ def test_resume_refuses_an_out_line_that_is_json_but_not_an_answer_line(
     assert_one_line_failure(code, err, "line 1 is JSON but not an answer line")
     assert out.read_text() == last + "\n"
     assert judged(stub) == []
+
+
+# -- 11. eval's reads file of the wrong shape: calibrate and eval --resume say where, exit 2 ------
+
+EVAL_QUESTIONS = ["--noul", "refund=Refund?", "--choice", "route=Team?:billing,shipping,technical"]
+
+
+def _eval_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, list[str]]:
+    """A folder as eval leaves it on the stub (6 labelled records), and eval's own argv."""
+    routes = ("billing", "shipping", "technical")
+    records = [
+        {
+            "id": f"r{n}",
+            "state": f"ticket {n}",
+            "labels": {"refund": n % 2 == 0, "route": routes[n % 3]},
+        }
+        for n in range(6)
+    ]
+    source = jsonl(tmp_path / "labelled.jsonl", *records)
+    argv = [
+        "eval",
+        str(source),
+        *EVAL_QUESTIONS,
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--resamples",
+        "0",
+    ]
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    return tmp_path / "run", argv
+
+
+def _edit_answer(question: str, field: str, value: Any) -> Any:
+    def edit(line: dict[str, Any]) -> None:
+        line["answers"][question][field] = value
+
+    return edit
+
+
+#: A reads line made hostile or corrupt, and what the one-line failure must name.
+BAD_READS: dict[str, tuple[Any, list[str]]] = {
+    "probabilities as a string": (
+        _edit_answer("refund", "probabilities", "0.7,0.3"),
+        ["'refund'", "list of 2 numbers", "'0.7,0.3'"],
+    ),
+    "three probabilities for a yes/no question": (
+        _edit_answer("refund", "probabilities", [0.5, 0.3, 0.2]),
+        ["'refund'", "2 numbers", "got 3"],
+    ),
+    "a number as text": (_edit_answer("route", "probabilities", ["1", 0, 0]), ["must be a number"]),
+    "a boolean": (_edit_answer("refund", "probabilities", [True, False]), ["must be a number"]),
+    "negative": (_edit_answer("refund", "probabilities", [-0.5, 1.5]), ["[0, 1]", "-0.5"]),
+    "a huge number": (_edit_answer("refund", "probabilities", [10**30, 0]), ["[0, 1]"]),
+    "beyond any float": (_edit_answer("refund", "probabilities", [10**400, 0]), ["infinity"]),
+    "not summing to 1": (_edit_answer("refund", "probabilities", [0.5, 0.6]), ["sum to 1.1"]),
+    "raw of another length": (_edit_answer("refund", "raw", [1.0]), ["raw", "got 1"]),
+    "rotations the run did not read": (
+        _edit_answer("route", "rotations", [[1, 0, 0]]),
+        ["rotations must be empty", "one order"],
+    ),
+    "an answer to a question not asked": (
+        lambda line: line["answers"].update(other=line["answers"]["refund"]),
+        ["'other'", "does not ask"],
+    ),
+    "a label for a question not asked": (
+        lambda line: line["labels"].update(other=True),
+        ["['other']", "not asked"],
+    ),
+    "a labelled question with no answer": (
+        lambda line: line["answers"].pop("route"),
+        ["no answer", "'route'"],
+    ),
+    "an error that is not one": (
+        lambda line: line.update(error="boom") or line.pop("answers"),
+        ['"type": TEXT'],
+    ),
+    "a record id twice": (lambda line: line.update(id="r0"), ['"r0"', "line 1 already"]),
+    "a huge line": (
+        _edit_answer("route", "probabilities", [0.0] * 1_000_000),
+        ["3 numbers", "got 1000000"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_READS))
+def test_calibrate_and_eval_resume_name_the_file_line_and_problem_of_a_bad_reads_line(
+    case: str, stub: InMemoryStubBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A string of probabilities or three for a Noul ended in a traceback and exit 1 (for eval
+    # --resume after judging the rest); the others were taken in silence, a fit made on them.
+    edit, parts = BAD_READS[case]
+    folder, argv = _eval_run(tmp_path, capsys)
+    reads = folder / "reads.jsonl"
+    lines = [json.loads(line) for line in reads.read_text().splitlines()]
+    edit(lines[3])
+    reads.write_text("".join(json.dumps(line) + "\n" for line in lines[:5]))  # 1 left to judge
+    before, sent = reads.read_bytes(), len(stub.read_requests)
+    code, _, err = run(capsys, "calibrate", str(folder), "--out", str(tmp_path / "map.json"))
+    assert_one_line_failure(code, err, f"{reads} line 4", *parts)
+    assert len(err) < 1000  # a huge line is described, not repeated
+    assert not (tmp_path / "map.json").exists()
+    code, _, err = run(capsys, *argv, "--resume")
+    assert_one_line_failure(code, err, f"{reads} line 4", *parts)
+    assert reads.read_bytes() == before  # nothing written is lost, nothing appended
+    assert len(stub.read_requests) == sent
+
+
+def _rotations_as_text(readings: dict[str, Any]) -> None:
+    readings["refund"]["rotations"] = "3"
+
+
+@pytest.mark.parametrize(
+    ("edit", "parts"),
+    [
+        (_rotations_as_text, ["rotations", "'3'"]),
+        (lambda readings: readings.pop("route"), ["readings are not those of its questions"]),
+    ],
+)
+def test_calibrate_refuses_a_run_whose_facts_read_otherwise(
+    edit: Any,
+    parts: list[str],
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Rotations "3" went into the map as they were; a question with no reading was a KeyError
+    # traceback.
+    folder, _ = _eval_run(tmp_path, capsys)
+    facts_path = folder / "reads.jsonl.run.json"
+    facts = json.loads(facts_path.read_text())
+    edit(facts["readings"])
+    facts_path.write_text(json.dumps(facts))
+    code, _, err = run(capsys, "calibrate", str(folder), "--out", str(tmp_path / "map.json"))
+    assert_one_line_failure(code, err, "not an eval run's facts", *parts)
+    assert not (tmp_path / "map.json").exists()
+
+
+def test_calibrate_leaves_out_a_last_line_a_kill_cut_short_and_says_so(
+    stub: InMemoryStubBackend,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    folder, argv = _eval_run(tmp_path, capsys)
+    reads = folder / "reads.jsonl"
+    reads.write_bytes(reads.read_bytes()[:-30])
+    code, out, err = run(capsys, "calibrate", str(folder), "--out", str(tmp_path / "map.json"))
+    assert code == 0, err
+    assert "its last line was cut short" in caplog.text
+    assert "map: " in out
+    # eval --resume judges that record again and keeps the five before it.
+    sent = len(stub.read_requests)
+    code, _, err = run(capsys, *argv, "--resume")
+    assert code == 0, err
+    assert [line["id"] for line in answers(reads)] == [f"r{n}" for n in range(6)]
+    assert len(stub.read_requests) > sent
+
+
+# -- 12. a newcomer's first mistakes: each failure says what was expected and what to do --------
+
+
+@pytest.mark.parametrize(
+    ("flag", "spec", "parts"),
+    [
+        (
+            "--choice",
+            "team=billing,shipping",
+            [
+                '--choice wants ID="INSTRUCTIONS:LABEL,LABEL,..."',
+                "'team=billing,shipping'",
+                "no ':' between the instructions and the labels",
+            ],
+        ),
+        (
+            "--score",
+            "mood=low,high",
+            ['--score wants ID="INSTRUCTIONS:LEVEL,LEVEL,..."', "no ':' between the instructions"],
+        ),
+        (
+            "--choice",
+            "team=Which team?:billing",
+            ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "at least two labels, got 1"],
+        ),
+        ("--choice", "team", ['ID="INSTRUCTIONS:LABEL,LABEL,..."', "no '=' after the id"]),
+    ],
+)
+def test_a_choice_or_score_flag_without_its_instructions_says_the_form_it_wants(
+    flag: str,
+    spec: str,
+    parts: list[str],
+    stub: InMemoryStubBackend,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # "--choice team=billing,shipping" said "a Choice needs at least two labels, got 0".
+    code, _, err = run(capsys, "judge", "x", flag, spec)
+    assert_one_line_failure(code, err, *parts)
+    assert stub.opened == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "listed"),
+    [
+        (["judge", "x", *QUESTION], "--label-prior"),
+        (["batch", "in.jsonl", *QUESTION, "--out", "o.jsonl"], "--resume"),
+        (["eval", "in.jsonl", *QUESTION, "--out", "o"], "--resamples"),
+        (["calibrate", "run", "--out", "map.json"], "--holdout"),
+        (["generate", "p", "--schema", "s.json"], "--max-tokens"),
+        (["serve", "--base-url", "http://127.0.0.1:9"], "--port"),
+    ],
+)
+def test_an_unknown_flag_points_to_its_commands_help_which_lists_the_flags(
+    argv: list[str], listed: str, stub: InMemoryStubBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It pointed to 'typevet-async --help', which lists the commands and none of their flags.
+    code, _, err = run(capsys, *argv, "--tabel")
+    assert_one_line_failure(code, err, "--tabel", f"(see 'typevet-async {argv[0]} --help')")
+    assert main([argv[0], "--help"]) == 0
+    assert listed in capsys.readouterr().out
+    assert stub.opened == 0
+
+
+def test_a_server_that_is_not_running_is_one_line_saying_what_to_do() -> None:
+    # Each retry was a timestamped WARNING, then only "Cannot connect to host ...".
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [
+        sys.executable,
+        "-m",
+        "typevet_async._cli",
+        "judge",
+        "x",
+        *QUESTION,
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+    ]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, cwd=REPOSITORY, env=environ
+    )
+    assert done.returncode == 2, done.stderr
+    assert_one_line_failure(
+        done.returncode,
+        done.stderr,
+        "TransportError",
+        f"127.0.0.1:{port}",
+        "is a model server running at that URL?",
+        "--local-model",
+        "(see 'typevet-async judge --help')",
+    )
+    # The retries are still made (a server may be starting): -v shows them, at INFO.
+    verbose = subprocess.run(
+        [*argv, "-v"], capture_output=True, text=True, timeout=120, cwd=REPOSITORY, env=environ
+    )
+    retries = [line for line in verbose.stderr.splitlines() if "typevet_async.retry" in line]
+    assert retries, verbose.stderr
+    assert all(" INFO attempt " in line for line in retries), retries

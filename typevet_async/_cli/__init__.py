@@ -15,6 +15,7 @@ typevet_async._cli.serve_local``) starts without the other commands' modules.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from typevet_async._cli.exits import (
@@ -26,6 +27,7 @@ from typevet_async._cli.exits import (
     CommandLineError,
     fail,
     failure_message,
+    unreachable_server,
 )
 
 __all__ = [
@@ -59,8 +61,6 @@ def _run(argv: list[str]) -> int:
     configure_logging(
         args, default=logging.INFO if args.command in ("serve", "mcp") else logging.WARNING
     )
-    if args.command == "serve":  # aiohttp's server runs on asyncio
-        return asyncio.run(serve.run_serve(args, sys.stdout))
     runners = {
         "judge": judge.run_judge,
         "batch": batch.run_batch,
@@ -69,7 +69,16 @@ def _run(argv: list[str]) -> int:
         "generate": generate.run_generate,
         "mcp": mcp.run_mcp,
     }
-    return anyio.run(runners[args.command], args, sys.stdout)
+    try:
+        if args.command == "serve":  # aiohttp's server runs on asyncio
+            return asyncio.run(serve.run_serve(args, sys.stdout))
+        return anyio.run(runners[args.command], args, sys.stdout)
+    except Exception as error:
+        url_given = bool(getattr(args, "base_url", None) or os.environ.get("TYPEVET_BASE_URL"))
+        message = unreachable_server(error, args.command, url_given)
+        if message is None:
+            raise
+        raise CommandLineError(message) from None
 
 
 def main(argv: list[str] | None = None) -> int:

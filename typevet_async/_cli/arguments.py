@@ -67,6 +67,24 @@ class CommandParser(argparse.ArgumentParser):
             f"{command + ': ' if command else ''}{message} (see '{self.prog} --help')"
         )
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an unknown flag is the error of the command it was given to:
+        argparse leaves it to the top-level parser, whose help lists no command's flags."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self._parser_of(parsed).error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
+    def _parser_of(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.dest:
+                chosen = action.choices.get(str(getattr(parsed, action.dest, "")))
+                if isinstance(chosen, argparse.ArgumentParser):
+                    return chosen
+        return self
+
 
 class _QuestionSpec(argparse.Action):
     """Collects --noul/--choice/--score in the order given: answers come back in that order."""

@@ -17,6 +17,7 @@ __all__ = [
     "fail",
     "failure_message",
     "reason",
+    "unreachable_server",
 ]
 
 EXIT_OK: Final = 0
@@ -58,3 +59,18 @@ def failure_message(error: BaseException) -> str | None:
         where = f": {error.filename}" if error.filename else ""
         return f"{type(error).__name__}: {reason(error)}{where}"
     return None
+
+
+def unreachable_server(error: BaseException, command: str, url_given: bool) -> str | None:
+    """What a failure to reach the server given by URL says, with what to do about it (the
+    retries that came before it were for a server still starting); None for any other
+    failure, or for the embedded server (no URL was given: it is this command's own)."""
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return unreachable_server(error.exceptions[0], command, url_given)
+    if not url_given or not isinstance(error, tv.TransportError):
+        return None
+    return (
+        f"{type(error).__name__}: {error}; is a model server running at that URL? Start it, "
+        "or leave out --base-url (and TYPEVET_BASE_URL) and give --local-model MODEL to "
+        f"start llama.cpp here (see '{PROG} {command} --help')"
+    )

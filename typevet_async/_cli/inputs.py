@@ -7,7 +7,7 @@ import argparse
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import typevet_async as tv
 from typevet_async._cli.exits import CommandLineError, reason
@@ -22,11 +22,30 @@ __all__ = [
 ]
 
 
+#: What each flag's options are called in its form, and an example of the whole flag.
+_SPEC_FORMS: Final = {
+    "--choice": ("LABEL", 'team="Which team?:billing,shipping"'),
+    "--score": ("LEVEL", 'mood="How does the customer feel?:unhappy,neutral,happy"'),
+}
+
+
+def _form(flag: str) -> str:
+    option, example = _SPEC_FORMS[flag]
+    return f'{flag} wants ID="INSTRUCTIONS:{option},{option},..." (e.g. {flag} {example})'
+
+
 def _split_spec(spec: str, flag: str) -> tuple[str, str, list[str]]:
+    option, _ = _SPEC_FORMS[flag]
+    form = _form(flag)
     if "=" not in spec:
-        raise tv.QuestionError(f"{flag} wants ID=INSTRUCTIONS:OPTION,OPTION,..., got {spec!r}")
+        raise tv.QuestionError(f"{form}, got {spec!r}: no '=' after the id")
     question_id, rest = spec.split("=", 1)
-    instructions, _, options = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    if ":" not in rest:  # the instructions forgotten: what is there reads as instructions
+        raise tv.QuestionError(
+            f"{form}, got {spec!r}: no ':' between the instructions and the "
+            f"{option.lower()}s (are the instructions missing?)"
+        )
+    instructions, _, options = rest.rpartition(":")
     return question_id, instructions, [o.strip() for o in options.split(",") if o.strip()]
 
 
@@ -37,9 +56,12 @@ def _question_from_spec(flag: str, spec: str) -> tuple[str, tv.Question]:
         question_id, instructions = spec.split("=", 1)
         return question_id, tv.Noul(instructions=instructions)
     question_id, instructions, options = _split_spec(spec, flag)
-    if flag == "--choice":
-        return question_id, tv.Choice(options, instructions=instructions)
-    return question_id, tv.Score(options, instructions=instructions)
+    try:
+        if flag == "--choice":
+            return question_id, tv.Choice(options, instructions=instructions)
+        return question_id, tv.Score(options, instructions=instructions)
+    except tv.QuestionError as error:  # the question's own rule, with the flag's form
+        raise tv.QuestionError(f"{_form(flag)}, got {spec!r}: {error}") from None
 
 
 def questions_from_args(args: argparse.Namespace) -> dict[str, tv.Question]:

@@ -15,10 +15,27 @@ import sys
 
 __all__ = ["configure_logging", "logging_flags"]
 
-#: The level of each ``-v`` count: 0 warnings (retries, escalations), 1 info, 2 debug (every
-#: read and judgment).
+#: The level of each ``-v`` count: 0 warnings (escalations), 1 info (retries too), 2 debug
+#: (every read and judgment).
 _LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
 _TEXT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+#: The SDK's logger of each retry of a transient failure.
+_RETRIES = "typevet_async.retry"
+
+
+class _RetriesAtInfo(logging.Filter):
+    """A retry is the client waiting for a server that may be starting, not a problem: on the
+    command line it is an INFO record (-v shows it). If the retries fail, the command's own
+    failure line says what went wrong and what to do; if one succeeds, nothing went wrong."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self._level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == _RETRIES and record.levelno == logging.WARNING:
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return record.levelno >= self._level
 
 
 def logging_flags(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +45,8 @@ def logging_flags(parser: argparse.ArgumentParser) -> None:
         "--verbose",
         action="count",
         default=0,
-        help="more log records: -v info, -vv debug (each read and judgment); default: warnings "
-        "(retries, escalations; serve and mcp: info)",
+        help="more log records: -v info (retries too), -vv debug (each read and judgment); "
+        "default: warnings (escalations; serve and mcp: info)",
     )
     group.add_argument(
         "--log-format",
@@ -47,6 +64,7 @@ def configure_logging(args: argparse.Namespace, *, default: int = logging.WARNIN
     verbose = getattr(args, "verbose", 0)
     level = min(default, _LEVELS[min(verbose, len(_LEVELS) - 1)])
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RetriesAtInfo(level))
     if getattr(args, "log_format", "text") == "json":
         from pythonjsonlogger.json import JsonFormatter
 

@@ -219,13 +219,24 @@ def question_set_hash(questions: Sequence[tuple[str, Question]]) -> str:
     return "sha256:" + hashlib.sha256(_canonical(pairs)).hexdigest()
 
 
+def _rotations(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CalibrationError(f"rotations must be a whole number of 1 or more, got {value!r:.40}")
+
+
+def _label_prior(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise CalibrationError(f"label_prior must be true or false, got {value!r:.40}")
+
+
 @attrs.frozen
 class Reading:
     """How a question's probabilities were read: options' rotations averaged, and whether the
-    label prior was divided out (`typevet_async._core.rotations`)."""
+    label prior was divided out (`typevet_async._core.rotations`). Checked where it is
+    built, since it is read back from files (a map, an eval run's facts)."""
 
-    rotations: int = 1
-    label_prior: bool = False
+    rotations: int = attrs.field(default=1, validator=_rotations)
+    label_prior: bool = attrs.field(default=False, validator=_label_prior)
 
 
 @attrs.frozen
