@@ -252,8 +252,9 @@ def measure(url: str, args: argparse.Namespace, server: str) -> dict[str, Any]:
         "note": (
             "krite-bench's agnews-choice and sst5-score suites, built by its own builder from "
             f"the AG News and SST-5 test rows in benchmarks/public_data ({args.cases} cases "
-            "each, not its 400 Hub-drawn ones); its other suites and its latency runs need Hub downloads and "
-            "did not run. Gemma 3 270M is a base model: accuracy near chance is expected."
+            "each, not its 400 Hub-drawn ones); its other suites and its latency runs need "
+            "Hub downloads and did not run. Gemma 3 270M is a base model: accuracy near "
+            "chance is expected."
         ),
         "settings": {
             "engine entry": f"[{ENGINE}] dialect = jev (no request_model: requests carry no model)",
