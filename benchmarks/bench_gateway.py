@@ -95,10 +95,12 @@ class Gateway:
     the GIL from the client's event loop on every request it logs.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self, url: str, auth: Sequence[str] = ("--keys-env", "BENCH_GATEWAY_KEYS")
+    ) -> None:
         command = [
             sys.executable, "-m", "typevet_async._cli", "serve", "--base-url", url,
-            "--port", "0", "--keys-env", "BENCH_GATEWAY_KEYS",
+            "--port", "0", *auth,
             "--max-concurrency", str(CONCURRENCY), "--max-active-requests", str(CONCURRENCY),
             "--max-queue", str(CONCURRENCY), "--request-deadline", "600",
         ]  # fmt: skip

@@ -39,11 +39,9 @@ whatever failed in it, has the same schema):
 
 - Noul: ``struct<type: string, noul: double>``;
 - Choice: ``struct<type: string, choice: string, confidence: double,
-  probabilities: struct<label: double, ...>, x_entropy_confidence: double>`` (labels in option
-  order);
+  probabilities: struct<label: double, ...>>`` (labels in option order);
 - Score: ``struct<type: string, score: double, confidence: double,
-  legend: struct<"0": string, ...>, probabilities: struct<"0": double, ...>,
-  x_entropy_confidence: double>``.
+  legend: struct<"0": string, ...>, probabilities: struct<"0": double, ...>>``.
 
 A cell's ``as_py()`` (``to_pylist()``, a pandas row, a Ray ``take()``) is the System One answer
 dict itself; a failed row's cells are null. Then an ``error`` column: null, or the error's type

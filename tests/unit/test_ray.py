@@ -112,7 +112,6 @@ def test_struct_types_follow_the_questions() -> None:
         "confidence",
         "legend",
         "probabilities",
-        "x_entropy_confidence",
     ]
 
 

@@ -214,8 +214,9 @@ def test_document_is_read_as_state_and_both_are_refused() -> None:
     assert [entry["loc"] for entry in caught.value.detail] == [["body", "document"]]
 
 
-def test_the_wire_confidence_is_the_reference_formula_and_the_entropy_an_x_field() -> None:
+def test_the_wire_confidence_is_the_reference_formula_and_the_entropy_in_the_extension() -> None:
     from typevet_async._core.answers import build_answer, entropy_confidence
+    from typevet_async._gateway.responses import extension
 
     route = tv.Choice(["a", "b", "c"], instructions="q")
     urgency = tv.Score(["low", "mid", "high"], instructions="q")
@@ -223,14 +224,15 @@ def test_the_wire_confidence_is_the_reference_formula_and_the_entropy_an_x_field
         {"route": build_answer(route, [0.6, 0.3, 0.1]),
          "urgency": build_answer(urgency, [0.1, 0.2, 0.7])}
     )  # fmt: skip
-    body = response_to_system_one(judgment, "m")
+    body = response_to_system_one(judgment, "m", extension=extension(judgment))
     models.SystemOneResponse.model_validate(body)
     choice, score = body["answers"]["route"], body["answers"]["urgency"]
     assert choice["confidence"] == pytest.approx((0.6 - 1 / 3) / (1 - 1 / 3))
     assert score["confidence"] == pytest.approx(1 - (0.1 * 2 + 0.2 * 1) / (2 / 3))
-    assert choice["x_entropy_confidence"] == entropy_confidence([0.6, 0.3, 0.1])
-    assert score["x_entropy_confidence"] == entropy_confidence([0.1, 0.2, 0.7])
-    assert list(choice) == ["type", "choice", "confidence", "probabilities", "x_entropy_confidence"]
+    recorded = body[EXTENSION]["answers"]  # the spec's answer holds the spec's fields only
+    assert recorded["route"]["entropy_confidence"] == entropy_confidence([0.6, 0.3, 0.1])
+    assert recorded["urgency"]["entropy_confidence"] == entropy_confidence([0.1, 0.2, 0.7])
+    assert list(choice) == ["type", "choice", "confidence", "probabilities"]
 
 
 def test_the_old_levels_form_is_read_with_a_deprecation_warning() -> None:

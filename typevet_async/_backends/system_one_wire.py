@@ -12,7 +12,8 @@ reply                       fields read                                     chec
 ``POST /v1/systemone``      ``answers{id: {type, noul | choice |            ``type`` one of
                             score, confidence, probabilities}}``,           noul, choice,
                             ``usage.input_tokens``, ``x_typevet``           score; numbers
-                            (our gateway's extension: usage, diagnostics;   finite, in [0, 1]
+                            (our gateway's extension: usage, diagnostics,   finite, in [0, 1]
+                            each answer's ``entropy_confidence``;
                             ``typevet`` from gateways before issue 33)      where they are
                                                                             probabilities;
                                                                             counts integers
@@ -155,9 +156,17 @@ class _ExtensionDiagnostics(wire.Reply):
     content_free_off_menu_mass: Probability | None = None
 
 
+class _ExtensionAnswer(wire.Reply):
+    """What our gateway's record adds to an answer: the SDK's entropy confidence (the rest of
+    the record is the wire's answer again)."""
+
+    entropy_confidence: Probability | None = None
+
+
 class _Extension(wire.Reply):
     usage: _ExtensionUsage | None = None
     diagnostics: dict[str, _ExtensionDiagnostics] | None = None
+    answers: dict[str, _ExtensionAnswer] | None = None
 
 
 def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
@@ -239,6 +248,14 @@ def decode_judgment(raw: bytes, questions: Sequence[tuple[str, Question]]) -> Ju
             raise wire.protocol_error(PATH, f"the x_typevet extension: {error}", raw) from None
         if not set(diagnostics) <= set(answers):
             raise wire.protocol_error(PATH, "diagnostics of questions not asked", raw)
+        recorded = extension.answers or {}
+        if not set(recorded) <= set(answers):
+            raise wire.protocol_error(PATH, "x_typevet answers to questions not asked", raw)
+        for question_id, record in recorded.items():
+            if record.entropy_confidence is not None:  # the server's own, as it sent it
+                answers[question_id] = attrs.evolve(
+                    answers[question_id], entropy_confidence=record.entropy_confidence
+                )
     return Judgment(answers, usage, diagnostics)
 
 

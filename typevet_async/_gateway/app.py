@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import hmac
 import logging
 import time
@@ -35,6 +36,7 @@ from typevet_async._gateway.batch import systemone_batch
 from typevet_async._gateway.bodies import (
     decode_request,
     decoded_body,
+    served_name,
 )
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.decisions import handle_decisions, openai_error_shape
@@ -195,7 +197,8 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
     """Decode (off the loop), admit or shed, judge, answer."""
     state = request.app[STATE]
     session = request.app[SESSION]
-    decoded = await decoded_body(request, state, decode_request)
+    decode = functools.partial(decode_request, served_model=served_name(state, session))
+    decoded = await decoded_body(request, state, decode)
     if isinstance(decoded, web.Response):
         return decoded
     call, images = decoded

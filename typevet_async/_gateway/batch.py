@@ -25,6 +25,7 @@ How a batch is served, and why:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -41,7 +42,7 @@ from typevet_async._core.systemone import (
     batch_response,
     response_to_system_one,
 )
-from typevet_async._gateway.bodies import decoded_body, json_within_budget
+from typevet_async._gateway.bodies import decoded_body, json_within_budget, served_name
 from typevet_async._gateway.config import GatewayConfig
 from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.multipart import media_type
@@ -64,7 +65,8 @@ async def systemone_batch(request: web.Request) -> web.StreamResponse:
     """Decode (off the loop), admit or shed by its states, judge each, answer in order."""
     state = request.app[STATE]
     session = request.app[SESSION]
-    decoded = await decoded_body(request, state, decode_batch)
+    decode = functools.partial(decode_batch, served_model=served_name(state, session))
+    decoded = await decoded_body(request, state, decode)
     if isinstance(decoded, web.Response):
         return decoded
     batch = decoded
@@ -90,10 +92,15 @@ async def systemone_batch(request: web.Request) -> web.StreamResponse:
 
 
 def decode_batch(
-    raw: bytes, encoding: str, content_type: str, config: GatewayConfig
+    raw: bytes,
+    encoding: str,
+    content_type: str,
+    config: GatewayConfig,
+    *,
+    served_model: str | None = None,
 ) -> SystemOneBatch | web.Response:
     """A batch body decoded within ``config``'s budget (pure and CPU-bound: the gateway runs
-    it in a worker thread).
+    it in a worker thread); a batch without ``model`` is answered by ``served_model``.
 
     :raises DecodeError: past the budget, or an encoding that does not decode.
     :raises SystemOneValidationError: not a batch, or more states than ``max_batch_states``.
@@ -109,8 +116,9 @@ def decode_batch(
         )  # fmt: skip
     data = json_within_budget(body, budget, clock)
     batch = batch_from_system_one(
-        data, max_states=config.batch_cap(), max_questions=config.max_questions
-    )
+        data, max_states=config.batch_cap(), max_questions=config.max_questions,
+        served_models=() if served_model is None else (served_model,),
+    )  # fmt: skip
     clock.check()
     return batch
 

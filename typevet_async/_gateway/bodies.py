@@ -28,6 +28,7 @@ from typevet_async._gateway.encoding import decompress
 from typevet_async._gateway.multipart import media_type, request_from_system_one_multipart
 from typevet_async._gateway.responses import error_response, json_response, sdk_error_response
 from typevet_async._gateway.state import GatewayState
+from typevet_async._presenting import served_model
 
 __all__ = [
     "decode_error_response",
@@ -35,11 +36,19 @@ __all__ = [
     "decoded_body",
     "json_within_budget",
     "read_raw",
+    "served_name",
 ]
 
 Decoded = TypeVar("Decoded")
 #: A route's pure decoder: the raw body, its Content-Encoding and Content-Type, the config.
 Decoder = Callable[[bytes, str, str, GatewayConfig], Decoded]
+
+
+def served_name(state: GatewayState, session: tv.Session) -> str:
+    """The name of the one model the gateway serves (whatever name a request gives, its
+    session reads one model): the probe's, else the session's pin, else ``"default"``, the
+    name ``GET /v1/models`` gives it before the probe."""
+    return state.served_model or served_model(session) or "default"
 
 
 async def read_raw(request: web.Request, cap: int, body_timeout: float) -> bytes | web.Response:
@@ -60,11 +69,17 @@ async def read_raw(request: web.Request, cap: int, body_timeout: float) -> bytes
 
 
 def decode_request(
-    raw: bytes, encoding: str, content_type: str, config: GatewayConfig
+    raw: bytes,
+    encoding: str,
+    content_type: str,
+    config: GatewayConfig,
+    *,
+    served_model: str | None = None,
 ) -> tuple[SystemOneCall, list[tv.Image]] | web.Response:
     """A body as the request it holds and its images, decoded within ``config``'s budget:
     pure and CPU-bound, so the gateway runs it in a worker thread (the event loop serves
     everyone else meanwhile), and every step stops at a limit instead of running long.
+    A request without ``model`` is answered by ``served_model``, the one the gateway serves.
 
     :raises DecodeError: past the budget, or an encoding that does not decode.
     :raises SystemOneValidationError: not a System One request, or past a count limit.
@@ -72,12 +87,13 @@ def decode_request(
     """
     budget = config.decode_budget()
     clock = CpuClock(budget.cpu_seconds)
+    served = () if served_model is None else (served_model,)
     body = decompress(raw, encoding, budget, clock)
     media = media_type(content_type)
     if media == "multipart/form-data":
         call = request_from_system_one_multipart(
             body, content_type, budget=budget, clock=clock, max_assets=config.max_assets,
-            max_questions=config.max_questions,
+            max_questions=config.max_questions, served_models=served,
         )  # fmt: skip
     elif media.startswith("multipart/"):
         return error_response(
@@ -89,8 +105,9 @@ def decode_request(
     else:
         data = json_within_budget(body, budget, clock)
         call = request_from_system_one(
-            data, max_assets=config.max_assets, max_questions=config.max_questions
-        )
+            data, max_assets=config.max_assets, max_questions=config.max_questions,
+            served_models=served,
+        )  # fmt: skip
     clock.check()
     return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images]
 

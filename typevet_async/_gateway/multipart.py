@@ -8,7 +8,7 @@ import base64
 import email.message
 import email.parser
 import email.policy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -150,6 +150,7 @@ def request_from_system_one_multipart(
     clock: CpuClock | None = None,
     max_assets: int | None = None,
     max_questions: int | None = None,
+    served_models: Sequence[str] = (),
 ) -> SystemOneCall:
     """A ``multipart/form-data`` System One request (as the official client sends one with
     image assets) as the SDK judges it: the ``request`` part's JSON, each asset's ``part``
@@ -174,7 +175,9 @@ def request_from_system_one_multipart(
         data = {**data, "assets": _inline_assets(assets, by_name, claimed, detail)}
     detail.extend(_unclaimed_parts(by_name, claimed))
     try:
-        call = request_from_system_one(data, max_assets=max_assets, max_questions=max_questions)
+        call = request_from_system_one(
+            data, max_assets=max_assets, max_questions=max_questions, served_models=served_models
+        )
     except SystemOneValidationError as error:
         raise SystemOneValidationError(detail + error.detail) from None
     if detail:

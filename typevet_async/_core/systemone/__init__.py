@@ -2,7 +2,8 @@
 
 Shapes as the official client's models define them (``typesafe_sdk._schemas.models``):
 
-- request ``{"model", "state", "questions", "assets"?}``: ``state`` a string, object or array
+- request ``{"model", "state", "questions", "assets"?}``: ``model`` may be left out where the
+  server serves one model, which then answers; ``state`` a string, object or array
   (``document``, the v1 draft's name, is read as ``state``; both at once are refused);
   ``questions`` id -> ``{"type": "noul" | "choice" | "score", "instructions"?, "criteria"?}``
   (a Noul without instructions is asked `NOUL_DEFAULT_INSTRUCTIONS`; a ``box`` question is
@@ -12,10 +13,12 @@ Shapes as the official client's models define them (``typesafe_sdk._schemas.mode
   ordered list of level descriptions); ``assets`` placeholder -> ``{"type": "image",
   "format", "data_base64"}``.
 - response ``{"model", "answers", "usage": {"input_tokens", "output_tokens"}}``, each answer
-  the System One answer of its type, its ``confidence`` the reference formula's and our
-  entropy confidence beside it as ``x_entropy_confidence``. Our richer record rides along
-  under ``"x_typevet"`` (`EXTENSION`: our usage and each answer's diagnostics), which System
-  One clients ignore: every extension is ``x_``-prefixed, as the spec reserves.
+  the System One answer of its type, exactly the spec's fields (a strict client, whose answer
+  schema allows no other field, accepts it), its ``confidence`` the reference formula's. Our
+  richer record rides along at the top level under ``"x_typevet"`` (`EXTENSION`: each answer
+  as `tv.judgment_to_json` writes it, with our entropy confidence, our usage and each
+  answer's diagnostics), which System One clients ignore: every extension is
+  ``x_``-prefixed, as the spec reserves.
 - a batch (``POST /v1/systemone/batch``: several states, the same questions, one result or
   error per state): `typevet_async._core.systemone.batch`.
 - validation failure: HTTP 422 with ``{"detail": [{"loc", "msg", "type", "input", "ctx"}]}``.

@@ -4,7 +4,7 @@ result per state, in input order. Pure: the gateway and the client map through i
 No spec defines this wire (laya-serve and avrik-server serve a batch route, neither documents
 its shape where we could read it), so it is the obvious extension of ``/v1/systemone``:
 
-- request ``{"model", "states": [state, ...], "questions": {...}}``: ``questions`` and
+- request ``{"model"?, "states": [state, ...], "questions": {...}}``: ``questions`` and
   ``model`` exactly as ``/v1/systemone`` takes them, each state as its ``state`` (a string, an
   object or an array). No ``state``/``document`` and no ``assets`` (a batch carries no images:
   send those through ``/v1/systemone``).
@@ -67,10 +67,16 @@ class SystemOneBatch:
 
 
 def batch_from_system_one(
-    data: Any, *, max_states: int, max_questions: int | None = None
+    data: Any,
+    *,
+    max_states: int,
+    max_questions: int | None = None,
+    served_models: Sequence[str] = (),
 ) -> SystemOneBatch:
     """A batch body (parsed JSON) as the gateway judges it; at most ``max_states`` states,
     counted before any is read. A state that is not a state is refused alone (`refused`).
+    ``model`` is read as ``/v1/systemone`` reads it (``served_models``: a batch without one
+    is answered by the one model served).
 
     :raises SystemOneValidationError: the body's shared parts (model, questions, ``states``
         itself) are not a batch's; ``detail`` lists every problem, in the 422 shape.
@@ -98,7 +104,9 @@ def batch_from_system_one(
     states = _states(data.get("states"), max_states, detail)
     shared = {"model": data.get("model"), "state": "", "questions": data.get("questions")}
     try:
-        call = request_from_system_one(shared, max_questions=max_questions)
+        call = request_from_system_one(
+            shared, max_questions=max_questions, served_models=served_models
+        )
     except SystemOneValidationError as error:
         detail.extend(error.detail)
     if detail:

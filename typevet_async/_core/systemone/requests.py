@@ -129,11 +129,17 @@ def _asset_image(name: str, asset: Any) -> tuple[str, bytes] | dict[str, Any]:
 
 
 def request_from_system_one(
-    data: Any, *, max_assets: int | None = None, max_questions: int | None = None
+    data: Any,
+    *,
+    max_assets: int | None = None,
+    max_questions: int | None = None,
+    served_models: Sequence[str] = (),
 ) -> SystemOneCall:
     """A System One request body (parsed JSON) as the SDK judges it; at most ``max_assets``
     assets and ``max_questions`` questions (None: no limit), counted before any is read.
     ``document`` (the v1 draft's name) is read as ``state``; a body with both is refused.
+    A body without ``model`` (or with null) is answered by the one model of
+    ``served_models`` when there is exactly one (`_model`).
 
     :raises SystemOneValidationError: the body does not have the System One shape; ``detail``
         lists every problem found, in the 422 body's shape.
@@ -143,9 +149,7 @@ def request_from_system_one(
             [validation_detail(["body"], "the body must be a JSON object", "dict_type", data)]
         )
     detail: list[dict[str, Any]] = []
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        detail.append(validation_detail(["body", "model"], "Field required", "missing", model))
+    model = _model(data, served_models, detail)
     state = _state(data, detail)
     raw_questions = _raw_questions(data.get("questions"), max_questions, detail)
     assets = _raw_assets(data.get("assets") or {}, max_assets, detail)
@@ -172,6 +176,29 @@ def request_from_system_one(
         raise SystemOneValidationError(detail)
     assert isinstance(model, str)
     return SystemOneCall(model, state, questions, tuple(images), score_criteria)
+
+
+def _model(
+    data: dict[Any, Any], served_models: Sequence[str], detail: list[dict[str, Any]]
+) -> str | None:
+    """The model a request names; when it names none (no ``model``, or null), the one model
+    the server serves. jevcompat's spec does not count a missing ``model`` among the invalid
+    requests a server should refuse (only the official schema lists it as required), and
+    public harnesses omit it, so a server that can only mean one model answers with it. With
+    none or several served, a missing model is a 422 at ``["body", "model"]`` naming them.
+    A ``model`` that is not a non-empty string is a 422 as well (its problems go to
+    ``detail``; then the result is None)."""
+    model = data.get("model")
+    if model is None and len(served_models) == 1:
+        return served_models[0]
+    if isinstance(model, str) and model:
+        return model
+    msg = "Field required"
+    if model is None and served_models:
+        names = ", ".join(repr(name) for name in served_models)
+        msg += f": this server serves {len(served_models)} models ({names}), name one"
+    detail.append(validation_detail(["body", "model"], msg, "missing", model))
+    return None
 
 
 def _state(data: dict[Any, Any], detail: list[dict[str, Any]]) -> Any:

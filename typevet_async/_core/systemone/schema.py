@@ -52,7 +52,10 @@ class AnswerField:
     name: str
     value: Value
     description: str
-    #: On System One's wire (False: one of MCP's extras, which its tools add).
+    #: On System One's wire (False: one of MCP's extras, which its tools add). The wire's
+    #: answers hold exactly the spec's fields: a strict client of the spec (one whose answer
+    #: schema forbids other fields) accepts them; the SDK's own extras ride in the response's
+    #: top-level extension (`typevet_async._core.systemone.EXTENSION`).
     wire: bool = True
     #: Read back from a server's response by the System One backend (what the answer check
     #: needs to rebuild and check the answer).
@@ -102,7 +105,7 @@ ANSWER_FIELDS: Final[Mapping[str, tuple[AnswerField, ...]]] = {
         AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["choice"], read=True),
         AnswerField("probabilities", Value.PROBABILITIES,
                     "every label's probability, in the options' order, summing to 1", read=True),
-        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY),
+        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY, wire=False),
         *_mcp_extras(),
     ),
     "score": (
@@ -113,7 +116,7 @@ ANSWER_FIELDS: Final[Mapping[str, tuple[AnswerField, ...]]] = {
         AnswerField("legend", Value.LEGEND, 'level index ("0", "1", ...) -> level'),
         AnswerField("probabilities", Value.PROBABILITIES,
                     'each level\'s probability by index ("0", "1", ...), summing to 1', read=True),
-        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY),
+        AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY, wire=False),
         *_mcp_extras(),
     ),
 }  # fmt: skip
