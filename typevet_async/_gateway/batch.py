@@ -123,7 +123,8 @@ async def _judged(
     config = state.config
     results: dict[int, dict[str, Any]] = {}
     started: set[int] = set()
-    handed: list[int] = []  # states given a slot; one that never started gives it back here
+    # states given a slot, and when; one that never started gives it back here
+    handed: dict[int, float] = {}
     missing = batch_item_error(
         504, "timeout",
         f"the batch outlived the gateway's {config.request_deadline}s deadline before this "
@@ -148,6 +149,7 @@ async def _judged(
             raise
         finally:
             state.slots.release()
+            state.left_slot(held)
             state.admitted -= 1
 
     try:
@@ -155,8 +157,8 @@ async def _judged(
             async with anyio.create_task_group() as group:
                 for index in indices:  # one slot at a time: others queue between our states
                     await state.slots.acquire()
-                    handed.append(index)
-                    group.start_soon(judge_one, index, state.now())
+                    handed[index] = held = state.took_slot()
+                    group.start_soon(judge_one, index, held)
     except TimeoutError:
         for held in cut:
             state.held_since(held)
@@ -171,9 +173,10 @@ async def _judged(
             "the gateway shut down before this state was judged: retry elsewhere or later",
         )  # fmt: skip
     finally:
-        for index in handed:
+        for index, held in handed.items():
             if index not in started:
                 state.slots.release()
+                state.left_slot(held)
         state.admitted -= len(indices) - len(started)
         if task is not None:
             state.judging.discard(task)
@@ -184,7 +187,7 @@ async def _result(
     state: GatewayState, session: tv.Session, batch: SystemOneBatch, index: int, model: str
 ) -> tuple[dict[str, Any], bool]:
     """One state's result: the body ``/v1/systemone`` would answer, or its error as an item;
-    and whether it did the work (answered, or cut by the SDK's timeout), for the capacity."""
+    and whether it did the work (answered, or cut by the SDK's timeout), for admission."""
     metrics = state.metrics
     if metrics is not None:
         metrics.in_flight.inc()
