@@ -84,8 +84,10 @@ class GatewayConfig:
     idle_timeout: float = attrs.field(default=15.0, validator=positive_number)
     #: Seconds a request's body may take to arrive -> 408.
     body_timeout: float = attrs.field(default=30.0, validator=positive_number)
-    #: Open connections at once; one more is answered 503 and closed at once. None: half the
-    #: process's file-descriptor limit (at least 16), so accepting is never what runs out.
+    #: Open connections at once. One more closes the connection idle longest (no request in
+    #: progress) to take its place; when none is idle, it is answered 503 and closed at once.
+    #: None: half the process's file-descriptor limit (at least 16), so accepting is never
+    #: what runs out.
     max_connections: int | None = attrs.field(default=None, validator=optional(positive_int))
 
     def connection_cap(self) -> int:
