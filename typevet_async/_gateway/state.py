@@ -151,10 +151,11 @@ class GatewayState:
         self.service_times.append(max(0.0, self.now() - since))
 
     def service_time(self) -> float | None:
-        """The mean of the recent service times (None: no judgment has done the work yet)."""
-        if not self.service_times:
-            return None
-        return max(sum(self.service_times) / len(self.service_times), 1e-6)
+        """How long a judgment is taken to hold its slot: the 90th percentile of the recent
+        service times (None: no judgment has done the work yet). Not their mean: a request
+        admitted at the edge of what a mean allows meets the deadline every other time, and
+        those told to come back are at that edge by design."""
+        return _slow(sorted(self.service_times))
 
     def most_admitted(self) -> int:
         """Judgments admitted at most, judged or waiting: the slots and the longest queue
@@ -173,20 +174,20 @@ class GatewayState:
         that find a free slot are always admitted, and so is any request to an idle gateway:
         waiting could not make them faster, and their times keep the measure current."""
         room = self.most_admitted() - self.admitted
-        mean, deadline = self.service_time(), self.config.request_deadline
-        if mean is None or deadline is None or self.admitted == 0:
+        service, deadline = self.service_time(), self.config.request_deadline
+        if service is None or deadline is None or self.admitted == 0:
             return room
         free = self.config.max_active_requests - self.admitted
-        return min(room, max(free, self.timely(mean, deadline) - self._waiting()))
+        return min(room, max(free, self.timely(service, deadline) - self._waiting()))
 
-    def timely(self, mean: float, deadline: float) -> int:
+    def timely(self, service: float, deadline: float) -> int:
         """Judgments that, given slots in turn from now (the first ones by those already
         waiting), would each be judged within ``deadline`` of now, each holding its slot
-        ``mean`` seconds: on each slot, those that start by ``deadline - mean`` from now."""
+        ``service`` seconds: on each slot, those that start by ``deadline - service`` from now."""
         now = self.now()
-        last_start = now + deadline - mean
-        frees = [free for free in self._frees(now, mean) if free <= last_start]
-        fitting = sum(math.floor((last_start - free) / mean) + 1 for free in frees)
+        last_start = now + deadline - service
+        frees = [free for free in self._frees(now, service) if free <= last_start]
+        fitting = sum(math.floor((last_start - free) / service) + 1 for free in frees)
         return min(fitting, self.most_admitted())
 
     def retry_after(self, judgments: int = 1) -> float:
@@ -196,14 +197,14 @@ class GatewayState:
         end by its deadline (or when all its judgments would find free slots), and when
         enough have left for `most_admitted`; between `RETRY_FLOOR` and `RETRY_CEILING`
         (`RETRY_UNMEASURED` before anything is measured). Each call promises those places."""
-        mean = self.service_time()
-        if mean is None:
+        service = self.service_time()
+        if service is None:
             return RETRY_UNMEASURED
         now = self.now()
         while self.promises and self.promises[0][0] <= now:
             self.promised -= heapq.heappop(self.promises)[1]
         promised = self.promised
-        frees = self._frees(now, mean)
+        frees = self._frees(now, service)
         slots = len(frees)
 
         def start(turn: int) -> float:
@@ -211,7 +212,7 @@ class GatewayState:
             if turn <= 0:
                 return now
             rounds, slot = divmod(turn - 1, slots)
-            return frees[slot] + rounds * mean
+            return frees[slot] + rounds * service
 
         ahead = self._waiting() + promised
         # free slots are departures already made: the bound needs this many real ones more
@@ -219,7 +220,7 @@ class GatewayState:
         at = start(slots - len(self.holding) + over) if over > 0 else now
         deadline = self.config.request_deadline
         if deadline is not None:
-            in_time = start(ahead + judgments) + mean - deadline
+            in_time = start(ahead + judgments) + service - deadline
             at = max(at, min(in_time, start(ahead + min(judgments, slots))))
         if at < now + RETRY_CEILING:
             heapq.heappush(self.promises, (at, judgments))
@@ -230,18 +231,25 @@ class GatewayState:
         """Judgments admitted that wait for a slot."""
         return max(0, self.admitted - len(self.holding))
 
-    def _frees(self, now: float, mean: float) -> list[float]:
+    def _frees(self, now: float, service: float) -> list[float]:
         """When each slot frees, soonest first: a free slot now; a busy one when its judgment
-        is expected to end, the mean of how much longer than it has run those recent service
-        times took that were longer (one ``mean`` from now, past all of them)."""
+        is taken to end: the 90th percentile of the recent service times longer than it has
+        run (one ``service`` from now, past all of them)."""
         times = sorted(self.service_times)
         frees = []
         for since in self.holding:
             ran = now - since
-            longer = times[bisect.bisect_right(times, ran) :]
-            frees.append(now + (sum(longer) / len(longer) - ran if longer else mean))
+            longer = _slow(times[bisect.bisect_right(times, ran) :])
+            frees.append(now + (longer - ran if longer is not None else service))
         frees.extend([now] * (self.config.max_active_requests - len(frees)))
         return sorted(frees)
+
+
+def _slow(ordered: list[float]) -> float | None:
+    """The 90th percentile (nearest rank) of service times in ascending order; None if none."""
+    if not ordered:
+        return None
+    return max(ordered[math.ceil(0.9 * len(ordered)) - 1], 1e-6)
 
 
 SESSION: Final = web.AppKey("session", tv.Session)
