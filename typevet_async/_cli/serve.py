@@ -72,8 +72,9 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="open connections at once; one more is answered 503 and closed (default: half "
-        "the process's file-descriptor limit)",
+        help="open connections at once; one more closes the connection idle longest, or is "
+        "answered 503 and closed when every one has a request in progress (default: half the "
+        "process's file-descriptor limit)",
     )
     serve.add_argument(
         "--max-questions",
