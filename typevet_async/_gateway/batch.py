@@ -8,8 +8,9 @@ How a batch is served, and why:
   thread; its states are counted (``max_batch_states``) before any is read. JSON only: a
   batch carries no images.
 - **Admission counts states, not bodies.** ``max_active_requests`` bounds the judgments the
-  model server sees at once, and a batch of N states is N judgments: it is shed (429) when N
-  more would pass the slots plus the queue, exactly as N single requests would be, and its
+  model server sees at once, and a batch of N states is N judgments: it is shed (429) when its
+  last state would not be judged in time behind those admitted, or N more would pass the slots
+  plus the queue, exactly as N single requests would be, and its
   states take the gateway's slots one at a time (a single feeder waits for each), so a
   request that arrives meanwhile is queued between two of the batch's states, not behind
   all of them. Counting a batch as one request would let a client multiply its share of the
