@@ -161,6 +161,9 @@ class FaultInjectingProxy(_LocalProxy):
         #: Set when a "held_503" request arrives; the test sets `release` to answer it 503.
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
+        #: Seconds each request to ``path`` waits before it is handled: a slow model server
+        #: (the wait is the stub; the reply is still the real server's).
+        self.delay = 0.0
 
     async def _forward(self, request: web.Request) -> tuple[int, bytes]:
         assert self._client is not None
@@ -187,6 +190,8 @@ class FaultInjectingProxy(_LocalProxy):
             {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
         )
         self.paths.append(request.path)
+        if self.delay and request.path == self.path:
+            await asyncio.sleep(self.delay)
         if self.random_faults is not None:
             fault = self.random_faults.draw(request.path, await request.read())
         else:

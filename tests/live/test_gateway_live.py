@@ -112,7 +112,8 @@ async def test_the_sync_client_gets_the_direct_answers(gateway_url: str, gemma3_
 #: The official client's retries, as a user sending queued load through the gateway sets them:
 #: its default (2 retries within 30 s in all) never retries a 504, since the gateway's
 #: deadline (60 s) is past that budget; this one retries the gateway's every retryable answer
-#: (429 when the queue is full, 504 past the deadline) however late it comes.
+#: (429 when a request would not be judged within the deadline, 504 past it) however late it
+#: comes.
 QUEUED_LOAD_RETRY = ts.RetryPolicy(max_retries=10, timeout=None)
 
 
@@ -136,14 +137,15 @@ async def test_the_official_client_at_concurrency_32_loses_nothing_at_the_defaul
     gemma3_url: str,
 ) -> None:
     # At the old defaults (8 in flight + a queue of 16, Retry-After a constant 1 s) 15 of 200
-    # such requests failed with TypeSafeRateLimitError. Later the test failed once under load,
-    # never with a 429 (a pool of 32 is within the queue's floor of 64): requests that waited
-    # past the 60 s deadline got a 504, which the client's default retry budget (30 s in
-    # all) never retries. Measured on this machine while others' tests ran: 57 of 200 lost so,
-    # at 0.8 requests/s (each read escalated to the top 4,096), and 200 requests with retries
-    # outran the 300 s test timeout. What a user needs holds at any speed: the gateway at its
-    # defaults never sheds a pool of 32, and a client that retries its retryable answers
-    # loses none. How fast it goes is the benchmark's (benchmarks/bench_gateway_load.py).
+    # such requests failed with TypeSafeRateLimitError. Later the test failed once under load:
+    # requests that waited past the 60 s deadline got a 504, which the client's default retry
+    # budget (30 s in all) never retries. Measured on this machine while others' tests ran: 57
+    # of 200 lost so, at 0.8 requests/s (each read escalated to the top 4,096), and 200
+    # requests with retries outran the 300 s test timeout. What a user needs holds at any
+    # speed: a client that retries its retryable answers (a 429 when the gateway measures that
+    # a request would not be judged within the deadline, told when to come back; a 504 when
+    # a judgment took longer than measured) loses none, and each is answered once. How fast
+    # it goes is the benchmark's (benchmarks/bench_gateway_load.py).
     session = tv.Session.llama_cpp(gemma3_url)
     questions = {"refund": QUESTIONS["refund"]}
     async with (
@@ -170,8 +172,7 @@ async def test_the_official_client_at_concurrency_32_loses_nothing_at_the_defaul
     failures = [outcome for outcome in outcomes if outcome != "ok"]
     assert failures == []
     assert statuses.get("200") == LOAD_REQUESTS  # each answered once
-    assert "429" not in statuses  # a pool of 32 is never shed
-    assert set(statuses) <= {"200", "504"}  # a 504 only past the deadline, then retried
+    assert set(statuses) <= {"200", "429", "504"}  # each retried
 
 
 @pytest.mark.asyncio

@@ -1015,27 +1015,72 @@ def test_a_model_served_from_a_file_is_shown_by_its_name_not_its_path(
     assert model_alias(served) == shown
 
 
+async def silent_connections(
+    url: str, count: int
+) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``count`` TCP connections to the gateway that send nothing, opened in turn."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return [await asyncio.open_connection(host, int(port)) for _ in range(count)]
+
+
 @pytest.mark.asyncio
-async def test_connections_past_the_cap_get_a_503_at_once_and_idle_ones_close() -> None:
-    # 300 idle unauthenticated connections under a 256-fd limit made /healthz time out.
-    config = GatewayConfig(keys=(KEY,), max_connections=20, idle_timeout=1.0)
+async def test_at_the_connection_cap_the_connection_idle_longest_makes_room() -> None:
+    # While 300 silent connections were open, /healthz answered 503 to every client until the
+    # idle timeout closed them: the cap turned new clients away instead of idle sockets.
+    backend = InMemoryStubBackend()
+    release = asyncio.Event()
+
+    async def held() -> None:
+        await release.wait()
+
+    backend.state_behaviours["in progress"] = held
+    config = GatewayConfig(keys=(KEY,), max_connections=20, idle_timeout=60.0)
+    async with running(tv.Session(backend), config) as url, aiohttp.ClientSession() as http:
+        body = request_body(state="in progress")
+        busy = asyncio.create_task(http.post(f"{url}/v1/systemone", json=body, headers=AUTH))
+        await until(lambda: backend.in_flight > 0)
+        # 60 silent connections through a cap of 20, the request in progress holding one:
+        # each new one closes the one idle longest, so the last 19 are open, the others closed.
+        silent = await silent_connections(url, 60)
+        for reader, _ in silent[:41]:
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        await asyncio.sleep(0.05)
+        assert not any(reader.at_eof() for reader, _ in silent[41:])
+        async with aiohttp.ClientSession() as other, other.get(f"{url}/healthz") as health:
+            assert health.status == 200
+        release.set()
+        response = await busy  # never cut to make room
+        assert response.status == 200
+        for _, writer in silent:
+            writer.close()
+
+
+@pytest.mark.asyncio
+async def test_connections_past_the_cap_get_a_503_at_once_when_none_is_idle() -> None:
+    config = GatewayConfig(keys=(KEY,), max_connections=20)
     async with running(tv.Session(InMemoryStubBackend()), config) as url:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        idle = [await asyncio.open_connection(host, int(port)) for _ in range(20)]
-        await asyncio.sleep(0.1)  # accepted and counted
-        reader, writer = await asyncio.open_connection(host, int(port))
+        # 20 requests in progress: each has sent its head and waits to send its body
+        head = (
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 10\r\n\r\n"
+        )
+        sending = await silent_connections(url, 20)
+        for _, writer in sending:
+            writer.write(head)
+        await asyncio.sleep(0.1)  # accepted and read
+        [(reader, writer)] = await silent_connections(url, 1)
         reply = await asyncio.wait_for(reader.read(), 2)  # answered and closed, not held
         writer.close()
         assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
-        head, body = reply.split(b"\r\n\r\n", 1)
+        head_of_reply, body = reply.split(b"\r\n\r\n", 1)
         assert_error_shape(orjson.loads(body), 503)
-        assert re.search(rb"\r\nx-typesafe-request-id: req_[0-9a-f]{24}\r\n", head + b"\r\n")
-        for idle_reader, _ in idle:  # the idle timeout frees the cap
-            assert await asyncio.wait_for(idle_reader.read(), 5) == b""
-        for _, idle_writer in idle:
-            idle_writer.close()
-        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as response:
-            assert response.status == 200
+        assert re.search(
+            rb"\r\nx-typesafe-request-id: req_[0-9a-f]{24}\r\n", head_of_reply + b"\r\n"
+        )
+        for sending_reader, _ in sending:  # none was cut for it
+            assert not sending_reader.at_eof()
+        for _, sending_writer in sending:
+            sending_writer.close()
 
 
 def test_the_default_connection_cap_is_half_the_descriptor_limit() -> None:

@@ -1,6 +1,7 @@
-"""Admission on the System One gateway (issue 43, items 3 and 9): the queue and a 429's wait
-come from the service times of the judgments that did the work, over the in-memory stub
-backend through aiohttp's test server.
+"""Admission on the System One gateway: which requests are admitted and a 429's wait come
+from the service times of the judgments that did the work, over the in-memory stub backend
+through aiohttp's test server. A request that would not be judged within its deadline behind
+those admitted is shed at once, whatever the queue's floor.
 
 Time is a fake clock the test moves (`FakeClock`, put in place of the gateway modules'
 ``time``): a stubbed read "takes" 0.15 s by moving it, an idle hour passes in one line, and
@@ -21,10 +22,11 @@ from aiohttp.test_utils import TestClient
 
 import typevet_async as tv
 from typevet_async._core.systemone import BATCH_PATH
-from typevet_async._gateway import MIN_AUTO_QUEUE, STATE, GatewayConfig
+from typevet_async._gateway import DEFAULT_AUTO_QUEUE, STATE, GatewayConfig
 from typevet_async._gateway import app as gateway_app
 from typevet_async._gateway import batch as gateway_batch
 from typevet_async._gateway import state as gateway_state
+from typevet_async._gateway.responses import shed_response
 
 from .stubs import Behaviour, InMemoryStubBackend
 from .test_gateway import AUTH, request_body, start, until
@@ -107,6 +109,19 @@ def retry_headers(response: Any) -> tuple[str, str]:
     return response.headers["Retry-After"], response.headers["retry-after-ms"]
 
 
+def behind_busy_slots(state: gateway_state.GatewayState) -> int:
+    """The places open behind every slot just taken (and nobody waiting): the queue that the
+    measured service times fit within the deadline."""
+    holding, admitted = list(state.holding), state.admitted
+    slots = state.config.max_active_requests
+    state.holding[:] = [state.now()] * slots
+    state.admitted = slots
+    try:
+        return state.places()
+    finally:
+        state.holding[:], state.admitted = holding, admitted
+
+
 @pytest.mark.asyncio
 async def test_fast_upstream_refusals_do_not_grow_the_queue(clock: FakeClock) -> None:
     # 64 fast upstream refusals pushed the measured drain rate to hundreds a second and the
@@ -118,18 +133,20 @@ async def test_fast_upstream_refusals_do_not_grow_the_queue(clock: FakeClock) ->
     try:
         backend.behaviours["refund"] = clock.taking(0.5)
         await answered(client, 4)
-        before = state.queue_limit()
+        before = behind_busy_slots(state)
         down = tv.ServerError("HTTP 500: the model server is down", status=500, body="down")
         backend.behaviours["refund"] = clock.failing(0.001, down)
         for _ in range(64):
             assert (await post(client)).status == 502
-        assert state.queue_limit() == before  # before the fix: 4,096
-        # Little's law on the judgments that did the work: 2 slots / 0.5 s = 4 a second; the
-        # last in line gets its slot after 59.5 s and is judged by the 60 s deadline.
-        assert before == math.floor(4 * (60 - 0.5)) == 238
-        # One more than the slots and the queue: a prompt 429, told one departure (1/4 s).
+        assert behind_busy_slots(state) == before  # before the fix: 4,096
+        # 2 slots of 0.5 s judgments, both just taken: each frees every 0.5 s, and a request
+        # whose slot frees by 59.5 s from now is judged by the 60 s deadline: 119 each.
+        assert before == 2 * math.floor((60 - 0.5) / 0.5) == 238
+        # One more: a prompt 429, told when the pair ahead of it would free (0.5 s).
+        state.holding[:] = [clock.now] * 2
         state.admitted = 2 + before
-        assert retry_headers(await post(client)) == ("1", "250")
+        assert retry_headers(await post(client)) == ("1", "500")
+        state.holding.clear()
         state.admitted = 0
     finally:
         await client.close()
@@ -227,7 +244,8 @@ async def test_the_floor_and_ceiling_of_the_advised_wait(clock: FakeClock) -> No
         # 100 s judgments: advised 60 s, the ceiling.
         state.service_times.clear()
         state.service_times.extend([100.0] * 4)
-        state.promised_until = 0.0
+        state.promises.clear()
+        state.promised = 0
         assert retry_headers(await post(client)) == ("60", "60000")
         release.set()
         assert (await busy).status == 200
@@ -244,17 +262,26 @@ async def test_a_judgment_cut_by_the_deadline_counts_its_whole_slot_time(clock: 
     client, _ = await start(backend, off, max_active_requests=1, request_deadline=0.3)
     state = client.app[STATE]
     try:
-        # It holds its slot 5 s (of the fake clock) and is then cut by the (real) deadline; the
-        # one behind it is cut while it waits for the slot, which it never held.
+        # It holds its slot 5 s (of the fake clock) and is then cut by the (real) deadline.
         backend.behaviours["refund"] = clock.hanging(5.0)
-        first, second = await asyncio.gather(post(client), post(client))
-        assert (first.status, second.status) == (504, 504)
+        assert (await post(client)).status == 504
+        assert list(state.service_times) == [5.0]
+        assert state.holding == []
+        # One cut while it waits for the slot (held here by the test, so nothing else can
+        # take it first) never held it: it counts nothing.
+        await state.slots.acquire()
+        try:
+            assert (await post(client)).status == 504
+        finally:
+            state.slots.release()
         assert list(state.service_times) == [5.0]
         # and a fast failure is no measure at all
         down = tv.ServerError("HTTP 503: busy", status=503, body="")
         backend.behaviours["refund"] = clock.failing(0.001, down)
         assert (await post(client)).status == 502
         assert list(state.service_times) == [5.0]
+        assert state.holding == []
+        assert state.admitted == 0
     finally:
         await client.close()
 
@@ -301,16 +328,94 @@ async def test_a_batch_cut_by_the_deadline_counts_the_states_holding_slots(
         await client.close()
 
 
-def test_a_client_pool_is_never_shed_however_slow_the_judgments() -> None:
-    # A queue below a common client pool (8 + 16) shed 15 of 200 requests of the official
-    # client at concurrency 32; the queue's floor holds a pool of 64 even when the measured
-    # capacity would queue fewer within the deadline.
+@pytest.mark.asyncio
+async def test_a_request_that_cannot_be_judged_in_time_is_shed_at_once_and_told_when(
+    clock: FakeClock,
+) -> None:
+    # 16 clients on a model server slow enough that 8 slots were held about 56 s a judgment:
+    # the queue's floor of 64 admitted every request, and 46 of 86 met the 504 at 60 s.
+    backend = InMemoryStubBackend()
+    client, _ = await start(backend, max_active_requests=2, request_deadline=10.0)
+    state = client.app[STATE]
+    release = asyncio.Event()
+    try:
+        backend.behaviours["refund"] = clock.taking(4.0)
+        await answered(client, 2)  # each holds a slot 4 s
+        assert list(state.service_times) == [4.0, 4.0]
+        backend.behaviours["refund"] = waiting(release)
+        busy = [asyncio.create_task(post(client)) for _ in range(2)]
+        await until(lambda: state.admitted == 2)
+        # Both slots free in 4 s: the next two are judged by 8 s, within the 10 s deadline.
+        queued = [asyncio.create_task(post(client)) for _ in range(2)]
+        await until(lambda: state.admitted == 4)
+        # The next would get a slot at 8 s and end at 12 s: shed now, not cut at 10 s, and
+        # told to come back when it would end in time: at 2 s (the queue's floor of 64
+        # admitted it).
+        assert retry_headers(await post(client)) == ("2", "2000")
+        # Told so, it comes back: its slot frees at 8 s, and it ends at 12 s, its deadline.
+        clock.now += 2.0
+        assert shed_response(state, 1) is None
+        release.set()
+        statuses = [(await task).status for task in [*busy, *queued]]
+        assert statuses == [200, 200, 200, 200]
+    finally:
+        release.set()
+        await client.close()
+
+
+@pytest.mark.asyncio
+async def test_requests_shed_by_the_deadline_are_told_their_own_times(clock: FakeClock) -> None:
+    backend = InMemoryStubBackend()
+    client, _ = await start(backend, max_active_requests=2, request_deadline=10.0)
+    state = client.app[STATE]
+    try:
+        backend.behaviours["refund"] = clock.taking(4.0)
+        await answered(client, 1)
+        state.holding[:] = [clock.now, clock.now - 1.0]  # both slots held, one for 1 s
+        state.admitted = 4  # and two waiting
+        # Slots free at 3 and 4 s; the two waiting take them and free them at 7 and 8 s; the
+        # next three would get slots at 7, 8 and 11 s. Each is told when its slot would be
+        # early enough to end by its deadline: 1 s, then 2 s, then 5 s.
+        told = [retry_headers(await post(client)) for _ in range(3)]
+        assert told == [("1", "1000"), ("2", "2000"), ("5", "5000")]
+        state.holding.clear()
+        state.admitted = 0
+    finally:
+        await client.close()
+
+
+def test_the_queue_floor_only_holds_while_nothing_is_measured(clock: FakeClock) -> None:
     state = gateway_state.GatewayState(
         GatewayConfig(), asyncio.Semaphore(8), anyio.CapacityLimiter(1), None
     )
-    state.service_times.extend([30.0] * 8)  # 8 slots / 30 s: 8 fit in the 60 s deadline
-    assert state.queue_limit() == MIN_AUTO_QUEUE
-    state.service_times.extend([1.6] * 64)  # 8 / 1.6 s = 5 a second
-    assert state.queue_limit() == math.floor(5 * (60 - 1.6)) == 292
+    state.admitted = 8
+    state.holding[:] = [clock.now] * 8
+    assert state.places() == DEFAULT_AUTO_QUEUE  # nothing measured: the default queue
+    # 8 slots held 30 s a judgment: one round behind the 8 running fits the 60 s deadline
+    # (it was 64, the floor: a client pool of 64 was never shed, however late it was judged).
+    state.service_times.extend([30.0] * 8)
+    assert state.places() == 8
+    state.admitted = 16
+    assert state.places() == 0
+    # 1.6 s judgments: 36 rounds of 8 behind those running (it was 292, Little's law)
+    state.service_times.clear()
+    state.service_times.extend([1.6] * 64)
+    assert state.places() == 8 * math.floor((60 - 1.6 - 1.6) / 1.6 + 1) - 8 == 280
     state.service_times.extend([0.001] * 64)
-    assert state.queue_limit() == 4096  # the ceiling
+    assert state.places() == 8 + 4096 - 16  # the ceiling
+
+
+def test_a_free_slot_or_an_idle_gateway_always_admits(clock: FakeClock) -> None:
+    # Judgments longer than the deadline: none would be in time, yet refusing them all would
+    # leave the measure as it is for ever. A free slot is taken, an idle gateway admits.
+    state = gateway_state.GatewayState(
+        GatewayConfig(), asyncio.Semaphore(8), anyio.CapacityLimiter(1), None
+    )
+    state.service_times.extend([100.0] * 8)
+    assert state.places() == 8 + 4096  # idle: a batch of any size within the cap
+    state.admitted = 7
+    state.holding[:] = [clock.now] * 7
+    assert state.places() == 1
+    state.admitted = 8
+    state.holding.append(clock.now)
+    assert state.places() == 0

@@ -72,8 +72,9 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="open connections at once; one more is answered 503 and closed (default: half "
-        "the process's file-descriptor limit)",
+        help="open connections at once; one more closes the connection idle longest, or is "
+        "answered 503 and closed when every one has a request in progress (default: half the "
+        "process's file-descriptor limit)",
     )
     serve.add_argument(
         "--max-questions",
@@ -102,10 +103,10 @@ def _limit_flags(serve: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=None,
         metavar="N",
-        help="requests that may wait for a slot; one more is a 429 with Retry-After (default: "
-        "as many as are judged within --request-deadline at the capacity measured from recent "
-        f"service times, at least {gateway.MIN_AUTO_QUEUE}; {gateway.DEFAULT_AUTO_QUEUE} before "
-        "anything is measured)",
+        help="requests that may wait for a slot at most; one more is a 429 with Retry-After "
+        f"(default: {gateway.DEFAULT_AUTO_QUEUE} before anything is measured, then "
+        f"{gateway.MAX_AUTO_QUEUE}); once service times are measured, a request that would not "
+        "be judged within --request-deadline behind those admitted is a 429 at once",
     )
     serve.add_argument(
         "--request-deadline",

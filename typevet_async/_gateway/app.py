@@ -239,7 +239,7 @@ async def _judged(
     held: float | None = None  # when it got its slot
     try:
         async with asyncio.timeout(config.request_deadline), state.slots:
-            held = state.now()
+            held = state.took_slot()
             if state.metrics is not None:
                 state.metrics.in_flight.inc()
             try:
@@ -247,7 +247,7 @@ async def _judged(
             finally:
                 if state.metrics is not None:
                     state.metrics.in_flight.dec()
-            state.held_since(held)  # it did the work: its time is the capacity's measure
+            state.held_since(held)  # it did the work: its time is admission's measure
             return judgment
     except asyncio.CancelledError:
         if not state.cut_off or task is None:
@@ -276,6 +276,8 @@ async def _judged(
     except tv.TypevetError as error:
         return sdk_error_response(state.metrics, error)
     finally:
+        if held is not None:
+            state.left_slot(held)
         state.admitted -= 1
         if task is not None:
             state.judging.discard(task)

@@ -8,8 +8,9 @@ How a batch is served, and why:
   thread; its states are counted (``max_batch_states``) before any is read. JSON only: a
   batch carries no images.
 - **Admission counts states, not bodies.** ``max_active_requests`` bounds the judgments the
-  model server sees at once, and a batch of N states is N judgments: it is shed (429) when N
-  more would pass the slots plus the queue, exactly as N single requests would be, and its
+  model server sees at once, and a batch of N states is N judgments: it is shed (429) when its
+  last state would not be judged in time behind those admitted, or N more would pass the slots
+  plus the queue, exactly as N single requests would be, and its
   states take the gateway's slots one at a time (a single feeder waits for each), so a
   request that arrives meanwhile is queued between two of the batch's states, not behind
   all of them. Counting a batch as one request would let a client multiply its share of the
@@ -131,7 +132,8 @@ async def _judged(
     config = state.config
     results: dict[int, dict[str, Any]] = {}
     started: set[int] = set()
-    handed: list[int] = []  # states given a slot; one that never started gives it back here
+    # states given a slot, and when; one that never started gives it back here
+    handed: dict[int, float] = {}
     missing = batch_item_error(
         504, "timeout",
         f"the batch outlived the gateway's {config.request_deadline}s deadline before this "
@@ -156,6 +158,7 @@ async def _judged(
             raise
         finally:
             state.slots.release()
+            state.left_slot(held)
             state.admitted -= 1
 
     try:
@@ -163,8 +166,8 @@ async def _judged(
             async with anyio.create_task_group() as group:
                 for index in indices:  # one slot at a time: others queue between our states
                     await state.slots.acquire()
-                    handed.append(index)
-                    group.start_soon(judge_one, index, state.now())
+                    handed[index] = held = state.took_slot()
+                    group.start_soon(judge_one, index, held)
     except TimeoutError:
         for held in cut:
             state.held_since(held)
@@ -179,9 +182,10 @@ async def _judged(
             "the gateway shut down before this state was judged: retry elsewhere or later",
         )  # fmt: skip
     finally:
-        for index in handed:
+        for index, held in handed.items():
             if index not in started:
                 state.slots.release()
+                state.left_slot(held)
         state.admitted -= len(indices) - len(started)
         if task is not None:
             state.judging.discard(task)
@@ -192,7 +196,7 @@ async def _result(
     state: GatewayState, session: tv.Session, batch: SystemOneBatch, index: int, model: str
 ) -> tuple[dict[str, Any], bool]:
     """One state's result: the body ``/v1/systemone`` would answer, or its error as an item;
-    and whether it did the work (answered, or cut by the SDK's timeout), for the capacity."""
+    and whether it did the work (answered, or cut by the SDK's timeout), for admission."""
     metrics = state.metrics
     if metrics is not None:
         metrics.in_flight.inc()

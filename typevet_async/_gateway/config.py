@@ -33,11 +33,12 @@ __all__ = [
 
 DEFAULT_KEYS_ENV: Final = "TYPEVET_SERVE_KEYS"
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
-#: The automatic queue's floor: a client's connection pool (commonly 32 to 64) is never shed.
+#: States past ``max_active_requests`` a batch may carry with the automatic queue
+#: (`GatewayConfig.batch_cap`): an idle gateway admits such a batch whatever it has measured.
 MIN_AUTO_QUEUE: Final = 64
 #: The automatic queue before any judgment's service time has been measured.
 DEFAULT_AUTO_QUEUE: Final = 256
-#: The automatic queue's ceiling.
+#: The automatic queue's ceiling (once measured, the deadline decides within it).
 MAX_AUTO_QUEUE: Final = 4096
 
 
@@ -51,12 +52,13 @@ class GatewayConfig:
     )
     #: Requests judged at once.
     max_active_requests: int = attrs.field(default=8, validator=positive_int)
-    #: Requests that may wait for a slot; one more is a 429. None (the default): as many as get
-    #: a slot and are judged within ``request_deadline`` at the capacity measured from recent
-    #: service times (``max_active_requests`` over the mean time a judgment that did the work
-    #: held its slot; fast failures are not counted), at least `MIN_AUTO_QUEUE` and
-    #: `DEFAULT_AUTO_QUEUE` before anything has been measured: a request is shed when it
-    #: would wait past its deadline anyway.
+    #: Requests that may wait for a slot at most; one more is a 429. None (the default):
+    #: `DEFAULT_AUTO_QUEUE` before anything has been measured, then `MAX_AUTO_QUEUE`. Either
+    #: way, once service times are measured (the time each recent judgment that did the work
+    #: held its slot; fast failures are not counted), a request that would not get its slot
+    #: and be judged within ``request_deadline`` behind those admitted is a 429 at once:
+    #: it would meet the 504 anyway. One that finds a free slot, or an idle gateway, is
+    #: always admitted.
     max_queue: int | None = attrs.field(default=None, validator=optional(non_negative_int))
     #: Seconds per request, waiting for a slot included (None: no limit) -> 504.
     request_deadline: float | None = attrs.field(default=60.0, validator=optional(positive_number))
@@ -82,8 +84,10 @@ class GatewayConfig:
     idle_timeout: float = attrs.field(default=15.0, validator=positive_number)
     #: Seconds a request's body may take to arrive -> 408.
     body_timeout: float = attrs.field(default=30.0, validator=positive_number)
-    #: Open connections at once; one more is answered 503 and closed at once. None: half the
-    #: process's file-descriptor limit (at least 16), so accepting is never what runs out.
+    #: Open connections at once. One more closes the connection idle longest (no request in
+    #: progress) to take its place; when none is idle, it is answered 503 and closed at once.
+    #: None: half the process's file-descriptor limit (at least 16), so accepting is never
+    #: what runs out.
     max_connections: int | None = attrs.field(default=None, validator=optional(positive_int))
 
     def connection_cap(self) -> int:
@@ -104,8 +108,8 @@ class GatewayConfig:
 
     def batch_cap(self) -> int:
         """States a batch may carry: ``max_batch_states``, but at most ``max_active_requests``
-        plus the smallest queue (`MIN_AUTO_QUEUE`, or ``max_queue``), since each state counts
-        as one request for admission and a larger batch could never be admitted."""
+        plus `MIN_AUTO_QUEUE` (or ``max_queue``), since each state counts as one request for
+        admission and a batch past ``max_queue`` could never be admitted."""
         queue = MIN_AUTO_QUEUE if self.max_queue is None else self.max_queue
         return min(self.max_batch_states, self.max_active_requests + queue)
 

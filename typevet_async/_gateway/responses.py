@@ -116,10 +116,11 @@ def sdk_error_response(metrics: Metrics | None, error: BaseException) -> web.Res
 
 def shed_response(state: GatewayState, judgments: int) -> web.Response | None:
     """The 429 for a request of ``judgments`` judgments (a batch's states each count) when
-    admitting it would pass ``max_active_requests`` plus the queue; None: admit it. Its
+    admitting it would pass the places open now (`GatewayState.places`: the most admitted,
+    and those judged within the deadline at the measured service times); None: admit it. Its
     ``Retry-After`` is whole seconds (rounded up, at least 1: the header's unit) and its
     ``retry-after-ms`` the estimate itself (`GatewayState.retry_after`)."""
-    if state.admitted + judgments <= state.config.max_active_requests + state.queue_limit():
+    if judgments <= state.places():
         return None
     wait = state.retry_after(judgments)
     retry = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(round(wait * 1000))}

@@ -12,6 +12,7 @@ from typing import Any, Final, cast
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 import typevet_async as tv
 from typevet_async._gateway.app import build_app
@@ -53,7 +54,8 @@ def runner_options(config: GatewayConfig) -> dict[str, Any]:
 _BUSY_BODY: Final = orjson.dumps(
     error_body(503, ["server"], "too many open connections: retry shortly", "unavailable")
 )
-#: What a connection past the cap gets before it is closed (with a fresh request id).
+#: What a connection past the cap gets, when none is idle, before it is closed (with a fresh
+#: request id).
 _BUSY_HEAD: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
     b"Content-Type: application/json\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n"
@@ -61,7 +63,8 @@ _BUSY_HEAD: Final = (
 
 
 class _Busy(asyncio.Protocol):
-    """A connection past the cap: answered 503 and closed, never read."""
+    """A connection past the cap while every open one has a request in progress: answered 503
+    and closed, never read."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.WriteTransport)
@@ -71,15 +74,40 @@ class _Busy(asyncio.Protocol):
 
 
 class _ConnectionCap:
-    """The server's protocol factory, at most ``cap`` connections open at once."""
+    """The server's protocol factory, at most ``cap`` connections open at once. At the cap, a
+    new connection takes the place of the one idle longest (no request in progress: silent
+    since it opened, or kept alive after its last answer), which is closed; only when every
+    connection has a request in progress is the new one answered 503. So idle sockets, however
+    many, never lock clients out, and a request under way is never cut for a new one."""
 
     def __init__(self, server: web.Server, cap: int) -> None:
         self.server, self.cap = server, cap
 
     def __call__(self) -> asyncio.BaseProtocol:
-        if len(self.server.connections) >= self.cap:
-            return _Busy()
+        # a connection closed here lingers in the list until its loss is processed
+        open_now = [handler for handler in self.server.connections if handler.transport is not None]
+        if len(open_now) >= self.cap:
+            idle = [handler for handler in open_now if _idle(handler)]
+            if not idle:
+                return _Busy()
+            min(idle, key=_idle_since).force_close()
         return self.server()
+
+
+def _idle(handler: RequestHandler) -> bool:
+    """Whether a connection waits for its next request (none in progress, none read ahead):
+    the test aiohttp makes before it closes a connection at its keep-alive timeout. Should
+    aiohttp's internals change, no connection counts as idle and the cap answers 503 as
+    before."""
+    waiter = getattr(handler, "_waiter", None)
+    return isinstance(waiter, asyncio.Future) and not waiter.done()
+
+
+def _idle_since(handler: RequestHandler) -> float:
+    """When a connection's idle timeout would close it (its idle time's start plus the same
+    timeout for all): the least is the one idle longest."""
+    closes_at = getattr(handler, "_next_keepalive_close_time", 0.0)
+    return closes_at if isinstance(closes_at, float) else 0.0
 
 
 class _Runner(web.AppRunner):

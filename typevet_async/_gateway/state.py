@@ -1,10 +1,14 @@
-"""The gateway's running state: admission (slots, and the queue and 429 waits sized from the
-measured service times), readiness, the judgments in flight, and the Prometheus metrics."""
+"""The gateway's running state: admission (slots, and which requests are admitted and how long
+a 429 says to wait, from the measured service times and the slots' holders), readiness, the
+judgments in flight, and the Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
+import contextlib
+import heapq
 import math
 import time
 from typing import Any, Final
@@ -14,12 +18,7 @@ import attrs
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._gateway.config import (
-    DEFAULT_AUTO_QUEUE,
-    MAX_AUTO_QUEUE,
-    MIN_AUTO_QUEUE,
-    GatewayConfig,
-)
+from typevet_async._gateway.config import DEFAULT_AUTO_QUEUE, MAX_AUTO_QUEUE, GatewayConfig
 
 try:
     import prometheus_client
@@ -36,7 +35,7 @@ __all__ = [
     "Metrics",
 ]
 
-#: Service times the capacity is measured over (the most recent judgments that did the work).
+#: Service times admission is measured over (the most recent judgments that did the work).
 _SERVICE_WINDOW: Final = 64
 #: The shortest wait a 429 advises (``retry-after-ms``): a retry sooner than this finds the
 #: gateway as it left it (its own round trip and decode take a few ms), and a client that
@@ -121,61 +120,136 @@ class GatewayState:
     service_times: collections.deque[float] = attrs.Factory(
         lambda: collections.deque(maxlen=_SERVICE_WINDOW)
     )
-    #: When the last place promised to a shed request should free (monotonic seconds): each
-    #: 429 promises the next departures after it, so requests shed together are told to come
-    #: back one departure apart, not all at the same instant.
-    promised_until: float = 0.0
+    #: When each judgment holding a slot now took it (the gateway's clock): when the slots
+    #: free, hence when a request admitted now would get one.
+    holding: list[float] = attrs.Factory(list)
+    #: The places promised to requests shed earlier (a heap of when, and how many judgments),
+    #: and their judgments in all: each 429 promises the places it names, so requests shed
+    #: together are told to come back one departure apart, not all at the same instant. A
+    #: promise lapses when its time comes; none is made past `RETRY_CEILING`.
+    promises: list[tuple[float, int]] = attrs.Factory(list)
+    promised: int = 0
 
     def now(self) -> float:
         """The gateway's clock: monotonic seconds (read through the module, so a test can move
         it without moving the event loop's)."""
         return time.monotonic()
 
+    def took_slot(self) -> float:
+        """Record a judgment taking its slot now; when it took it (for `left_slot`)."""
+        since = self.now()
+        self.holding.append(since)
+        return since
+
+    def left_slot(self, since: float) -> None:
+        """Record the judgment that took its slot at ``since`` leaving it."""
+        with contextlib.suppress(ValueError):
+            self.holding.remove(since)
+
     def held_since(self, since: float) -> None:
         """Record one judgment that did the work: it held its slot from ``since`` to now."""
         self.service_times.append(max(0.0, self.now() - since))
 
     def service_time(self) -> float | None:
-        """The mean of the recent service times (None: no judgment has done the work yet)."""
-        if not self.service_times:
-            return None
-        return max(sum(self.service_times) / len(self.service_times), 1e-6)
+        """How long a judgment is taken to hold its slot: the 90th percentile of the recent
+        service times (None: no judgment has done the work yet). Not their mean: a request
+        admitted at the edge of what a mean allows meets the deadline every other time, and
+        those told to come back are at that edge by design."""
+        return _slow(sorted(self.service_times))
 
-    def capacity(self) -> float | None:
-        """Judgments a second the slots serve while all are busy: ``max_active_requests`` over
-        the mean service time (Little's law); None before any judgment did the work. It
-        depends on no idle time and no fast failure."""
-        mean = self.service_time()
-        return None if mean is None else self.config.max_active_requests / mean
-
-    def queue_limit(self) -> int:
-        """Requests that may wait for a slot now: those that, at the measured capacity, get a
-        slot and are judged within ``request_deadline`` (at least `MIN_AUTO_QUEUE`, at most
-        `MAX_AUTO_QUEUE`; `DEFAULT_AUTO_QUEUE` before anything is measured)."""
+    def most_admitted(self) -> int:
+        """Judgments admitted at most, judged or waiting: the slots and the longest queue
+        (``max_queue``; else `MAX_AUTO_QUEUE`, or `DEFAULT_AUTO_QUEUE` before anything is
+        measured). Within it, the deadline decides (`places`)."""
         if self.config.max_queue is not None:
-            return self.config.max_queue
-        capacity, mean = self.capacity(), self.service_time()
-        deadline = self.config.request_deadline
-        if capacity is None or mean is None or deadline is None:
-            return DEFAULT_AUTO_QUEUE
-        # the last in line waits for that many departures, then is judged itself
-        fits = math.floor(capacity * (deadline - mean))
-        return min(MAX_AUTO_QUEUE, max(MIN_AUTO_QUEUE, fits))
+            queue = self.config.max_queue
+        else:
+            queue = MAX_AUTO_QUEUE if self.service_times else DEFAULT_AUTO_QUEUE
+        return self.config.max_active_requests + queue
+
+    def places(self) -> int:
+        """Judgments that may be admitted now (a request of more is shed): within
+        `most_admitted`, those that, behind the judgments already admitted, get a slot and
+        are judged within ``request_deadline`` at the measured service times (`timely`). Those
+        that find a free slot are always admitted, and so is any request to an idle gateway:
+        waiting could not make them faster, and their times keep the measure current."""
+        room = self.most_admitted() - self.admitted
+        service, deadline = self.service_time(), self.config.request_deadline
+        if service is None or deadline is None or self.admitted == 0:
+            return room
+        free = self.config.max_active_requests - self.admitted
+        return min(room, max(free, self.timely(service, deadline) - self._waiting()))
+
+    def timely(self, service: float, deadline: float) -> int:
+        """Judgments that, given slots in turn from now (the first ones by those already
+        waiting), would each be judged within ``deadline`` of now, each holding its slot
+        ``service`` seconds: on each slot, those that start by ``deadline - service`` from now."""
+        now = self.now()
+        last_start = now + deadline - service
+        frees = [free for free in self._frees(now, service) if free <= last_start]
+        fitting = sum(math.floor((last_start - free) / service) + 1 for free in frees)
+        return min(fitting, self.most_admitted())
 
     def retry_after(self, judgments: int = 1) -> float:
         """Seconds until a request of ``judgments`` judgments (a batch's states each count)
-        shed now would be admitted: the departures it needs, at the measured capacity, after
-        those promised to requests shed before it; between `RETRY_FLOOR` and `RETRY_CEILING`
+        shed now would be admitted, if those admitted leave as measured and those shed before
+        it come back when told: when its last judgment would get its slot early enough to
+        end by its deadline (or when all its judgments would find free slots), and when
+        enough have left for `most_admitted`; between `RETRY_FLOOR` and `RETRY_CEILING`
         (`RETRY_UNMEASURED` before anything is measured). Each call promises those places."""
-        capacity = self.capacity()
-        if capacity is None:
+        service = self.service_time()
+        if service is None:
             return RETRY_UNMEASURED
         now = self.now()
-        limit = self.config.max_active_requests + self.queue_limit()
-        needed = max(1, self.admitted + judgments - limit)
-        free_at = max(now, self.promised_until) + needed / capacity
-        self.promised_until = min(free_at, now + RETRY_CEILING)
-        return min(RETRY_CEILING, max(RETRY_FLOOR, free_at - now))
+        while self.promises and self.promises[0][0] <= now:
+            self.promised -= heapq.heappop(self.promises)[1]
+        promised = self.promised
+        frees = self._frees(now, service)
+        slots = len(frees)
+
+        def start(turn: int) -> float:
+            """When the ``turn``-th judgment given a slot from now gets it (1: the first)."""
+            if turn <= 0:
+                return now
+            rounds, slot = divmod(turn - 1, slots)
+            return frees[slot] + rounds * service
+
+        ahead = self._waiting() + promised
+        # free slots are departures already made: the bound needs this many real ones more
+        over = self.admitted + promised + judgments - self.most_admitted()
+        at = start(slots - len(self.holding) + over) if over > 0 else now
+        deadline = self.config.request_deadline
+        if deadline is not None:
+            in_time = start(ahead + judgments) + service - deadline
+            at = max(at, min(in_time, start(ahead + min(judgments, slots))))
+        if at < now + RETRY_CEILING:
+            heapq.heappush(self.promises, (at, judgments))
+            self.promised += judgments
+        return min(RETRY_CEILING, max(RETRY_FLOOR, at - now))
+
+    def _waiting(self) -> int:
+        """Judgments admitted that wait for a slot."""
+        return max(0, self.admitted - len(self.holding))
+
+    def _frees(self, now: float, service: float) -> list[float]:
+        """When each slot frees, soonest first: a free slot now; a busy one when its judgment
+        is taken to end: the 90th percentile of the recent service times longer than it has
+        run (one ``service`` from now, past all of them)."""
+        times = sorted(self.service_times)
+        frees = []
+        for since in self.holding:
+            ran = now - since
+            longer = _slow(times[bisect.bisect_right(times, ran) :])
+            frees.append(now + (longer - ran if longer is not None else service))
+        frees.extend([now] * (self.config.max_active_requests - len(frees)))
+        return sorted(frees)
+
+
+def _slow(ordered: list[float]) -> float | None:
+    """The 90th percentile (nearest rank) of service times in ascending order; None if none."""
+    if not ordered:
+        return None
+    return max(ordered[math.ceil(0.9 * len(ordered)) - 1], 1e-6)
 
 
 SESSION: Final = web.AppKey("session", tv.Session)
