@@ -30,21 +30,18 @@ one kind and one configuration. The session and its pipelines see one backend.
   last one tried.
 - **Coming back.** Once its cooldown is over, an endpoint is probed again in the background;
   it takes reads again only if that probe passes and still agrees with the fleet.
-- **Logs.** One record per change of an endpoint's state (``typevet_async.fleet``): a WARNING
-  when it leaves the rotation and when it is back (with how long it was out), an ERROR when it
-  comes back different. The health checks in between, and their own retries, log at DEBUG: an
-  outage of minutes is two lines, not two per check.
+- **Logs.** One record per change of an endpoint's state (`fleet_endpoints`); the health
+  checks in between, and their probes' own retries, are DEBUG: an outage is two lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import attrs
@@ -59,6 +56,7 @@ from typevet_async._backends.base import (
     ReadIdentifying,
     RemoteJudging,
 )
+from typevet_async._backends.fleet_endpoints import Endpoint, differences
 from typevet_async._backends.retrying import (
     RetryPolicy,
     is_transient,
@@ -77,72 +75,10 @@ from typevet_async._options import UNSET, Unset, resolve
 
 __all__ = ["AsyncFleet"]
 
-log = logging.getLogger("typevet_async.fleet")
-
 T = TypeVar("T")
 
 #: Judgments whose endpoint a fleet remembers (least recently used beyond it are forgotten).
 PIN_CACHE_SIZE = 4096
-
-_State = Literal["up", "cooling", "checking", "excluded"]
-
-
-class _Endpoint:
-    """One endpoint's backend and its routing state."""
-
-    __slots__ = (
-        "backend",
-        "failures",
-        "index",
-        "last_pick",
-        "name",
-        "outstanding",
-        "since",
-        "slots",
-        "state",
-        "until",
-    )
-
-    def __init__(self, index: int, name: str, backend: Backend) -> None:
-        self.index = index
-        self.name = name
-        self.backend = backend
-        self.slots: int | None = backend.capabilities.max_concurrency
-        self.outstanding = 0
-        #: Transient failures in a row: the cooldown doubles with each.
-        self.failures = 0
-        self.state: _State = "up"
-        #: While cooling: when (`time.monotonic`) its health check is due.
-        self.until = 0.0
-        #: While out of the rotation: since when (`time.monotonic`).
-        self.since = 0.0
-        #: When it was last picked (the fleet's pick counter): among endpoints equally busy,
-        #: the one picked longest ago goes next, so one read at a time still spreads.
-        self.last_pick = 0
-
-    def has_room(self) -> bool:
-        return self.state == "up" and (self.slots is None or self.outstanding < self.slots)
-
-
-def _differences(reference: Probe, probe: Probe) -> list[str]:
-    """What makes an answer read at ``probe`` differ from one read at ``reference``."""
-    found = []
-    if set(probe.model_ids) != set(reference.model_ids):
-        found.append(f"models {list(probe.model_ids)} (not {list(reference.model_ids)})")
-    if probe.family is not reference.family:
-        found.append(f"template family {probe.family.value} (not {reference.family.value})")
-    elif probe.rendered_template != reference.rendered_template:
-        found.append("another rendering of the chat template")
-    if probe.vocab_size != reference.vocab_size:
-        found.append(f"vocabulary size {probe.vocab_size} (not {reference.vocab_size})")
-    if dict(probe.control_ids) != dict(reference.control_ids):
-        changed = sorted(
-            control
-            for control in set(probe.control_ids) | set(reference.control_ids)
-            if probe.control_ids.get(control) != reference.control_ids.get(control)
-        )
-        found.append(f"other token ids for the controls {changed[:8]}")
-    return found
 
 
 class _NoEndpointUp(TransportError):
@@ -170,7 +106,7 @@ class AsyncFleet:
         kinds = {type(backend) for _, backend in members}
         if len(kinds) != 1:
             raise ConfigurationError("every endpoint of a fleet must be of one kind")
-        self._endpoints = [_Endpoint(n, name, backend) for n, (name, backend) in enumerate(members)]
+        self._endpoints = [Endpoint(n, name, backend) for n, (name, backend) in enumerate(members)]
         self._retry = retry
         self._slots = endpoint_slots
         self._cooldown = (cooldown, max_cooldown)
@@ -180,7 +116,7 @@ class AsyncFleet:
         self._capabilities = attrs.evolve(first, max_concurrency=total)
         self._probe: Probe | None = None
         #: Judgment -> the endpoint its first read went to (least recently used first).
-        self._pins: collections.OrderedDict[int, _Endpoint] = collections.OrderedDict()
+        self._pins: collections.OrderedDict[int, Endpoint] = collections.OrderedDict()
         #: Set (and replaced) whenever a slot frees or an endpoint changes state.
         self._changed = asyncio.Event()
         #: The tries waiting for a slot, first come first served (`_acquire`).
@@ -226,7 +162,7 @@ class AsyncFleet:
 
     async def open(self) -> None:
         """Open every endpoint's pool; if one cannot open, those opened are closed again."""
-        opened: list[_Endpoint] = []
+        opened: list[Endpoint] = []
         try:
             for endpoint in self._endpoints:
                 await endpoint.backend.open()
@@ -274,7 +210,7 @@ class AsyncFleet:
             if isinstance(outcome, TypevetError):
                 self._cool(endpoint, error=outcome)
                 continue
-            found = _differences(reference, outcome)
+            found = differences(reference, outcome)
             if found:
                 raise ConfigurationError(
                     f"endpoint {endpoint.name} differs from {reference_endpoint.name}: "
@@ -284,7 +220,7 @@ class AsyncFleet:
         self._probe = reference
         return reference
 
-    def _set_slots(self, endpoint: _Endpoint, probe: Probe) -> None:
+    def _set_slots(self, endpoint: Endpoint, probe: Probe) -> None:
         limits = [
             limit
             for limit in (endpoint.backend.capabilities.max_concurrency, probe.slots, self._slots)
@@ -354,7 +290,7 @@ class AsyncFleet:
         *,
         pin: int | None = None,
         retry_timeouts: bool = True,
-    ) -> tuple[T, _Endpoint, int]:
+    ) -> tuple[T, Endpoint, int]:
         """``call`` on a chosen endpoint, and on others after transient failures: its result,
         the endpoint that gave it, and how many tries failed before."""
         failed = 0
@@ -363,7 +299,7 @@ class AsyncFleet:
         def retryable(error: BaseException) -> bool:
             return transient(error) and not isinstance(error, _NoEndpointUp)
 
-        async def attempt() -> tuple[T, _Endpoint, int]:
+        async def attempt() -> tuple[T, Endpoint, int]:
             nonlocal failed
             endpoint = await self._acquire(pin)
             try:
@@ -388,7 +324,7 @@ class AsyncFleet:
 
     # -- routing -----------------------------------------------------------------------------
 
-    async def _acquire(self, pin: int | None) -> _Endpoint:
+    async def _acquire(self, pin: int | None) -> Endpoint:
         """The endpoint for the next try, its slot taken. While every endpoint that is up is
         full, the wait for a slot, in turn and without limit (the caller's deadline bounds it);
         while none is up, the wait for one to come back (its cooldown over and its health
@@ -437,7 +373,7 @@ class AsyncFleet:
                 self._queue.remove(turn)
                 self._signal()  # the next in the queue may go now
 
-    def _pick(self, pin: int | None) -> _Endpoint | None:
+    def _pick(self, pin: int | None) -> Endpoint | None:
         """The endpoint a try goes to (its pin's while it has room, else the least busy with
         room), its slot taken; None if no endpoint that is up has room."""
         endpoint = self._pinned(pin)
@@ -460,7 +396,7 @@ class AsyncFleet:
         due = [e.until - now for e in self._endpoints if e.state == "cooling"]
         return max(0.0, min(due)) if due else None
 
-    def _pinned(self, pin: int | None) -> _Endpoint | None:
+    def _pinned(self, pin: int | None) -> Endpoint | None:
         if pin is None:
             return None
         endpoint = self._pins.get(pin)
@@ -469,7 +405,7 @@ class AsyncFleet:
         self._pins.move_to_end(pin)
         return endpoint
 
-    def _release(self, endpoint: _Endpoint) -> None:
+    def _release(self, endpoint: Endpoint) -> None:
         endpoint.outstanding -= 1
         self._signal()
 
@@ -479,7 +415,7 @@ class AsyncFleet:
 
     def _cool(
         self,
-        endpoint: _Endpoint,
+        endpoint: Endpoint,
         retry_after: float | None = None,
         *,
         error: BaseException | None = None,
@@ -490,29 +426,7 @@ class AsyncFleet:
         seconds = min(ceiling, base * 2 ** (endpoint.failures - 1))
         if retry_after is not None:  # the server said how long: never less
             seconds = max(seconds, min(retry_after, self._retry.max_retry_after))
-        was = endpoint.state
-        now = time.monotonic()
-        endpoint.state = "cooling"
-        endpoint.until = now + seconds
-        fields = {"endpoint": endpoint.name, "cooldown_s": seconds}
-        if was == "up":  # a change of state: once per outage, not once per failed check
-            endpoint.since = now
-            kind = "no answer" if error is None else type(error).__name__
-            log.warning(
-                "endpoint %s is out of the rotation (%s); its reads go to the others, its "
-                "health check is due in %.1f s",
-                endpoint.name,
-                kind,
-                seconds,
-                extra={**fields, "error_type": kind},
-            )
-        else:
-            log.debug(
-                "endpoint %s is still out; next health check in %.1f s",
-                endpoint.name,
-                seconds,
-                extra=fields,
-            )
+        endpoint.out(seconds, error)
         self._signal()
 
     def _wait(self, retry_state: RetryCallState) -> float:
@@ -528,7 +442,7 @@ class AsyncFleet:
                 self._checks.add(task)
                 task.add_done_callback(self._checks.discard)
 
-    async def _check(self, endpoint: _Endpoint) -> None:
+    async def _check(self, endpoint: Endpoint) -> None:
         """The health check of an endpoint whose cooldown is over: probed again, back if the
         probe passes and agrees with the fleet, excluded for good if it disagrees."""
         try:
@@ -538,19 +452,10 @@ class AsyncFleet:
             self._cool(endpoint, error=error)
             return
         reference = self._probe
-        found = [] if reference is None else _differences(reference, probe)
+        found = [] if reference is None else differences(reference, probe)
         if found:
-            endpoint.state = "excluded"
-            log.error("endpoint %s came back different: %s", endpoint.name, "; ".join(found))
+            endpoint.exclude(found)
         else:
             self._set_slots(endpoint, probe)
-            endpoint.failures = 0
-            endpoint.state = "up"
-            out = time.monotonic() - endpoint.since
-            log.warning(
-                "endpoint %s is back in the rotation after %.1f s out",
-                endpoint.name,
-                out,
-                extra={"endpoint": endpoint.name, "out_s": round(out, 3)},
-            )
+            endpoint.back()
         self._signal()
