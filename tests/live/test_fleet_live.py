@@ -10,6 +10,7 @@ Reads are counted on the server side, by llama.cpp's own Prometheus counters
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import urllib.request
 from collections.abc import Iterator
@@ -121,9 +122,13 @@ async def test_reads_spread_over_both_and_answers_equal_one_servers(
 
 
 @pytest.mark.asyncio
+@pytest.mark.timeout(900)  # ~130 reads, 110 of them on one server, and a restart: 3-5 min busy
 async def test_a_server_killed_mid_batch_loses_no_record_and_comes_back(
-    replicas: tuple[Replica, Replica],
+    replicas: tuple[Replica, Replica], caplog: pytest.LogCaptureFixture
 ) -> None:
+    # With one server left, reads wait for its 2 slots: they failed after 30 s of that wait
+    # ("no endpoint came back within 30 s (...: up, ...: cooling)") when the machine was busy.
+    caplog.set_level(logging.WARNING, logger="typevet_async")
     a, b = replicas
     members = [(url, tv.AsyncLlamaCpp(tv.LlamaCppConfig(base_url=url))) for url in (a.url, b.url)]
     fleet = tv.AsyncFleet(members, retry=tv.RetryPolicy(), cooldown=0.2, max_cooldown=1.0)
@@ -152,6 +157,19 @@ async def test_a_server_killed_mid_batch_loses_no_record_and_comes_back(
         later: list[Any] = [await session.judge(ticket(2000 + n), QUESTIONS) for n in range(6)]
     assert b.reads() > served_before
     assert b.url in {j.diagnostics[q].endpoint for j in later for q in j.diagnostics}
+    # The outage is logged when it starts and when it ends, not once per health check (those
+    # and their probes' retries are DEBUG); the reads in flight on b at the kill are retried.
+    about_b = [
+        record.getMessage().split(" (")[0].split(" after ")[0]
+        for record in caplog.records
+        if record.name == "typevet_async.fleet" and b.url in record.getMessage()
+    ]
+    assert about_b == [
+        f"endpoint {b.url} is out of the rotation",
+        f"endpoint {b.url} is back in the rotation",
+    ]
+    retried = [record for record in caplog.records if record.name == "typevet_async.retry"]
+    assert len(retried) <= 2, [record.getMessage() for record in retried]  # b's 2 slots
 
 
 @pytest.mark.asyncio

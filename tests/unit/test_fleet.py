@@ -5,6 +5,7 @@ two real llama.cpp servers)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import anyio
@@ -12,6 +13,7 @@ import attrs
 import pytest
 
 import typevet_async as tv
+from typevet_async._backends.retrying import is_transient, retrying
 
 from .stubs import InMemoryStubBackend, failing_after, noul, sleeping
 
@@ -305,3 +307,101 @@ async def test_no_endpoint_coming_back_within_the_patience_is_final() -> None:
         with pytest.raises(tv.TransportError, match=r"no endpoint came back within 0\.3 s"):
             await session.judge("x", QUESTIONS)
     assert len(first.read_requests) + len(second.read_requests) == 2  # no retry was spent waiting
+
+
+@pytest.mark.asyncio
+async def test_a_full_endpoint_is_waited_for_past_the_patience_while_the_other_is_down() -> None:
+    # One replica SIGKILLed: the other was up but full, and reads waiting for its slot failed
+    # with "no endpoint came back within 30 s (...: up, ...: cooling)". The patience is for an
+    # outage of every endpoint; a slot of one that is up is waited for.
+    first, second = Replica(slots=1), Replica()
+    first.behaviours["q"] = sleeping(0.5)  # each read holds the only slot past the patience
+    second.down = True
+    members = [(f"http://replica-{n}", replica) for n, replica in enumerate([first, second])]
+    fleet = tv.AsyncFleet(
+        members, retry=tv.RetryPolicy(max_retry_after=0.2), cooldown=0.05, max_cooldown=0.1
+    )
+    async with session_of(fleet) as session:
+        await session.probe()  # the second is down from the start
+        judgments = await asyncio.gather(*(session.judge(f"s{n}", QUESTIONS) for n in range(3)))
+        assert fleet.endpoint_states()["http://replica-1"] != "up"
+    assert [j.diagnostics["q"].endpoint for j in judgments] == ["http://replica-0"] * 3
+    assert first.peak == 1
+
+
+@pytest.mark.asyncio
+async def test_the_wait_for_a_full_endpoint_is_bounded_by_the_callers_timeout() -> None:
+    first, second = Replica(slots=1), Replica()
+    first.behaviours["q"] = sleeping(0.6)
+    second.down = True
+    async with session_of(fleet_of([first, second])) as session:
+        await session.probe()
+        holding = asyncio.create_task(session.judge("first", QUESTIONS))
+        await asyncio.sleep(0.05)  # it holds the only slot
+        with pytest.raises(tv.DeadlineExceededError):
+            await session.judge("second", QUESTIONS, timeout=0.2)
+        assert (await holding).diagnostics["q"].endpoint == "http://replica-0"
+        later = await session.judge("third", QUESTIONS)  # the cancelled wait left its place
+    assert later.diagnostics["q"].endpoint == "http://replica-0"
+
+
+@pytest.mark.asyncio
+async def test_reads_waiting_for_a_slot_are_served_in_turn() -> None:
+    # A read that freed a slot took it straight back for its task's next read, ahead of those
+    # already waiting: under load, waits for a slot ran past 30 s while reads took 2 s.
+    first, second = Replica(slots=1), Replica()
+    first.behaviours["q"] = sleeping(0.02)
+    second.down = True
+    done: list[str] = []
+    async with session_of(fleet_of([first, second])) as session:
+        await session.probe()
+
+        async def back_to_back() -> None:
+            for n in range(12):
+                await session.judge(f"busy {n}", QUESTIONS)
+                done.append(f"busy {n}")
+
+        busy = asyncio.create_task(back_to_back())
+        await asyncio.sleep(0.01)  # its first read holds the slot
+        await session.judge("waiting", QUESTIONS)
+        done.append("waiting")
+        await busy
+    assert done.index("waiting") <= 2  # after the read it waited behind, and the next at most
+
+
+class Unreachable(Replica):
+    """A replica whose probe, while it is down, fails through the retry engine as an HTTP
+    backend's does (three connection attempts)."""
+
+    async def probe(self) -> tv.Probe:
+        if not self.down:
+            return await super().probe()
+
+        async def attempt() -> tv.Probe:
+            raise tv.TransportError("connection refused")
+
+        return await retrying(attempt, retries=2, retryable=is_transient, wait=lambda _: 0.0)
+
+
+@pytest.mark.asyncio
+async def test_an_outage_logs_when_it_starts_and_when_it_ends_not_per_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 278 WARNINGs for one replica down two minutes: two per health check, and two more for
+    # its probe's own retries.
+    caplog.set_level(logging.WARNING, logger="typevet_async")
+    first, second = Unreachable(), Unreachable()
+    first.down = True
+    fleet = fleet_of([first, second])
+    async with session_of(fleet) as session:
+        await session.probe()
+        for n in range(40):  # 0.4 s: health checks every 0.05 to 0.2 s fail
+            await session.judge(f"s{n}", QUESTIONS)
+            await asyncio.sleep(0.01)
+        first.down = False
+        await judge_until(session, fleet, "up")
+    lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert [line[:2] for line in lines] == [("typevet_async.fleet", "WARNING")] * 2, lines
+    assert "http://replica-0 is out of the rotation (TransportError)" in lines[0][2]
+    assert "http://replica-0 is back in the rotation after" in lines[1][2]
+    assert "connection refused" not in str(lines)  # an error's message is not logged

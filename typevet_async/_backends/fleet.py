@@ -11,10 +11,12 @@ one kind and one configuration. The session and its pipelines see one backend.
   cooling down (below); one must answer.
 - **Routing.** Each read goes to the endpoint with the fewest reads outstanding (among those
   equally busy, the one picked longest ago), at most its slots at once (llama.cpp's
-  ``/props`` ``total_slots``, capped by the fleet's ``slots`` and the backend's own limit),
-  waiting for a slot when every endpoint is full. Where the backend reuses cached prefixes, a
-  judgment's reads stay on the endpoint its first read went to (`ScoringRequest.judgment`),
-  while it has a free slot.
+  ``/props`` ``total_slots``, capped by the fleet's ``slots`` and the backend's own limit).
+  When every endpoint that is up is full, reads wait for a slot in the order they came (a
+  read that frees a slot cannot take it back ahead of them), for as long as it takes: a busy
+  endpoint is not a gone one, and only the caller's deadline bounds that wait. Where the
+  backend reuses cached prefixes, a judgment's reads stay on the endpoint its first read went
+  to (`ScoringRequest.judgment`), while it has a free slot.
 - **Failover.** A transient failure (a connection error, a timeout, HTTP 408, 429, 5xx but
   501) cools the endpoint down, for ``cooldown`` seconds doubling with each failure in a row
   up to ``max_cooldown``, or for as long as the server's ``Retry-After`` asks (up to the
@@ -22,28 +24,31 @@ one kind and one configuration. The session and its pipelines see one backend.
   is sent to another endpoint. Each failed try counts against ``max_retries`` (the member
   backends themselves send one attempt: the fleet does the retrying, by `retrying`); waiting
   does not: when no endpoint is up, the next try waits for one to come back (its cooldown
-  over, its health check passed) for up to ``max_retry_after`` seconds, without spending a
-  retry, so a fleet is never less patient than one endpoint. The diagnostics name the
+  over, its health check passed) for up to ``max_retry_after`` seconds with none up, without
+  spending a retry, so a fleet is never less patient than one endpoint. The diagnostics name the
   endpoint that answered (`Diagnostics.endpoint`), and a read that fails for good names the
   last one tried.
 - **Coming back.** Once its cooldown is over, an endpoint is probed again in the background;
   it takes reads again only if that probe passes and still agrees with the fleet.
+- **Logs.** One record per change of an endpoint's state (`fleet_endpoints`); the health
+  checks in between, and their probes' own retries, are DEBUG: an outage is two lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import attrs
 import orjson
 from tenacity import RetryCallState
 
+import typevet_async._telemetry as telemetry
 from typevet_async._backends.base import (
     AnswerTokenizing,
     Backend,
@@ -51,6 +56,7 @@ from typevet_async._backends.base import (
     ReadIdentifying,
     RemoteJudging,
 )
+from typevet_async._backends.fleet_endpoints import Endpoint, differences
 from typevet_async._backends.retrying import (
     RetryPolicy,
     is_transient,
@@ -69,69 +75,10 @@ from typevet_async._options import UNSET, Unset, resolve
 
 __all__ = ["AsyncFleet"]
 
-log = logging.getLogger("typevet_async.fleet")
-
 T = TypeVar("T")
 
 #: Judgments whose endpoint a fleet remembers (least recently used beyond it are forgotten).
 PIN_CACHE_SIZE = 4096
-
-_State = Literal["up", "cooling", "checking", "excluded"]
-
-
-class _Endpoint:
-    """One endpoint's backend and its routing state."""
-
-    __slots__ = (
-        "backend",
-        "failures",
-        "index",
-        "last_pick",
-        "name",
-        "outstanding",
-        "slots",
-        "state",
-        "until",
-    )
-
-    def __init__(self, index: int, name: str, backend: Backend) -> None:
-        self.index = index
-        self.name = name
-        self.backend = backend
-        self.slots: int | None = backend.capabilities.max_concurrency
-        self.outstanding = 0
-        #: Transient failures in a row: the cooldown doubles with each.
-        self.failures = 0
-        self.state: _State = "up"
-        #: While cooling: when (`time.monotonic`) its health check is due.
-        self.until = 0.0
-        #: When it was last picked (the fleet's pick counter): among endpoints equally busy,
-        #: the one picked longest ago goes next, so one read at a time still spreads.
-        self.last_pick = 0
-
-    def has_room(self) -> bool:
-        return self.state == "up" and (self.slots is None or self.outstanding < self.slots)
-
-
-def _differences(reference: Probe, probe: Probe) -> list[str]:
-    """What makes an answer read at ``probe`` differ from one read at ``reference``."""
-    found = []
-    if set(probe.model_ids) != set(reference.model_ids):
-        found.append(f"models {list(probe.model_ids)} (not {list(reference.model_ids)})")
-    if probe.family is not reference.family:
-        found.append(f"template family {probe.family.value} (not {reference.family.value})")
-    elif probe.rendered_template != reference.rendered_template:
-        found.append("another rendering of the chat template")
-    if probe.vocab_size != reference.vocab_size:
-        found.append(f"vocabulary size {probe.vocab_size} (not {reference.vocab_size})")
-    if dict(probe.control_ids) != dict(reference.control_ids):
-        changed = sorted(
-            control
-            for control in set(probe.control_ids) | set(reference.control_ids)
-            if probe.control_ids.get(control) != reference.control_ids.get(control)
-        )
-        found.append(f"other token ids for the controls {changed[:8]}")
-    return found
 
 
 class _NoEndpointUp(TransportError):
@@ -159,7 +106,7 @@ class AsyncFleet:
         kinds = {type(backend) for _, backend in members}
         if len(kinds) != 1:
             raise ConfigurationError("every endpoint of a fleet must be of one kind")
-        self._endpoints = [_Endpoint(n, name, backend) for n, (name, backend) in enumerate(members)]
+        self._endpoints = [Endpoint(n, name, backend) for n, (name, backend) in enumerate(members)]
         self._retry = retry
         self._slots = endpoint_slots
         self._cooldown = (cooldown, max_cooldown)
@@ -169,9 +116,11 @@ class AsyncFleet:
         self._capabilities = attrs.evolve(first, max_concurrency=total)
         self._probe: Probe | None = None
         #: Judgment -> the endpoint its first read went to (least recently used first).
-        self._pins: collections.OrderedDict[int, _Endpoint] = collections.OrderedDict()
-        #: Set (and replaced) whenever a slot frees or an endpoint comes back.
+        self._pins: collections.OrderedDict[int, Endpoint] = collections.OrderedDict()
+        #: Set (and replaced) whenever a slot frees or an endpoint changes state.
         self._changed = asyncio.Event()
+        #: The tries waiting for a slot, first come first served (`_acquire`).
+        self._queue: collections.deque[object] = collections.deque()
         self._checks: set[asyncio.Task[None]] = set()
         self._picks = 0
 
@@ -213,7 +162,7 @@ class AsyncFleet:
 
     async def open(self) -> None:
         """Open every endpoint's pool; if one cannot open, those opened are closed again."""
-        opened: list[_Endpoint] = []
+        opened: list[Endpoint] = []
         try:
             for endpoint in self._endpoints:
                 await endpoint.backend.open()
@@ -240,7 +189,8 @@ class AsyncFleet:
             another model than the pin.
         :raises BackendError: no endpoint could be probed (the first's error).
         """
-        outcomes = await gather_settled(self._endpoints, lambda e: e.backend.probe())
+        with telemetry.quiet_retries():  # an endpoint that fails is logged once, below
+            outcomes = await gather_settled(self._endpoints, lambda e: e.backend.probe())
         for endpoint, outcome in zip(self._endpoints, outcomes, strict=True):
             if isinstance(outcome, TypevetError) and not is_transient(outcome):
                 outcome.add_note(f"endpoint: {endpoint.name}")
@@ -258,10 +208,9 @@ class AsyncFleet:
         reference_endpoint, reference = answered[0]
         for endpoint, outcome in zip(self._endpoints, outcomes, strict=True):
             if isinstance(outcome, TypevetError):
-                log.warning("endpoint %s could not be probed: %s", endpoint.name, outcome)
-                self._cool(endpoint)
+                self._cool(endpoint, error=outcome)
                 continue
-            found = _differences(reference, outcome)
+            found = differences(reference, outcome)
             if found:
                 raise ConfigurationError(
                     f"endpoint {endpoint.name} differs from {reference_endpoint.name}: "
@@ -275,7 +224,7 @@ class AsyncFleet:
         self._probe = reference
         return reference
 
-    def _set_slots(self, endpoint: _Endpoint, probe: Probe) -> None:
+    def _set_slots(self, endpoint: Endpoint, probe: Probe) -> None:
         limits = [
             limit
             for limit in (endpoint.backend.capabilities.max_concurrency, probe.slots, self._slots)
@@ -345,7 +294,7 @@ class AsyncFleet:
         *,
         pin: int | None = None,
         retry_timeouts: bool = True,
-    ) -> tuple[T, _Endpoint, int]:
+    ) -> tuple[T, Endpoint, int]:
         """``call`` on a chosen endpoint, and on others after transient failures: its result,
         the endpoint that gave it, and how many tries failed before."""
         failed = 0
@@ -354,7 +303,7 @@ class AsyncFleet:
         def retryable(error: BaseException) -> bool:
             return transient(error) and not isinstance(error, _NoEndpointUp)
 
-        async def attempt() -> tuple[T, _Endpoint, int]:
+        async def attempt() -> tuple[T, Endpoint, int]:
             nonlocal failed
             endpoint = await self._acquire(pin)
             try:
@@ -362,7 +311,7 @@ class AsyncFleet:
             except TypevetError as error:
                 if retryable(error):
                     failed += 1
-                    self._cool(endpoint, getattr(error, "retry_after", None))
+                    self._cool(endpoint, getattr(error, "retry_after", None), error=error)
                 error.add_note(f"endpoint: {endpoint.name}")
                 raise
             finally:
@@ -379,49 +328,79 @@ class AsyncFleet:
 
     # -- routing -----------------------------------------------------------------------------
 
-    async def _acquire(self, pin: int | None) -> _Endpoint:
-        """The endpoint for the next try, its slot taken; while none is up, the wait for one
-        to come back (its cooldown over and its health check passed), which spends no retry.
+    async def _acquire(self, pin: int | None) -> Endpoint:
+        """The endpoint for the next try, its slot taken. While every endpoint that is up is
+        full, the wait for a slot, in turn and without limit (the caller's deadline bounds it);
+        while none is up, the wait for one to come back (its cooldown over and its health
+        check passed). Neither spends a retry.
 
-        :raises TransportError: every endpoint is excluded, or none came back within the
-            retry policy's ``max_retry_after`` seconds (final: not retried).
+        :raises TransportError: every endpoint is excluded, or none was up for the retry
+            policy's ``max_retry_after`` seconds in a row (final: not retried).
         """
         patience = self._retry.max_retry_after
-        deadline = time.monotonic() + patience
-        while True:
-            self._start_due_checks()
-            endpoint = self._pinned(pin)
-            if endpoint is None:
-                free = [e for e in self._endpoints if e.has_room()]
-                if free:
-                    endpoint = min(free, key=lambda e: (e.outstanding, e.last_pick))
-                    if pin is not None:
-                        self._pins[pin] = endpoint
-                        if len(self._pins) > PIN_CACHE_SIZE:
-                            self._pins.popitem(last=False)
-            if endpoint is not None:
-                self._picks += 1
-                endpoint.last_pick = self._picks
-                endpoint.outstanding += 1
-                return endpoint
-            states = ", ".join(f"{e.name}: {e.state}" for e in self._endpoints)
-            if all(e.state == "excluded" for e in self._endpoints):
-                raise _NoEndpointUp(f"no endpoint is left ({states})")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _NoEndpointUp(f"no endpoint came back within {patience:g} s ({states})")
-            changed = self._changed
-            # a slot freed or an endpoint came back; else look again when a cooldown ends
-            with anyio.move_on_after(min(left, self._next_due())):
-                await changed.wait()
+        #: Since when (`time.monotonic`) this try has seen no endpoint up.
+        none_up_since: float | None = None
+        turn: object | None = None  # this try's place in the queue, once it waits
+        try:
+            while True:
+                self._start_due_checks()
+                if not self._queue or self._queue[0] is turn:
+                    endpoint = self._pick(pin)
+                    if endpoint is not None:
+                        return endpoint
+                if turn is None:
+                    turn = object()
+                    self._queue.append(turn)
+                now = time.monotonic()
+                timeout = self._next_due(now)
+                if any(e.state == "up" for e in self._endpoints):
+                    none_up_since = None  # up but full: a slot will free, wait for it
+                else:
+                    states = ", ".join(f"{e.name}: {e.state}" for e in self._endpoints)
+                    if all(e.state == "excluded" for e in self._endpoints):
+                        raise _NoEndpointUp(f"no endpoint is left ({states})")
+                    if none_up_since is None:
+                        none_up_since = now
+                    left = none_up_since + patience - now
+                    if left <= 0:
+                        raise _NoEndpointUp(
+                            f"no endpoint came back within {patience:g} s ({states})"
+                        )
+                    timeout = left if timeout is None else min(timeout, left)
+                changed = self._changed
+                # a slot freed, the queue moved or a state changed; else look again when a
+                # cooldown ends (a health check signals when it is done)
+                with anyio.move_on_after(math.inf if timeout is None else timeout):
+                    await changed.wait()
+        finally:
+            if turn is not None:
+                self._queue.remove(turn)
+                self._signal()  # the next in the queue may go now
 
-    def _next_due(self) -> float:
-        """Seconds until the first cooldown ends (at least 50 ms, while a health check runs)."""
-        now = time.monotonic()
+    def _pick(self, pin: int | None) -> Endpoint | None:
+        """The endpoint a try goes to (its pin's while it has room, else the least busy with
+        room), its slot taken; None if no endpoint that is up has room."""
+        endpoint = self._pinned(pin)
+        if endpoint is None:
+            free = [e for e in self._endpoints if e.has_room()]
+            if not free:
+                return None
+            endpoint = min(free, key=lambda e: (e.outstanding, e.last_pick))
+            if pin is not None:
+                self._pins[pin] = endpoint
+                if len(self._pins) > PIN_CACHE_SIZE:
+                    self._pins.popitem(last=False)
+        self._picks += 1
+        endpoint.last_pick = self._picks
+        endpoint.outstanding += 1
+        return endpoint
+
+    def _next_due(self, now: float) -> float | None:
+        """Seconds until the first cooldown ends (None: no endpoint is cooling)."""
         due = [e.until - now for e in self._endpoints if e.state == "cooling"]
-        return max(0.05, min(due, default=0.05))
+        return max(0.0, min(due)) if due else None
 
-    def _pinned(self, pin: int | None) -> _Endpoint | None:
+    def _pinned(self, pin: int | None) -> Endpoint | None:
         if pin is None:
             return None
         endpoint = self._pins.get(pin)
@@ -430,7 +409,7 @@ class AsyncFleet:
         self._pins.move_to_end(pin)
         return endpoint
 
-    def _release(self, endpoint: _Endpoint) -> None:
+    def _release(self, endpoint: Endpoint) -> None:
         endpoint.outstanding -= 1
         self._signal()
 
@@ -438,15 +417,21 @@ class AsyncFleet:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _cool(self, endpoint: _Endpoint, retry_after: float | None = None) -> None:
+    def _cool(
+        self,
+        endpoint: Endpoint,
+        retry_after: float | None = None,
+        *,
+        error: BaseException | None = None,
+    ) -> None:
+        """Out of the rotation until its health check, due after its cooldown, passes."""
         endpoint.failures += 1
         base, ceiling = self._cooldown
         seconds = min(ceiling, base * 2 ** (endpoint.failures - 1))
         if retry_after is not None:  # the server said how long: never less
             seconds = max(seconds, min(retry_after, self._retry.max_retry_after))
-        endpoint.state = "cooling"
-        endpoint.until = time.monotonic() + seconds
-        log.warning("endpoint %s cools down for %.1f s", endpoint.name, seconds)
+        endpoint.out(seconds, error)
+        self._signal()
 
     def _wait(self, retry_state: RetryCallState) -> float:
         """Before a retry: none (the next try's `_acquire` waits for an endpoint itself)."""
@@ -461,23 +446,20 @@ class AsyncFleet:
                 self._checks.add(task)
                 task.add_done_callback(self._checks.discard)
 
-    async def _check(self, endpoint: _Endpoint) -> None:
+    async def _check(self, endpoint: Endpoint) -> None:
         """The health check of an endpoint whose cooldown is over: probed again, back if the
         probe passes and agrees with the fleet, excluded for good if it disagrees."""
         try:
-            probe = await endpoint.backend.probe()
+            with telemetry.quiet_retries():
+                probe = await endpoint.backend.probe()
         except TypevetError as error:
-            log.warning("endpoint %s is still failing: %s", endpoint.name, error)
-            self._cool(endpoint)
+            self._cool(endpoint, error=error)
             return
         reference = self._probe
-        found = [] if reference is None else _differences(reference, probe)
+        found = [] if reference is None else differences(reference, probe)
         if found:
-            endpoint.state = "excluded"
-            log.error("endpoint %s came back different: %s", endpoint.name, "; ".join(found))
+            endpoint.exclude(found)
         else:
             self._set_slots(endpoint, probe)
-            endpoint.failures = 0
-            endpoint.state = "up"
-            log.warning("endpoint %s is back", endpoint.name)
+            endpoint.back()
         self._signal()

@@ -29,6 +29,7 @@ from typevet_async._telemetry.events import (
     cache_store_failed,
     escalated,
     off_menu_raised,
+    quiet_retries,
     retried,
     slot_waited,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "observing",
     "off_menu_raised",
     "question_span",
+    "quiet_retries",
     "read_span",
     "read_usage",
     "retried",

@@ -4,6 +4,10 @@ WARNING log record."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from typevet_async._telemetry.instruments import OTEL, active, instruments, read_log, retry_log
@@ -15,7 +19,31 @@ if TYPE_CHECKING:
 if OTEL:
     from opentelemetry import trace as _trace
 
-__all__ = ["cache_store_failed", "escalated", "off_menu_raised", "retried", "slot_waited"]
+__all__ = [
+    "cache_store_failed",
+    "escalated",
+    "off_menu_raised",
+    "quiet_retries",
+    "retried",
+    "slot_waited",
+]
+
+#: The level a retry is logged at here (`quiet_retries`).
+_retry_level: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "typevet_retry_level", default=logging.WARNING
+)
+
+
+@contextlib.contextmanager
+def quiet_retries() -> Iterator[None]:
+    """Retries inside are logged at DEBUG, still counted and still span events: for a
+    background check whose outcome its caller reports once (a fleet's health check of an
+    endpoint that is down would otherwise log two WARNINGs per check for a whole outage)."""
+    token = _retry_level.set(logging.DEBUG)
+    try:
+        yield
+    finally:
+        _retry_level.reset(token)
 
 
 def off_menu_raised(request: ScoringRequest) -> None:
@@ -25,7 +53,7 @@ def off_menu_raised(request: ScoringRequest) -> None:
 
 def retried(attempt: int, error: BaseException, wait: float) -> None:
     """A transient failure about to be retried after ``wait`` seconds: an event on the current
-    span, counted, and a WARNING log record."""
+    span, counted, and a WARNING log record (DEBUG under `quiet_retries`)."""
     kind = error_type(error)
     status = getattr(error, "status", None)
     if OTEL and active():
@@ -38,7 +66,8 @@ def retried(attempt: int, error: BaseException, wait: float) -> None:
             event["http.response.status_code"] = status
         _trace.get_current_span().add_event("typevet.retry", event)
         instruments().retries.add(1, {"error.type": kind})
-    retry_log.warning(
+    retry_log.log(
+        _retry_level.get(),
         "attempt %d failed (%s%s); retrying in %.2f s",
         attempt,
         kind,
