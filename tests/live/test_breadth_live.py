@@ -51,11 +51,11 @@ async def test_twenty_options_use_twenty_letters(backend: tuple[str, str]) -> No
 
 
 async def test_more_options_than_the_tokenizer_has_controls(backend: tuple[str, str]) -> None:
-    # 62 single controls (0-9, A-Z, a-z: each one token on Gemma's), then two-token codes:
-    # every one of the 520 is two tokens in context, so 521 options is one too many.
+    # 62 single controls (0-9, A-Z, a-z: each one token on Gemma's), then two-token codes: there
+    # are 520, so 521 options is one too many, refused before any request.
     labels = {f"l{n}": None for n in range(521)}
     async with make_session(backend) as session:
-        with pytest.raises(tv.TooManyOptionsError, match=r"521 options, .* only 520 two-token"):
+        with pytest.raises(tv.TooManyOptionsError, match=r"521 options, and a question takes at most 520 .* refused before any request"):
             await session.judge(TICKET, {"big": tv.Choice(labels, instructions="Which?")})
 
 
