@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 import urllib.request
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import anyio
 
 import typevet_async as tv
+from tests.live.test_codes_live import product
 
 #: Gemma 3's vocabulary: a whole-vocabulary read asks for all of it.
 VOCABULARY = 262_144
@@ -58,17 +58,6 @@ def whole_vocabulary(url: str, prompt: Any) -> dict[int, float]:
     if len(read) != VOCABULARY:
         raise SystemExit(f"a whole-vocabulary read returned {len(read)} entries")
     return read
-
-
-def product(
-    codes: list[tuple[int, int]], first: dict[int, float], after: dict[int, dict[int, float]]
-) -> tuple[list[float], float]:
-    """Each code's probability among the codes, and the mass off them."""
-    joint = [first[head] + after[head][second] for head, second in codes]
-    top = max(joint)
-    weights = [math.exp(value - top) for value in joint]
-    total = math.fsum(weights)
-    return [weight / total for weight in weights], 1.0 - math.fsum(map(math.exp, joint))
 
 
 async def measure(url: str, options: int) -> dict[str, Any]:

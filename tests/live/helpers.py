@@ -19,10 +19,12 @@ from typing import Any
 import aiohttp
 import anyio
 import pytest
+from aiohttp import web
 
 import typevet_async as tv
 from typevet_async._core.content_free import divide_prior
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._gateway import STATE, GatewayConfig, app_runner, build_app, running
+from typevet_async._gateway.state import GatewayState
 
 from .servers import VLLM_MODEL_ID
 
@@ -241,3 +243,22 @@ async def ready_gateway(session: tv.Session, config: GatewayConfig) -> AsyncIter
     async with running(session, config) as url:
         await wait_until_ready(url)
         yield url
+
+
+@contextlib.asynccontextmanager
+async def ready_gateway_state(
+    session: tv.Session, config: GatewayConfig
+) -> AsyncIterator[tuple[str, GatewayState]]:
+    """`ready_gateway`, and the gateway's running state (admission, slots) for a test to read
+    or set."""
+    app = build_app(session, config)
+    runner = app_runner(app, config)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}"
+        await wait_until_ready(url)
+        yield url, app[STATE]
+    finally:
+        await runner.cleanup()

@@ -27,14 +27,13 @@ from typing import Any
 import aiohttp
 import attrs
 import pytest
-from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._gateway import STATE, GatewayConfig, app_runner, build_app
+from typevet_async._gateway import GatewayConfig
 from typevet_async._gateway.state import GatewayState
 
 from .faults import FaultInjectingProxy
-from .helpers import wait_until_ready
+from .helpers import ready_gateway_state
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -55,18 +54,9 @@ def body(n: int) -> dict[str, Any]:
 async def gateway(upstream: str, **config: Any) -> AsyncIterator[tuple[str, GatewayState]]:
     """The gateway over a session on ``upstream`` (no retries), and its state; ready (probed)
     when the block starts."""
-    settings = GatewayConfig(keys=(KEY,), **config)
-    app = build_app(tv.Session.llama_cpp(upstream, max_retries=0), settings)
-    runner = app_runner(app, settings)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
-        await wait_until_ready(url)
-        yield url, app[STATE]
-    finally:
-        await runner.cleanup()
+    session = tv.Session.llama_cpp(upstream, max_retries=0)
+    async with ready_gateway_state(session, GatewayConfig(keys=(KEY,), **config)) as served:
+        yield served
 
 
 @attrs.define

@@ -27,15 +27,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._gateway import STATE, GatewayConfig, app_runner, build_app
+from typevet_async._gateway import GatewayConfig
 from typevet_async._gateway import state as gateway_state
 from typevet_async._gateway.state import RETRY_FLOOR, GatewayState
 
 from .faults import FaultInjectingProxy
-from .helpers import wait_until_ready
+from .helpers import ready_gateway_state
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -57,19 +56,12 @@ async def gateway(
 ) -> AsyncIterator[tuple[str, GatewayState, aiohttp.ClientSession]]:
     """The gateway over a session on ``upstream`` (no retries: one refusal is one failure), its
     state, and a client; ready (probed) when the block starts."""
-    settings = GatewayConfig(keys=(KEY,), **config)
-    app = build_app(tv.Session.llama_cpp(upstream, max_retries=0), settings)
-    runner = app_runner(app, settings)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
-        await wait_until_ready(url)
-        async with aiohttp.ClientSession() as http:
-            yield url, app[STATE], http
-    finally:
-        await runner.cleanup()
+    session = tv.Session.llama_cpp(upstream, max_retries=0)
+    async with (
+        ready_gateway_state(session, GatewayConfig(keys=(KEY,), **config)) as (url, state),
+        aiohttp.ClientSession() as http,
+    ):
+        yield url, state, http
 
 
 async def judged(http: aiohttp.ClientSession, url: str, n: int = 0) -> tuple[int, float]:

@@ -21,18 +21,17 @@ from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import typevet_async as tv
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp
 from typevet_async._core.markers import MAX_CHECKED_RUNS, neutralise
-from typevet_async._gateway import GatewayConfig, app_runner, build_app
+from typevet_async._gateway import GatewayConfig
 from typevet_async._planning import Planner
 
 from .faults import FaultInjectingProxy
-from .helpers import post_json, wait_until_ready
+from .helpers import post_json, ready_gateway
 
 pytestmark = pytest.mark.live
 
@@ -246,16 +245,8 @@ async def gateway(upstream: str) -> AsyncIterator[str]:
     compared is the work a request costs, not how fast a shared machine does it (a read of
     a 1,100-token prompt took 0.4 s alone and 21 s under a load of 10 here)."""
     settings = GatewayConfig(keys=(KEY,), max_active_requests=SLOTS, request_deadline=None)
-    runner = app_runner(build_app(tv.Session.llama_cpp(upstream), settings), settings)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
-        await wait_until_ready(url)
+    async with ready_gateway(tv.Session.llama_cpp(upstream), settings) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.asyncio
