@@ -18,7 +18,6 @@ one token, and an entry's id decides what it counts for).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import orjson
@@ -415,22 +414,39 @@ class AsyncOpenAICompatible:
         return None
 
     async def generate(self, request: GenerationRequest, *, max_retries: int | Unset) -> ChatOutput:
+        """One schema-bound completion through ``response_format`` (the model: the pin, the
+        probe's, else the first listed); a refusal of the thinking switch is retried once
+        without it, and the switch is not sent again."""
         model = self._served
         if model is None:
-            raise SessionStateError("the backend must be probed before it generates")
-        body: dict[str, Any] = generation_body(
-            model, request, thinking_switch=self._thinking_switch
-        )
+            model_ids = decode_model_ids(await self.http.get("/models"))
+            if not model_ids:
+                raise ConfigurationError(
+                    "the server lists no model at /models: give the model's id (model=)"
+                )
+            model = self._served = model_ids[0]
         with telemetry.generation_span(
             "openai-compatible", model, self.http.base_url, request.max_tokens
         ) as span:
-            # Not retried after a timeout: it would generate from scratch, as long again.
-            raw = await self.http.post(
-                "/chat/completions", body, max_retries=max_retries, retry_timeouts=False
-            )
-            output = decode_chat_output(raw)
+            output = decode_chat_output(await self._generated(model, request, max_retries))
             if span is not None:
                 telemetry.generated(
                     span, output.prompt_tokens, output.completion_tokens, output.finish_reason
                 )
             return output
+
+    async def _generated(
+        self, model: str, request: GenerationRequest, max_retries: int | Unset
+    ) -> bytes:
+        while True:
+            switch = self._thinking_switch
+            body = generation_body(model, request, thinking_switch=switch)
+            try:
+                # Not retried after a timeout: it would generate from scratch, as long again.
+                return await self.http.post(
+                    "/chat/completions", body, max_retries=max_retries, retry_timeouts=False
+                )
+            except ServerError as error:
+                if not switch or error.status not in _REFUSED:
+                    raise
+                self._thinking_switch = False

@@ -1,0 +1,221 @@
+"""`Session.openai_compatible` against llama.cpp's own ``/v1/chat/completions`` (the embedded
+server, Gemma 3 270M), directly and behind `OpenAIShapedProxy`, which makes it behave as other
+OpenAI-compatible servers do (a ``top_logprobs`` cap of 20, refused ``chat_template_kwargs``,
+no ``logprobs``, no ``/tokenize``) while every reply stays the real server's.
+
+Answers are compared with `Session.llama_cpp` on the same server, under the same layout
+(``fused``, ``split``: the server renders the same messages in its template for both), one
+read at a time. The tolerance, `TOLERANCE`, is read noise: the same prompt read alone twice is
+identical, and llama.cpp's prompt-cache reuse moves probabilities by up to ~5e-4 (the two
+sessions' reads of one prompt meet each other's cache).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import typevet_async as tv
+
+from .faults import OpenAIShapedProxy
+from .helpers import TICKET, post_json, questions
+
+pytestmark = [pytest.mark.live, pytest.mark.asyncio]
+
+#: Read noise between two reads of one prompt through the two endpoints (module docstring).
+TOLERANCE = 1e-3
+ROUTE = {"route": questions()["route"]}
+
+
+def assert_same_answers(judged: tv.Judgment, reference: tv.Judgment) -> None:
+    for question_id, answer in reference.answers.items():
+        diagnostics = judged.diagnostics[question_id]
+        assert not diagnostics.truncated, question_id
+        assert diagnostics.clamped == 0
+        assert diagnostics.token_ids == reference.diagnostics[question_id].token_ids
+        got = list(judged[question_id].probabilities.values())
+        want = list(answer.probabilities.values())
+        assert got == pytest.approx(want, abs=TOLERANCE), question_id
+        off_menu, expected = diagnostics.off_menu_mass, reference.diagnostics[question_id]
+        assert off_menu is not None
+        assert expected.off_menu_mass is not None
+        assert off_menu == pytest.approx(expected.off_menu_mass, abs=TOLERANCE)
+
+
+async def generic_answers(url: str, **options: object) -> tv.Judgment:
+    async with tv.Session.openai_compatible(
+        f"{url}/v1", on_missing="exact", max_concurrency=1, **options
+    ) as session:
+        return await session.judge(TICKET, questions())
+
+
+async def test_the_probe_learns_llama_cpps_chat_server(gemma3_url: str) -> None:
+    async with tv.Session.openai_compatible(f"{gemma3_url}/v1") as session:
+        probe = await session.probe()
+    server = probe.chat_server
+    assert server is not None
+    assert (server.top_logprobs_cap, server.thinking_switch, server.tokenize) == (None, True, True)
+    assert server.refused == ()
+    assert {"A", "B", "C", "Yes", "No"} <= set(server.whole_controls)
+    for control in ("A", " A", "Yes"):  # the controls' real ids, from the server's tokenizer
+        tokens = post_json(gemma3_url, "/tokenize", {"content": control, "add_special": False})
+        assert probe.control_ids[control] == tokens["tokens"][0]
+    assert probe.model_ids
+    assert probe.model_ids[0].endswith(".gguf")
+
+
+@pytest.mark.parametrize("layout", ["fused", "split"])
+async def test_answers_equal_the_llama_cpp_sessions(gemma3_url: str, layout: str) -> None:
+    async with tv.Session.llama_cpp(gemma3_url, layout=layout, max_concurrency=1) as exact:
+        reference = await exact.judge(TICKET, questions())
+    judged = await generic_answers(gemma3_url, layout=layout)
+    assert_same_answers(judged, reference)
+    # Read from the top 20, widened where an option was outside it (the base model puts
+    # most of its mass off the menu).
+    assert all(d.top_k >= 20 for d in judged.diagnostics.values())
+
+
+async def test_a_server_capped_at_20_answers_under_clamp_flagged(gemma3_url: str) -> None:
+    async with (
+        OpenAIShapedProxy(gemma3_url, cap=20) as proxy,
+        tv.Session.openai_compatible(f"{proxy.url}/v1", max_concurrency=1) as session,
+    ):
+        probe = await session.probe()
+        probed = len(proxy.chats)
+        judgment = await session.judge(TICKET, ROUTE)
+    server = probe.chat_server
+    assert server is not None
+    assert server.top_logprobs_cap == 20
+    assert server.refused == ("top_logprobs above 20",)
+    assert proxy.chats[0][1] == 400
+    assert proxy.asked()[:2] == [4096, 20]
+    assert proxy.asked()[probed:] == [20]  # one read, never above the cap
+    diagnostics = judgment.diagnostics["route"]
+    # On this model one of the route's letters is outside the top 20 (as read by
+    # `test_exact_at_a_cap_of_20_names_it`): clamped to the lowest logprob returned.
+    entries = json.loads(proxy.last_reply)["choices"][0]["logprobs"]["content"][0]
+    floor = min(entry["logprob"] for entry in entries["top_logprobs"])
+    assert len(entries["top_logprobs"]) == 20
+    assert diagnostics.truncated
+    assert diagnostics.clamped >= 1
+    assert diagnostics.logprobs.count(floor) >= diagnostics.clamped
+    assert diagnostics.off_menu_mass is None  # filled-in values are no measurement
+    assert diagnostics.policy == "clamp"
+    assert diagnostics.top_k == 20
+
+
+async def test_exact_at_a_cap_of_20_names_it(gemma3_url: str) -> None:
+    async with (
+        OpenAIShapedProxy(gemma3_url, cap=20) as proxy,
+        tv.Session.openai_compatible(f"{proxy.url}/v1", on_missing="exact") as session,
+    ):
+        with pytest.raises(tv.CandidateMissingError, match="the server's cap of 20") as info:
+            await session.judge(TICKET, ROUTE)
+    assert info.value.question_id == "route"
+    assert info.value.missing
+
+
+async def test_exact_widens_up_to_the_cap(gemma3_url: str) -> None:
+    uncapped = await generic_answers(gemma3_url)
+    async with (
+        OpenAIShapedProxy(gemma3_url, cap=700) as proxy,
+        tv.Session.openai_compatible(
+            f"{proxy.url}/v1", on_missing="exact", max_concurrency=1
+        ) as session,
+    ):
+        probe = await session.probe()
+        probed = len(proxy.chats)
+        judgment = await session.judge(TICKET, ROUTE)
+    assert probe.chat_server is not None
+    assert probe.chat_server.top_logprobs_cap == 700
+    assert proxy.asked()[probed:] == [20, 640]  # widened by 32, within the cap
+    assert judgment.diagnostics["route"].top_k == 640
+    assert judgment["route"].probabilities == pytest.approx(
+        uncapped["route"].probabilities, abs=TOLERANCE
+    )
+
+
+async def test_a_refusal_naming_no_limit_steps_the_window_down(gemma3_url: str) -> None:
+    async with (
+        OpenAIShapedProxy(gemma3_url, cap=20, name_limit=False) as proxy,
+        tv.Session.openai_compatible(f"{proxy.url}/v1") as session,
+    ):
+        probe = await session.probe()
+    server = probe.chat_server
+    assert server is not None
+    # First taken for the thinking switch's refusal, then the window stepped down; the switch
+    # is tried again at the window found, and kept.
+    assert proxy.asked()[:8] == [4096, 4096, 1024, 256, 128, 64, 20, 20]
+    assert ["chat_template_kwargs" in body for body, _ in proxy.chats[:3]] == [True, False, False]
+    assert (server.top_logprobs_cap, server.thinking_switch) == (20, True)
+    assert server.refused == ("top_logprobs above 20",)
+
+
+async def test_a_server_refusing_chat_template_kwargs(gemma3_url: str) -> None:
+    direct = await generic_answers(gemma3_url)
+    async with (
+        OpenAIShapedProxy(gemma3_url, refuse_kwargs=True) as proxy,
+        tv.Session.openai_compatible(
+            f"{proxy.url}/v1", on_missing="exact", max_concurrency=1
+        ) as session,
+    ):
+        probe = await session.probe()
+        probed = len(proxy.chats)
+        judgment = await session.judge(TICKET, questions())
+    assert probe.chat_server is not None
+    assert not probe.chat_server.thinking_switch
+    assert probe.chat_server.refused == ("chat_template_kwargs",)
+    sent = proxy.chats[probed:]
+    assert sent
+    assert all("chat_template_kwargs" not in body for body, _ in sent)
+    assert all(status == 200 for _, status in sent)
+    assert_same_answers(judgment, direct)  # Gemma's template has no thinking to turn off
+
+
+async def test_a_server_without_logprobs_is_refused_before_any_question(gemma3_url: str) -> None:
+    async with (
+        OpenAIShapedProxy(gemma3_url, strip_logprobs=True) as proxy,
+        tv.Session.openai_compatible(f"{proxy.url}/v1") as session,
+    ):
+        with pytest.raises(tv.LogprobsUnavailableError, match="returns no logprobs"):
+            await session.judge(TICKET, questions())
+    assert len(proxy.chats) == 1  # the probe's read, and nothing after it
+
+
+async def test_without_tokenize_the_controls_are_matched_by_text(gemma3_url: str) -> None:
+    direct = await generic_answers(gemma3_url)
+    async with (
+        OpenAIShapedProxy(gemma3_url, no_tokenize=True) as proxy,
+        tv.Session.openai_compatible(
+            f"{proxy.url}/v1", on_missing="exact", max_concurrency=1
+        ) as session,
+    ):
+        probe = await session.probe()
+        judgment = await session.judge(TICKET, questions())
+    assert probe.chat_server is not None
+    assert not probe.chat_server.tokenize
+    assert probe.chat_server.refused == ("/tokenize",)
+    assert {"A", " A", "z", "Yes", "No"} <= set(probe.control_ids)
+    assert "0" not in probe.control_ids  # digits: not one token in every vocabulary
+    for question_id, answer in direct.answers.items():
+        got = list(judgment[question_id].probabilities.values())
+        assert got == pytest.approx(list(answer.probabilities.values()), abs=TOLERANCE)
+
+
+async def test_letters_that_never_come_back_whole_are_refused(gemma3_url: str) -> None:
+    async with (
+        OpenAIShapedProxy(gemma3_url, no_tokenize=True, mangle_texts=True) as proxy,
+        tv.Session.openai_compatible(f"{proxy.url}/v1") as session,
+    ):
+        with pytest.raises(tv.ControlTokenError, match="single letter"):
+            await session.judge(TICKET, questions())
+    assert len(proxy.chats) == 2  # the probe's two reads
+
+
+async def test_schema_bound_generation(gemma3_url: str) -> None:
+    schema = {"type": "object", "properties": {"team": {"enum": ["billing", "shipping"]}},
+              "required": ["team"], "additionalProperties": False}  # fmt: skip
+    async with tv.Session.openai_compatible(f"{gemma3_url}/v1") as session:
+        generation = await session.generate(f"Route this ticket: {TICKET}", schema=schema)
+    assert generation.value["team"] in ("billing", "shipping")
