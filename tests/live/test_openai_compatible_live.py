@@ -20,6 +20,7 @@ import typevet_async as tv
 
 from .faults import OpenAIShapedProxy
 from .helpers import TICKET, post_json, questions
+from .servers import VLLM_MODEL_ID
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -219,3 +220,27 @@ async def test_schema_bound_generation(gemma3_url: str) -> None:
     async with tv.Session.openai_compatible(f"{gemma3_url}/v1") as session:
         generation = await session.generate(f"Route this ticket: {TICKET}", schema=schema)
     assert generation.value["team"] in ("billing", "shipping")
+
+
+async def test_vllm_chat_completions_answer_as_the_vllm_session(vllm_url: str) -> None:
+    """vLLM's ``/v1/chat/completions`` with ``top_logprobs`` (no ``logprob_token_ids``): its
+    cap is its ``--max-logprobs`` (128 here), named in its refusal; where the window holds
+    every option the answers are `Session.vllm`'s (the same server renders the same messages;
+    the two reads of a prompt run the same fp32 forward pass)."""
+    async with tv.Session.vllm(vllm_url, model=VLLM_MODEL_ID, max_concurrency=1) as exact:
+        reference = await exact.judge(TICKET, questions())
+    async with tv.Session.openai_compatible(f"{vllm_url}/v1", max_concurrency=1) as session:
+        probe = await session.probe()
+        judged = await session.judge(TICKET, questions())
+    server = probe.chat_server
+    assert server is not None
+    assert server.top_logprobs_cap == 128
+    assert server.tokenize
+    assert server.thinking_switch
+    assert probe.model_ids == (VLLM_MODEL_ID,)
+    whole = [q for q, d in judged.diagnostics.items() if not d.truncated]
+    assert whole  # at least one question's options all in the top 128 (seen: every one)
+    for question_id in whole:
+        got = list(judged[question_id].probabilities.values())
+        want = list(reference[question_id].probabilities.values())
+        assert got == pytest.approx(want, abs=TOLERANCE), question_id

@@ -149,6 +149,8 @@ def test_window_limits_in_words() -> None:
         ("Unrecognized request argument supplied: chat_template_kwargs", 4096, None),
         ("logprobs are not supported", 4096, None),
         ("Expected a value <= 20", 4096, None),  # not about logprobs
+        ('{"error": "HTTP 400 on top_logprobs 4096, request 123"}', 4096, None),  # no limit
+        ("top_logprobs: Expected a value <= 4096, but got 5000", 4096, None),  # not below
     ],
 )
 def test_a_refusal_names_a_limit_or_none(message: str, asked: int, limit: int | None) -> None:

@@ -252,7 +252,7 @@ class AsyncOpenAICompatible:
             except ServerError as error:
                 if error.status not in _REFUSED:
                     raise
-                limit = limit_from_error(f"{error} {error.body}", asked)
+                limit = limit_from_error(error.body, asked)
                 smaller = next((step for step in STEP_DOWN if step < asked), None)
                 if limit is None and self._thinking_switch:
                     self._thinking_switch = False  # tried once more below, at the window found

@@ -219,7 +219,13 @@ def window_limit(
     return f"all it returns: {returned} entries"
 
 
-_NUMBER: Final = re.compile(r"(?<![\w.])(\d{1,7})(?![\w.])")
+#: A number a refusal names as a limit: after "<=", "at most", "max allowed:", "maximum
+#: value", "less than or equal to", "between 0 and", "up to".
+_LIMIT: Final = re.compile(
+    r"(?:<=|\u2264|at most|max(?:imum)?(?: value)?(?: allowed)?(?: is)?:?|"
+    r"less than or equal to|between \d+ and|up to)\s*(\d{1,7})(?![\d.])",
+    re.IGNORECASE,
+)
 
 
 def limit_from_error(message: str, asked: int) -> int | None:
@@ -229,7 +235,7 @@ def limit_from_error(message: str, asked: int) -> int | None:
     20"). None: the message names none."""
     if "logprob" not in message.lower():
         return None
-    numbers = [int(found) for found in _NUMBER.findall(message)]
+    numbers = [int(found) for found in _LIMIT.findall(message)]
     below = [number for number in numbers if 0 < number < asked]
     return max(below) if below else None
 
