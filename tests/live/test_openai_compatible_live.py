@@ -13,6 +13,9 @@ sessions' reads of one prompt meet each other's cache).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -244,3 +247,18 @@ async def test_vllm_chat_completions_answer_as_the_vllm_session(vllm_url: str) -
         got = list(judged[question_id].probabilities.values())
         want = list(reference[question_id].probabilities.values())
         assert got == pytest.approx(want, abs=TOLERANCE), question_id
+
+
+def test_the_command_line_judges_through_it(gemma3_url: str) -> None:
+    """``--backend openai_compatible`` (what ``judge``, ``batch``, ``serve`` and ``mcp`` take),
+    the real command in a child process."""
+    command = [sys.executable, "-m", "typevet_async._cli", "judge", TICKET,
+               "--choice", "route=Which team?:billing,shipping,technical",
+               "--backend", "openai_compatible", "--base-url", f"{gemma3_url}/v1"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
+    judged = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, check=True, env=env
+    )
+    answer = json.loads(judged.stdout)["answers"]["route"]
+    assert answer["choice"] in ("billing", "shipping", "technical")
+    assert sum(answer["probabilities"].values()) == pytest.approx(1.0)
