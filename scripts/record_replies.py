@@ -188,15 +188,23 @@ def record_openai_compatible() -> None:
         wire = openai_compatible_wire
         letters, words = (Message("user", q) for q in openai_compatible.PROBE_QUESTIONS)
         ticket_message = Message("user", f"{TICKET}\n\nWhich team? A. billing B. shipping")
-        for name, message, top in (("probe_letters", letters, 64), ("probe_words", words, 64),
-                                   ("chat_top20", ticket_message, 20)):  # fmt: skip
+        for name, message, top in (
+            ("probe_letters", letters, 64),
+            ("probe_words", words, 64),
+            ("chat_top20", ticket_message, 20),
+        ):
             body = wire.scoring_body("gemma", [message], top, thinking_switch=True)
             recorder.record(name, "POST", "/v1/chat/completions", body)
         body = wire.scoring_body("gemma", [ticket_message], 20, thinking_switch=True)
-        recorder.record("chat_no_logprobs", "POST", "/v1/chat/completions",
-                        {**body, "logprobs": False, "top_logprobs": 0})  # fmt: skip
-        recorder.record("chat_no_top_logprobs", "POST", "/v1/chat/completions",
-                        {**body, "top_logprobs": 0})  # fmt: skip
+        recorder.record(
+            "chat_no_logprobs",
+            "POST",
+            "/v1/chat/completions",
+            {**body, "logprobs": False, "top_logprobs": 0},
+        )
+        recorder.record(
+            "chat_no_top_logprobs", "POST", "/v1/chat/completions", {**body, "top_logprobs": 0}
+        )
         recorder.record("models", "GET", "/v1/models")
         recorder.record("tokenize", "POST", "/tokenize", wire.tokenize_body("gemma", " A"))
         recorder.save()

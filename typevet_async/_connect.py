@@ -216,9 +216,12 @@ def openai_compatible(
 
     def build(base: str) -> AsyncOpenAICompatible:
         config = OpenAICompatibleConfig(
-            base_url=base, model=model, top_logprobs=top_logprobs, on_missing=on_missing,
+            base_url=base,
+            model=model,
+            top_logprobs=top_logprobs,
+            on_missing=on_missing,
             http=settings,
-        )  # fmt: skip
+        )
         return AsyncOpenAICompatible(config)
 
     return _endpoints(base_url, build, http)

@@ -425,12 +425,20 @@ class OpenAIShapedProxy(_LocalProxy):
                 if self.name_limit
                 else "invalid request"
             )
-            error = {"message": message, "type": "invalid_request_error",
-                     "param": "top_logprobs", "code": "integer_above_max_value"}  # fmt: skip
+            error = {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "top_logprobs",
+                "code": "integer_above_max_value",
+            }
             return web.json_response({"error": error}, status=400)
         if self.refuse_kwargs and "chat_template_kwargs" in body:
-            error = {"message": "Unrecognized request argument supplied: chat_template_kwargs",
-                     "type": "invalid_request_error", "param": None, "code": None}  # fmt: skip
+            error = {
+                "message": "Unrecognized request argument supplied: chat_template_kwargs",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
             return web.json_response({"error": error}, status=400)
         return None
 
@@ -473,9 +481,11 @@ class OpenAIShapedProxy(_LocalProxy):
         for resend in (False, True):
             try:
                 async with self._client.request(
-                    request.method, f"{self.upstream}{request.rel_url}", data=data or None,
+                    request.method,
+                    f"{self.upstream}{request.rel_url}",
+                    data=data or None,
                     headers=headers,
-                ) as upstream:  # fmt: skip
+                ) as upstream:
                     return upstream.status, await upstream.read()
             except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
                 if resend:

@@ -218,8 +218,12 @@ async def test_letters_that_never_come_back_whole_are_refused(gemma3_url: str) -
 
 
 async def test_schema_bound_generation(gemma3_url: str) -> None:
-    schema = {"type": "object", "properties": {"team": {"enum": ["billing", "shipping"]}},
-              "required": ["team"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"team": {"enum": ["billing", "shipping"]}},
+        "required": ["team"],
+        "additionalProperties": False,
+    }
     async with tv.Session.openai_compatible(f"{gemma3_url}/v1") as session:
         generation = await session.generate(f"Route this ticket: {TICKET}", schema=schema)
     assert generation.value["team"] in ("billing", "shipping")
@@ -252,9 +256,19 @@ async def test_vllm_chat_completions_answer_as_the_vllm_session(vllm_url: str) -
 def test_the_command_line_judges_through_it(gemma3_url: str) -> None:
     """``--backend openai_compatible`` (what ``judge``, ``batch``, ``serve`` and ``mcp`` take),
     the real command in a child process."""
-    command = [sys.executable, "-m", "typevet_async._cli", "judge", TICKET,
-               "--choice", "route=Which team?:billing,shipping,technical",
-               "--backend", "openai_compatible", "--base-url", f"{gemma3_url}/v1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "typevet_async._cli",
+        "judge",
+        TICKET,
+        "--choice",
+        "route=Which team?:billing,shipping,technical",
+        "--backend",
+        "openai_compatible",
+        "--base-url",
+        f"{gemma3_url}/v1",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
     judged = subprocess.run(
         command, capture_output=True, text=True, timeout=300, check=True, env=env

@@ -196,9 +196,24 @@ def test_a_reply_without_logprobs_has_no_entries(name: str) -> None:
 
 
 def test_a_partial_character_keeps_the_token_text() -> None:
-    reply = {"choices": [{"logprobs": {"content": [{"token": "x", "logprob": -1.0,
-             "top_logprobs": [{"token": "\ufffd", "bytes": [226, 150], "logprob": -1.0},
-                              {"token": "?", "bytes": [65], "logprob": -2.0}]}]}}]}  # fmt: skip
+    reply = {
+        "choices": [
+            {
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": "x",
+                            "logprob": -1.0,
+                            "top_logprobs": [
+                                {"token": "\ufffd", "bytes": [226, 150], "logprob": -1.0},
+                                {"token": "?", "bytes": [65], "logprob": -2.0},
+                            ],
+                        }
+                    ]
+                }
+            }
+        ]
+    }
     read = decode_scoring(json.dumps(reply).encode())
     assert read.entries is not None
     assert [entry.text for entry in read.entries] == ["\ufffd", "A"]
@@ -227,10 +242,14 @@ def test_recorded_models_and_tokenize() -> None:
 def test_the_scoring_body() -> None:
     body = scoring_body("m", [Message("user", "hi")], 20, thinking_switch=True)
     assert body == {
-        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-        "temperature": 0, "logprobs": True, "top_logprobs": 20,
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 20,
         "chat_template_kwargs": {"enable_thinking": False},
-    }  # fmt: skip
+    }
     assert "chat_template_kwargs" not in scoring_body("m", [], 5, thinking_switch=False)
 
 
@@ -268,10 +287,12 @@ def test_the_factory_and_the_environment_build_the_backend() -> None:
 
 def test_a_clamped_count_survives_the_read_cache() -> None:
     question = tv.Choice({"a": None, "b": None, "c": None}, instructions="Which?")
-    request = ScoringRequest("q", question, (Message("user", "x"),), None, ("A", "B", "C"),
-                             (0, 1, 2))  # fmt: skip
-    read = CandidateRead((0, 1, 2), (-1.0, -5.0, -5.0), 20, policy="clamp", truncated=True,
-                         clamped=2)  # fmt: skip
+    request = ScoringRequest(
+        "q", question, (Message("user", "x"),), None, ("A", "B", "C"), (0, 1, 2)
+    )
+    read = CandidateRead(
+        (0, 1, 2), (-1.0, -5.0, -5.0), 20, policy="clamp", truncated=True, clamped=2
+    )
     hit = decode_read(encode_read(read), request)
     assert hit is not None
     assert (hit.truncated, hit.clamped) == (True, 2)
@@ -280,8 +301,9 @@ def test_a_clamped_count_survives_the_read_cache() -> None:
 
 def test_a_probe_without_a_chat_server_keeps_its_digest() -> None:
     probe = tv.Probe(TemplateFamily.GEMMA3, "r", {"A": 1}, 10)
-    with_server = tv.Probe(TemplateFamily.GEMMA3, "r", {"A": 1}, 10,
-                           chat_server=ChatServer(20, True, False))  # fmt: skip
+    with_server = tv.Probe(
+        TemplateFamily.GEMMA3, "r", {"A": 1}, 10, chat_server=ChatServer(20, True, False)
+    )
     assert probe_digest(probe) != probe_digest(with_server)
     # The other backends' read keys are as they were before probes had a chat server.
     learnt = cattrs.Converter().unstructure(probe)

@@ -41,6 +41,7 @@ from typevet_async._core.chat_reads import (
     MAX_TOP_LOGPROBS,
     STEP_DOWN,
     TOKENIZED_CONTROLS,
+    WIDENING_FACTOR,
     ChatEntry,
     ChatOnMissing,
     ChatServer,
@@ -148,8 +149,10 @@ class AsyncOpenAICompatible:
         self._thinking_switch = True
         #: A probe's controls by id, and each id's accepted ids (None: matched by text).
         self._controls: tuple[Probe | None, dict[int, str], dict[int, frozenset[int]] | None] = (
-            None, {}, None,
-        )  # fmt: skip
+            None,
+            {},
+            None,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -170,10 +173,13 @@ class AsyncOpenAICompatible:
         the window and its rule, and ``on_missing``."""
         config = self.config
         identity = {
-            "backend": "openai-compatible", "base_url": server_of(self.http.base_url),
-            "model": config.model, "top_logprobs": config.top_logprobs,
-            "rule": (DEFAULT_TOP_LOGPROBS, config.ceiling), "on_missing": config.on_missing,
-        }  # fmt: skip
+            "backend": "openai-compatible",
+            "base_url": server_of(self.http.base_url),
+            "model": config.model,
+            "top_logprobs": config.top_logprobs,
+            "rule": (DEFAULT_TOP_LOGPROBS, config.ceiling, WIDENING_FACTOR),
+            "on_missing": config.on_missing,
+        }
         return orjson.dumps(identity, option=orjson.OPT_SORT_KEYS).decode()
 
     async def open(self) -> None:
@@ -204,9 +210,11 @@ class AsyncOpenAICompatible:
         served = self._served = self.config.model or model_ids[0]
         cap, refused, entries = await self._probe_window(served)
         body = scoring_body(
-            served, (Message("user", PROBE_QUESTIONS[1]),), len(entries),
+            served,
+            (Message("user", PROBE_QUESTIONS[1]),),
+            len(entries),
             thinking_switch=self._thinking_switch,
-        )  # fmt: skip
+        )
         words = decode_scoring(await self.http.post("/chat/completions", body)).entries or ()
         whole = whole_controls((*entries, *words))
         control_ids = await self._tokenized_controls(served)
@@ -372,9 +380,10 @@ class AsyncOpenAICompatible:
                 )
                 reply = decode_scoring(raw)
                 reads, prompt_tokens, cached_tokens = (
-                    reads + 1, prompt_tokens + reply.prompt_tokens,
+                    reads + 1,
+                    prompt_tokens + reply.prompt_tokens,
                     cached_tokens + reply.cached_tokens,
-                )  # fmt: skip
+                )
                 if reply.entries is None:
                     raise LogprobsUnavailableError(
                         "the server returned no logprobs for a read (it did at the probe)"

@@ -31,6 +31,7 @@ __all__ = [
     "STEP_DOWN",
     "TEXT_CONTROLS",
     "TOKENIZED_CONTROLS",
+    "WIDENING_FACTOR",
     "ChatEntry",
     "ChatOnMissing",
     "ChatServer",
