@@ -172,7 +172,7 @@ def test_recorded_probe_reads_return_letters_and_words_whole() -> None:
     assert letters is not None
     assert words is not None
     assert len(letters) == len(words) == 64
-    assert {"A", "B", "C"} <= set(whole_controls(letters))
+    assert {"A", "B"} <= set(whole_controls(letters))  # in the top 64 of this base model
     assert {"Yes", "No"} <= set(whole_controls(words))
 
 
