@@ -12,6 +12,7 @@ sessions' reads of one prompt meet each other's cache).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -253,7 +254,7 @@ async def test_vllm_chat_completions_answer_as_the_vllm_session(vllm_url: str) -
         assert got == pytest.approx(want, abs=TOLERANCE), question_id
 
 
-def test_the_command_line_judges_through_it(gemma3_url: str) -> None:
+async def test_the_command_line_judges_through_it(gemma3_url: str) -> None:
     """``--backend openai_compatible`` (what ``judge``, ``batch``, ``serve`` and ``mcp`` take),
     the real command in a child process."""
     command = [
@@ -270,8 +271,8 @@ def test_the_command_line_judges_through_it(gemma3_url: str) -> None:
         f"{gemma3_url}/v1",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TYPEVET_")}
-    judged = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, check=True, env=env
+    judged = await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, timeout=300, check=True, env=env
     )
     answer = json.loads(judged.stdout)["answers"]["route"]
     assert answer["choice"] in ("billing", "shipping", "technical")
