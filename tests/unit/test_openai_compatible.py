@@ -219,6 +219,32 @@ def test_a_partial_character_keeps_the_token_text() -> None:
     assert [entry.text for entry in read.entries] == ["\ufffd", "A"]
 
 
+def test_vllms_token_ids_are_read_as_ids() -> None:
+    reply = {
+        "choices": [
+            {
+                "logprobs": {
+                    "content": [
+                        {
+                            "top_logprobs": [
+                                {"token": "token_id:236776", "logprob": -1.0, "bytes": [65]},
+                                {"token": "token_id:562", "logprob": -2.0},
+                                {"token": "token_id:x1", "logprob": -3.0},
+                            ]
+                        }
+                    ]
+                }
+            }
+        ]
+    }
+    read = decode_scoring(json.dumps(reply).encode())
+    assert read.entries == (
+        ChatEntry("A", -1.0, 236776),
+        ChatEntry("", -2.0, 562),
+        ChatEntry("token_id:x1", -3.0),
+    )
+
+
 @pytest.mark.parametrize(
     "top",
     [

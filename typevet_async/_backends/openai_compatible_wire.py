@@ -7,8 +7,8 @@ reply                       fields read                                     chec
 ==========================  ==============================================  ====================
 ``POST {base_url}/chat/     ``choices[0].logprobs.content[0].top_logprobs   strings, numbers,
 completions`` (scoring)     [].token`` / ``.logprob`` / ``.bytes`` (0-255)  byte values, ids
-                            / ``.id`` (llama.cpp), ``usage``                non-negative
-                                                                            integers; no
+                            / ``.id`` (llama.cpp; vLLM: ``token_id:N``),    non-negative
+                            ``usage``                                       integers; no
                                                                             ``logprobs``:
                                                                             None
 ``POST {base_url}/chat/     ``choices[0].message.content``,                 shared:
@@ -22,6 +22,7 @@ completions`` (generation)  ``finish_reason``, ``usage``                    `ope
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -148,15 +149,23 @@ class ChatScoring:
     cached_tokens: int
 
 
-def _text(entry: _Top) -> str:
-    """The entry's text: its bytes decoded where they are whole UTF-8 (a server's ``token``
-    may mangle a partial character), else its ``token``."""
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def _entry(entry: _Top) -> ChatEntry:
+    """The entry's text (its bytes decoded where they are whole UTF-8: a server's ``token``
+    may mangle a partial character; else its ``token``) and its id: llama.cpp's ``id``, or
+    vLLM's ``"token_id:N"`` token under ``return_tokens_as_token_ids`` (then its text is only
+    what its bytes say)."""
+    token, token_id = entry.token, entry.id
+    digits = token[len(_TOKEN_ID_PREFIX) :]
+    prefixed = token.startswith(_TOKEN_ID_PREFIX)
+    if token_id is None and prefixed and digits.isascii() and digits.isdigit():
+        token, token_id = "", int(digits)
     if entry.bytes is not None:
-        try:
-            return bytes(entry.bytes).decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-    return entry.token
+        with contextlib.suppress(UnicodeDecodeError):
+            token = bytes(entry.bytes).decode("utf-8")
+    return ChatEntry(token, entry.logprob, token_id)
 
 
 def decode_scoring(raw: bytes) -> ChatScoring:
@@ -173,11 +182,7 @@ def decode_scoring(raw: bytes) -> ChatScoring:
     top = None
     if logprobs is not None and logprobs.content:
         top = logprobs.content[0].top_logprobs
-    entries = (
-        None
-        if not top
-        else tuple([ChatEntry(_text(entry), entry.logprob, entry.id) for entry in top])
-    )
+    entries = None if not top else tuple([_entry(entry) for entry in top])
     usage = reply.usage or _Usage()
     details = usage.prompt_tokens_details or _Details()
     return ChatScoring(entries, usage.prompt_tokens, details.cached_tokens or 0)
