@@ -346,3 +346,14 @@ async def test_a_real_instruction_model_answers_exactly_from_the_top_20(
         for ticket, _ in REAL_TICKETS:
             judged, reference = await both_cached(generic, exact, ticket, REAL_ROUTE)
             assert_same_answers(judged, reference)
+
+
+async def test_llama_cpps_clamp_counts_what_it_filled_in(gemma3_url: str) -> None:
+    """`Diagnostics.clamped` on the llama.cpp backend too: a top-2 read of a three-option
+    question clamps at least one option."""
+    async with tv.Session.llama_cpp(gemma3_url, on_missing="clamp", top_k=2) as session:
+        judgment = await session.judge(TICKET, ROUTE)
+    diagnostics = judgment.diagnostics["route"]
+    assert diagnostics.truncated
+    assert 1 <= diagnostics.clamped <= 3
+    assert diagnostics.logprobs.count(min(diagnostics.logprobs)) >= diagnostics.clamped
