@@ -38,6 +38,7 @@ import json
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,19 @@ class Recorder:
         print(f"{self.folder.name}/{file}: {len(raw):,} bytes ({len(data):,} stored)")
         return raw
 
+    def record_refusal(self, name: str, path: str, body: Any) -> bytes:
+        """A request the server refuses (an HTTP error): its error body, kept as the rest."""
+        try:
+            self.record(name, "POST", path, body)
+        except urllib.error.HTTPError as error:
+            raw = error.read()
+            (self.folder / f"{name}.json").write_bytes(raw)
+            entry = {"file": f"{name}.json", "method": "POST", "path": path, "body": body}
+            self.requests[name] = {**entry, "status": error.code}
+            print(f"{self.folder.name}/{name}.json: HTTP {error.code}, {len(raw):,} bytes")
+            return raw
+        raise AssertionError(f"{name}: the server accepted the request")
+
     def save(self, extra: dict[str, Any] | None = None) -> None:
         """``requests.json``: the requests by name (with ``extra``: under ``"requests"``)."""
         payload = self.requests if extra is None else {"requests": self.requests, **extra}
@@ -203,6 +217,8 @@ def record_openai_compatible() -> None:
         )
         recorder.record("models", "GET", "/v1/models")
         recorder.record("tokenize", "POST", "/tokenize", wire.tokenize_body("gemma", " A"))
+        alone = {key: value for key, value in body.items() if key != "logprobs"}
+        recorder.record_refusal("chat_top_logprobs_alone", "/v1/chat/completions", alone)
         recorder.save()
     finally:
         server.stop()

@@ -26,6 +26,7 @@ from typevet_async._connect import from_env
 from typevet_async._core.chat_reads import (
     ChatEntry,
     ChatServer,
+    after_refusal,
     limit_from_error,
     match_options,
     normalised,
@@ -42,6 +43,12 @@ from typevet_async._core.read_values import decode_read, encode_read
 from typevet_async._core.readings import CandidateRead
 from typevet_async._core.scoring import ScoringRequest
 
+#: OpenAI's refusal of a window above its cap (its API's wording, as its docs and errors
+#: show it; no OpenAI server can be run here).
+OPENAI_CAP = (
+    "Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got "
+    "{asked} instead."
+)
 REPLIES = Path(__file__).resolve().parents[1] / "fixtures" / "replies" / "openai_compatible"
 CONTROLS = {0: "A", 1: "B", 2: " A", 3: " B"}
 
@@ -155,6 +162,19 @@ def test_window_limits_in_words() -> None:
 )
 def test_a_refusal_names_a_limit_or_none(message: str, asked: int, limit: int | None) -> None:
     assert limit_from_error(message, asked) == limit
+
+
+def test_the_probe_steps_after_a_refusal() -> None:
+    openai = json.dumps({"error": {"message": OPENAI_CAP.format(asked=4096)}})
+    assert after_refusal(openai, 4096, True) == (20, True)  # the named limit, switch kept
+    # A refusal naming no limit: the switch is dropped first, then the window steps down.
+    assert after_refusal("invalid request", 4096, True) == (4096, False)
+    assert after_refusal("invalid request", 4096, False) == (1024, False)
+    assert after_refusal("invalid request", 20, False) == (10, False)
+    assert after_refusal("invalid request", 1, False) is None  # refuses logprobs
+    # llama.cpp's own refusal (recorded): names no limit.
+    body = recorded("chat_top_logprobs_alone").decode()
+    assert after_refusal(body, 20, True) == (20, False)
 
 
 def test_text_controls_are_letters_and_the_words_only_when_they_came_back_whole() -> None:

@@ -39,13 +39,12 @@ from typevet_async._backends.openai_compatible_wire import (
 from typevet_async._core.chat_reads import (
     DEFAULT_TOP_LOGPROBS,
     MAX_TOP_LOGPROBS,
-    STEP_DOWN,
     TOKENIZED_CONTROLS,
     WIDENING_FACTOR,
     ChatEntry,
     ChatOnMissing,
     ChatServer,
-    limit_from_error,
+    after_refusal,
     match_options,
     settle_options,
     text_control_ids,
@@ -260,13 +259,12 @@ class AsyncOpenAICompatible:
             except ServerError as error:
                 if error.status not in _REFUSED:
                     raise
-                limit = limit_from_error(error.body, asked)
-                smaller = next((step for step in STEP_DOWN if step < asked), None)
-                if limit is None and self._thinking_switch:
-                    self._thinking_switch = False  # tried once more below, at the window found
-                    refused.append("chat_template_kwargs")
-                elif limit is not None or smaller is not None:
-                    asked, capped = limit if limit is not None else smaller, True  # type: ignore[assignment]
+                following = after_refusal(error.body, asked, self._thinking_switch)
+                if following is not None:
+                    if self._thinking_switch and not following[1]:
+                        refused.append("chat_template_kwargs")  # tried again at the window found
+                    capped = capped or following[0] < asked
+                    asked, self._thinking_switch = following
                 else:
                     raise LogprobsUnavailableError(
                         f"the server refuses every read with logprobs (HTTP {error.status}: "

@@ -36,6 +36,7 @@ __all__ = [
     "ChatOnMissing",
     "ChatServer",
     "SettledRead",
+    "after_refusal",
     "limit_from_error",
     "match_options",
     "normalised",
@@ -239,6 +240,21 @@ def limit_from_error(message: str, asked: int) -> int | None:
     numbers = [int(found) for found in _LIMIT.findall(message)]
     below = [number for number in numbers if 0 < number < asked]
     return max(below) if below else None
+
+
+def after_refusal(message: str, asked: int, thinking_switch: bool) -> tuple[int, bool] | None:
+    """The probe's next read after a server refused one of ``asked`` entries (HTTP 400 or
+    422 with ``message``): its window and whether it sends the thinking switch. A limit the
+    refusal names: that window. Else the switch is taken for the culprit first (dropped, the
+    same window; the backend tries it again once a window is found), then the window steps
+    down (`STEP_DOWN`). None: nothing smaller is left (the server refuses logprobs)."""
+    limit = limit_from_error(message, asked)
+    if limit is not None:
+        return limit, thinking_switch
+    if thinking_switch:
+        return asked, False
+    smaller = next((step for step in STEP_DOWN if step < asked), None)
+    return None if smaller is None else (smaller, False)
 
 
 def whole_controls(entries: Sequence[ChatEntry]) -> tuple[str, ...]:
