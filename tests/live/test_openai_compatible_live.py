@@ -357,3 +357,19 @@ async def test_llama_cpps_clamp_counts_what_it_filled_in(gemma3_url: str) -> Non
     assert diagnostics.truncated
     assert 1 <= diagnostics.clamped <= 3
     assert diagnostics.logprobs.count(min(diagnostics.logprobs)) >= diagnostics.clamped
+
+
+async def test_a_fleet_of_endpoints(gemma3_url: str) -> None:
+    """Two endpoints of one model (the server, and the same server through a pass-through
+    proxy) as one session: each probed, the reads spread over both."""
+    async with (
+        OpenAIShapedProxy(gemma3_url) as proxy,
+        tv.Session.openai_compatible(
+            [f"{gemma3_url}/v1", f"{proxy.url}/v1"], max_concurrency=4
+        ) as session,
+    ):
+        judgments = [await session.judge(f"{TICKET} ({n})", ROUTE) for n in range(4)]
+    endpoints = {j.diagnostics["route"].endpoint for j in judgments}
+    assert len(endpoints) == 2
+    for judgment in judgments:
+        assert sum(judgment["route"].probabilities.values()) == pytest.approx(1.0)
