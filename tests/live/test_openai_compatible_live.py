@@ -23,9 +23,10 @@ import sys
 import pytest
 
 import typevet_async as tv
+from typevet_async._gateway import GatewayConfig
 
 from .faults import OpenAIShapedProxy
-from .helpers import TICKET, post_json, questions
+from .helpers import TICKET, post_json, questions, ready_gateway
 from .servers import VLLM_MODEL_ID
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -373,3 +374,31 @@ async def test_a_fleet_of_endpoints(gemma3_url: str) -> None:
     assert len(endpoints) == 2
     for judgment in judgments:
         assert sum(judgment["route"].probabilities.values()) == pytest.approx(1.0)
+
+
+async def test_the_gateway_serves_in_front_of_it(gemma3_url: str) -> None:
+    """``typevet-async serve``'s gateway over an OpenAI-compatible session: a System One
+    client's judgment read through the server's ``/v1/chat/completions``."""
+    key = "openai-compatible-gateway-key"
+    async with (
+        ready_gateway(
+            tv.Session.openai_compatible(f"{gemma3_url}/v1"), GatewayConfig(keys=(key,))
+        ) as url,
+        tv.Session.system_one(url, api_key=key) as client,
+    ):
+        judgment = await client.judge(TICKET, ROUTE)
+    answer = judgment["route"]
+    assert isinstance(answer, tv.ChoiceAnswer)
+    assert sum(answer.probabilities.values()) == pytest.approx(1.0, abs=1e-6)
+
+
+async def test_the_read_cache_keeps_its_reads(gemma3_url: str) -> None:
+    async with tv.Session.openai_compatible(
+        f"{gemma3_url}/v1", cache=tv.MemoryReadCache()
+    ) as session:
+        first = await session.judge(TICKET, ROUTE)
+        again = await session.judge(TICKET, ROUTE)
+    assert first.diagnostics["route"].cache == "miss"
+    assert again.diagnostics["route"].cache == "hit"
+    assert again["route"].probabilities == first["route"].probabilities
+    assert again.diagnostics["route"].clamped == first.diagnostics["route"].clamped
