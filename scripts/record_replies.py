@@ -1,7 +1,8 @@
 """Record real reply bodies: of every endpoint the SDK reads, on both servers, for the wire tests;
 and of llama.cpp scoring reads at many K, for the benchmarks' replay server.
 
-    .venv/bin/python scripts/record_replies.py [--only llama_cpp|vllm|system_one|bodies]
+    .venv/bin/python scripts/record_replies.py [--only llama_cpp|vllm|system_one|
+        openai_compatible|bodies|probe]
         [--ks 16 64 ...]
 
 Starts the servers the way the live tests do (tests/live/conftest.py: the embedded llama.cpp
@@ -37,6 +38,7 @@ import json
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,13 @@ import typevet_async as tv  # noqa: E402
 from benchmarks._shared import ticket  # noqa: E402
 from tests.live.helpers import TICKET, questions  # noqa: E402
 from tests.live.servers import VLLM_MODEL_ID, VllmServerProcess  # noqa: E402
-from typevet_async._backends import llama_cpp_wire, system_one_wire, vllm_wire  # noqa: E402
+from typevet_async._backends import (  # noqa: E402
+    llama_cpp_wire,
+    openai_compatible,
+    openai_compatible_wire,
+    system_one_wire,
+    vllm_wire,
+)
 from typevet_async._backends.embedded import wait_healthy  # noqa: E402
 from typevet_async._core.content_free import CONTENT_FREE_STATES  # noqa: E402
 from typevet_async._core.controls import PROBED_CONTROLS  # noqa: E402
@@ -116,6 +124,19 @@ class Recorder:
         print(f"{self.folder.name}/{file}: {len(raw):,} bytes ({len(data):,} stored)")
         return raw
 
+    def record_refusal(self, name: str, path: str, body: Any) -> bytes:
+        """A request the server refuses (an HTTP error): its error body, kept as the rest."""
+        try:
+            self.record(name, "POST", path, body)
+        except urllib.error.HTTPError as error:
+            raw = error.read()
+            (self.folder / f"{name}.json").write_bytes(raw)
+            entry = {"file": f"{name}.json", "method": "POST", "path": path, "body": body}
+            self.requests[name] = {**entry, "status": error.code}
+            print(f"{self.folder.name}/{name}.json: HTTP {error.code}, {len(raw):,} bytes")
+            return raw
+        raise AssertionError(f"{name}: the server accepted the request")
+
     def save(self, extra: dict[str, Any] | None = None) -> None:
         """``requests.json``: the requests by name (with ``extra``: under ``"requests"``)."""
         payload = self.requests if extra is None else {"requests": self.requests, **extra}
@@ -164,6 +185,40 @@ def record_llama_cpp() -> None:
         request = tv.GenerationRequest(f"Route this ticket: {TICKET}", SCHEMA, (), 64)
         body = llama_cpp_wire.generation_body(request)
         recorder.record("chat_generation", "POST", "/v1/chat/completions", body)
+        recorder.save()
+    finally:
+        server.stop()
+
+
+def record_openai_compatible() -> None:
+    """llama.cpp's own ``/v1/chat/completions`` as `Session.openai_compatible` reads it: the
+    probe's reads (a window of 64 here), a scoring read of the top 20, the same without
+    ``top_logprobs`` and without ``logprobs``, ``/v1/models`` and ``/tokenize``."""
+    server = llama_cpp_server("record-openai-compatible")
+    server.start()
+    try:
+        url = server.url
+        recorder = Recorder(OUT / "openai_compatible", url)
+        wire = openai_compatible_wire
+        letters, words = (Message("user", q) for q in openai_compatible.PROBE_QUESTIONS)
+        ticket_message = Message("user", f"{TICKET}\n\nWhich team? A. billing B. shipping")
+        for name, message, top in (
+            ("probe_letters", letters, 64),
+            ("probe_words", words, 64),
+            ("chat_top20", ticket_message, 20),
+        ):
+            body = wire.scoring_body("gemma", [message], top, thinking_switch=True)
+            recorder.record(name, "POST", "/v1/chat/completions", body)
+        body = wire.scoring_body("gemma", [ticket_message], 20, thinking_switch=True)
+        plain = {key: value for key, value in body.items() if "logprobs" not in key}
+        recorder.record("chat_no_logprobs", "POST", "/v1/chat/completions", plain)
+        recorder.record(
+            "chat_no_top_logprobs", "POST", "/v1/chat/completions", {**body, "top_logprobs": 0}
+        )
+        recorder.record("models", "GET", "/v1/models")
+        recorder.record("tokenize", "POST", "/tokenize", wire.tokenize_body("gemma", " A"))
+        alone = {key: value for key, value in body.items() if key != "logprobs"}
+        recorder.record_refusal("chat_top_logprobs_alone", "/v1/chat/completions", alone)
         recorder.save()
     finally:
         server.stop()
@@ -308,7 +363,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only",
-        choices=["llama_cpp", "vllm", "system_one", "bodies", "probe"],
+        choices=["llama_cpp", "vllm", "system_one", "openai_compatible", "bodies", "probe"],
         help="one recording (default: the fixtures of both servers; bodies only when asked)",
     )
     parser.add_argument(
@@ -327,6 +382,8 @@ def main() -> None:
         record_vllm()
     if args.only in (None, "system_one"):
         record_system_one()
+    if args.only in (None, "openai_compatible"):
+        record_openai_compatible()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typevet_async._backends.fleet import AsyncFleet
 from typevet_async._backends.http import HttpSettings
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
 from typevet_async._backends.local_models import LOCAL_MODELS, LocalModel, cache_dir, ensure_model
+from typevet_async._backends.openai_compatible import AsyncOpenAICompatible, OpenAICompatibleConfig
 from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenAIDecisionsConfig
 from typevet_async._backends.retrying import RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
@@ -55,6 +56,7 @@ from typevet_async._core.answers import (
 )
 from typevet_async._core.batch_records import BatchItem, Progress
 from typevet_async._core.calibration import CalibrationMap, Pins, Reading, ReadPlan
+from typevet_async._core.chat_reads import ChatServer
 from typevet_async._core.framing import TemplateFamily
 from typevet_async._core.generation import ChatOutput, Generation, GenerationRequest
 from typevet_async._core.layouts import JEV_SYSTEM_PROMPT, Layout, Message
@@ -78,6 +80,7 @@ from typevet_async._errors import (
     GenerationError,
     InvalidInputError,
     InvalidLogprobsError,
+    LogprobsUnavailableError,
     ModelIntegrityError,
     OffMenuError,
     OutputValidationError,
@@ -142,6 +145,7 @@ __all__ = [
     "AnswerTokenizing",
     "AsyncFleet",
     "AsyncLlamaCpp",
+    "AsyncOpenAICompatible",
     "AsyncOpenAIDecisions",
     "AsyncSystemOne",
     "AsyncVllm",
@@ -160,6 +164,7 @@ __all__ = [
     "CandidateRead",
     "Capabilities",
     "ChatOutput",
+    "ChatServer",
     "Choice",
     "ChoiceAnswer",
     "ConfigurationError",
@@ -181,12 +186,14 @@ __all__ = [
     "Layout",
     "LlamaCppConfig",
     "LocalModel",
+    "LogprobsUnavailableError",
     "MemoryReadCache",
     "Message",
     "ModelIntegrityError",
     "Noul",
     "NoulAnswer",
     "OffMenuError",
+    "OpenAICompatibleConfig",
     "OpenAIDecisionsConfig",
     "OutputValidationError",
     "Pins",

@@ -21,9 +21,10 @@ The tree::
     │   ├── TransportError (also ConnectionError)     refused, reset, disconnected
     │   ├── ServerError                               an HTTP error status (carries status, body)
     │   ├── RequestTimeoutError (also TimeoutError)   one HTTP request outlived request_timeout
+    │   ├── LogprobsUnavailableError                  the server gives no logprobs (at the probe)
     │   └── ProtocolError                             the response is not what the protocol says
     │       ├── InvalidLogprobsError                  candidates missing, repeated, non-finite, > 0
-    │       │   └── CandidateMissingError             on_missing="error": a candidate outside top-K
+    │       │   └── CandidateMissingError             a candidate outside the top-K it may read
     │       └── ControlTokenError                     a control has no token of its own
     ├── GenerationError                               the server's output is empty or not JSON
     │   ├── TruncatedOutputError                      output cut off by the token limit
@@ -68,6 +69,7 @@ __all__ = [
     "GenerationError",
     "InvalidInputError",
     "InvalidLogprobsError",
+    "LogprobsUnavailableError",
     "ModelIntegrityError",
     "OffMenuError",
     "OutputValidationError",
@@ -256,12 +258,18 @@ class ProtocolError(BackendError):
         self.payload = payload
 
 
+class LogprobsUnavailableError(BackendError):
+    """The server returns no logprobs (or refuses every read that asks for them): typed
+    answers cannot be read from it. Raised at the probe, before any question is read."""
+
+
 class InvalidLogprobsError(ProtocolError):
     """The candidates' logprobs failed validation: the SDK never guesses a missing value."""
 
 
 class CandidateMissingError(InvalidLogprobsError):
-    """``on_missing="error"``: a candidate is outside the top-N the read returned."""
+    """``on_missing="error"`` (or ``"exact"`` at a server's ``top_logprobs`` cap): a candidate
+    is outside the top-N the read returned."""
 
     def __init__(self, message: str, *, missing: tuple[int, ...]) -> None:
         super().__init__(message)

@@ -18,7 +18,6 @@ import anyio
 from typevet_async._backends.base import Backend
 from typevet_async._batch import BatchStream, judge_stream
 from typevet_async._coalescing import Coalescer, batch_options
-from typevet_async._connect import SessionFactories
 from typevet_async._core.answers import Judgment
 from typevet_async._core.batch_records import Progress
 from typevet_async._core.calibration import CalibrationMap, ReadPlan
@@ -33,6 +32,7 @@ from typevet_async._errors import (
     SessionStateError,
     TypevetError,
 )
+from typevet_async._factories import SessionFactories
 from typevet_async._fair_slots import FairSlots
 from typevet_async._generating import (
     checked_prompts,

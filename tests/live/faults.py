@@ -377,3 +377,121 @@ def _text_only(message: dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, str):
         return message
     return {**message, "content": "".join(p["text"] for p in content if p["type"] == "text")}
+
+
+#: OpenAI's own refusal of a window above its cap (its API's wording and error shape).
+OPENAI_CAP_MESSAGE = (
+    "Invalid 'top_logprobs': integer above maximum value. Expected a value <= {cap}, but got "
+    "{asked} instead."
+)
+
+
+class OpenAIShapedProxy(_LocalProxy):
+    """A proxy in front of llama.cpp's real ``/v1/chat/completions`` that behaves as other
+    OpenAI-compatible servers do, the replies still the real server's: it refuses a
+    ``top_logprobs`` above ``cap`` with a 400 (OpenAI's message naming the limit, or with
+    ``name_limit=False`` a bare "invalid request"), refuses ``chat_template_kwargs``
+    (``refuse_kwargs``), strips ``logprobs`` from every reply (``strip_logprobs``), answers
+    404 at ``/tokenize`` (``no_tokenize``), and records every chat request's body. With
+    ``mangle_texts`` (the one stub: no real server here returns such texts) each entry's
+    ``token`` gets a zero-width space appended and loses its ``bytes`` and ``id``, as a server
+    whose token texts are not the tokens' text."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        cap: int | None = None,
+        name_limit: bool = True,
+        refuse_kwargs: bool = False,
+        strip_logprobs: bool = False,
+        no_tokenize: bool = False,
+        mangle_texts: bool = False,
+    ) -> None:
+        super().__init__(upstream)
+        self.cap, self.name_limit = cap, name_limit
+        self.refuse_kwargs, self.strip_logprobs = refuse_kwargs, strip_logprobs
+        self.no_tokenize, self.mangle_texts = no_tokenize, mangle_texts
+        #: Every chat request's body, and the status it was answered with, in order.
+        self.chats: list[tuple[dict[str, Any], int]] = []
+        #: The last chat reply passed through (its bytes as the real server sent them).
+        self.last_reply: bytes = b""
+
+    def _refusal(self, body: dict[str, Any]) -> web.Response | None:
+        asked = body.get("top_logprobs")
+        if self.cap is not None and isinstance(asked, int) and asked > self.cap:
+            message = (
+                OPENAI_CAP_MESSAGE.format(cap=self.cap, asked=asked)
+                if self.name_limit
+                else "invalid request"
+            )
+            error = {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "top_logprobs",
+                "code": "integer_above_max_value",
+            }
+            return web.json_response({"error": error}, status=400)
+        if self.refuse_kwargs and "chat_template_kwargs" in body:
+            error = {
+                "message": "Unrecognized request argument supplied: chat_template_kwargs",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+            return web.json_response({"error": error}, status=400)
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        data = await request.read()
+        if request.path == "/tokenize" and self.no_tokenize:
+            return web.json_response({"error": "not found"}, status=404)
+        chat = request.path == "/v1/chat/completions"
+        if chat:
+            body = json.loads(data)
+            refusal = self._refusal(body)
+            self.chats.append((body, 400 if refusal is not None else 200))
+            if refusal is not None:
+                return refusal
+        status, reply = await self._forward(request, data)
+        if chat and status == 200:
+            self.last_reply = reply
+            if self.strip_logprobs or self.mangle_texts:
+                reply = self._rewritten(reply)
+        return web.Response(status=status, body=reply, content_type="application/json")
+
+    def _rewritten(self, reply: bytes) -> bytes:
+        parsed = json.loads(reply)
+        for choice in parsed["choices"]:
+            if self.strip_logprobs:
+                choice.pop("logprobs", None)
+                continue
+            for position in choice["logprobs"]["content"]:
+                for entry in [position, *position["top_logprobs"]]:
+                    entry["token"] += "\u200b"
+                    entry.pop("bytes", None)
+                    entry.pop("id", None)
+        return json.dumps(parsed).encode()
+
+    async def _forward(self, request: web.Request, data: bytes) -> tuple[int, bytes]:
+        assert self._client is not None
+        headers = {"Content-Type": "application/json"} if data else None
+        # Sent once more if the pooled upstream connection was one the server had closed
+        # while idle: the proxy's own hiccup must not pass for the server's reply.
+        for resend in (False, True):
+            try:
+                async with self._client.request(
+                    request.method,
+                    f"{self.upstream}{request.rel_url}",
+                    data=data or None,
+                    headers=headers,
+                ) as upstream:
+                    return upstream.status, await upstream.read()
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                if resend:
+                    raise
+        raise AssertionError("unreachable: the second send returns or raises")
+
+    def asked(self) -> list[int | None]:
+        """Each chat request's ``top_logprobs``, in order."""
+        return [body.get("top_logprobs") for body, _ in self.chats]

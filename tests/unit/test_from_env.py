@@ -61,7 +61,7 @@ def test_no_base_url_means_the_embedded_server() -> None:
     [
         ({"TYPEVET_BACKEND": "vllm"}, "needs TYPEVET_BASE_URL and TYPEVET_MODEL"),
         ({"TYPEVET_BACKEND": "vllm", "TYPEVET_BASE_URL": "http://h"}, "TYPEVET_MODEL"),
-        ({"TYPEVET_BACKEND": "tgi"}, "must be 'llama_cpp', 'vllm' or 'system_one'"),
+        ({"TYPEVET_BACKEND": "tgi"}, "must be one of 'llama_cpp', 'vllm', 'system_one', 'openai"),
         ({"TYPEVET_BACKEND": "system_one"}, "system_one needs TYPEVET_BASE_URL"),
         ({"TYPEVET_MAX_CONCURRENCY": "many"}, "positive integer"),
         ({"TYPEVET_MAX_CONCURRENCY": "0"}, "positive integer"),

@@ -436,6 +436,7 @@ class AsyncLlamaCpp:
                 prompt=prompt,
                 policy=policy,
                 truncated=truncated,
+                clamped=len(missing) if truncated else 0,
                 attempts=attempts.count,
             )
 

@@ -8,9 +8,15 @@ from typing import Any
 
 from typevet_async._backends.wire import Count, Reply, decode, decoder_for, protocol_error
 from typevet_async._core.generation import ChatOutput
-from typevet_async._core.layouts import ImagePart
+from typevet_async._core.layouts import ImagePart, Message
 
-__all__ = ["decode_chat_output", "json_schema_response_format", "user_message"]
+__all__ = [
+    "NO_THINKING",
+    "chat_messages",
+    "decode_chat_output",
+    "json_schema_response_format",
+    "user_message",
+]
 
 #: Thinking is always off: at an answer position, and for schema-bound output.
 NO_THINKING = {"enable_thinking": False}
@@ -25,6 +31,27 @@ def user_message(text: str, images: Sequence[ImagePart] = ()) -> dict[str, Any]:
     ]
     parts.append({"type": "text", "text": text})
     return {"role": "user", "content": parts}
+
+
+def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """OpenAI chat messages; a message's images go before its text as data-URI parts, its
+    inline images (a question's own) between the text parts where they stand."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        entry: dict[str, Any]
+        if message.inline:
+            entry = {"content": [_part(piece) for piece in message.segments()]}
+        else:
+            entry = user_message(message.content, message.images)
+        entry["role"] = message.role
+        out.append(entry)
+    return out
+
+
+def _part(piece: str | ImagePart) -> dict[str, Any]:
+    if isinstance(piece, str):
+        return {"type": "text", "text": piece}
+    return {"type": "image_url", "image_url": {"url": piece.data_uri()}}
 
 
 class _Message(Reply):

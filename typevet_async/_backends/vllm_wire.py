@@ -43,10 +43,10 @@ import attrs
 import msgspec
 
 from typevet_async._backends import wire
-from typevet_async._backends.openai_chat import NO_THINKING, user_message
+from typevet_async._backends.openai_chat import NO_THINKING, chat_messages, user_message
 from typevet_async._core.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
 from typevet_async._core.generation import GenerationRequest
-from typevet_async._core.layouts import ImagePart, Message
+from typevet_async._core.layouts import Message
 from typevet_async._core.readings import TopLogprobs
 from typevet_async._errors import InvalidLogprobsError
 
@@ -72,27 +72,6 @@ _TOKEN_ID_PREFIX = "token_id:"
 
 
 # -- request bodies -------------------------------------------------------------------------
-
-
-def chat_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """OpenAI chat messages; a message's images go before its text as data-URI parts, its
-    inline images (a question's own) between the text parts where they stand."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        entry: dict[str, Any]
-        if message.inline:
-            entry = {"content": [_part(piece) for piece in message.segments()]}
-        else:
-            entry = user_message(message.content, message.images)
-        entry["role"] = message.role
-        out.append(entry)
-    return out
-
-
-def _part(piece: str | ImagePart) -> dict[str, Any]:
-    if isinstance(piece, str):
-        return {"type": "text", "text": piece}
-    return {"type": "image_url", "image_url": {"url": piece.data_uri()}}
 
 
 def _continued(answer: str | None) -> dict[str, Any]:

@@ -103,9 +103,11 @@ def connection_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server (flags win over the TYPEVET_* variables)")
     group.add_argument(
         "--backend",
-        choices=["llama_cpp", "vllm", "system_one"],
+        choices=["llama_cpp", "vllm", "system_one", "openai_compatible"],
         help="the server's kind (TYPEVET_BACKEND; default: llama_cpp; system_one: any "
-        "POST /v1/systemone server, which judges itself)",
+        "POST /v1/systemone server, which judges itself; openai_compatible: any "
+        "/chat/completions server with top_logprobs, --base-url its API base, e.g. "
+        "http://host:8000/v1)",
     )
     group.add_argument(
         "--base-url",

@@ -184,6 +184,8 @@ class Diagnostics:
     policy: str = "exact"
     #: True when "clamp" filled a candidate missing from the top-N with the lowest logprob read.
     truncated: bool = False
+    #: How many options "clamp" filled in (0 unless ``truncated``).
+    clamped: int = 0
     #: True when the off-menu mass exceeded the judgment's threshold.
     off_menu_flagged: bool = False
     #: HTTP attempts the read took, retries of transient failures included.

@@ -176,4 +176,5 @@ def with_reads_after(first: CandidateRead, after: Sequence[CandidateRead]) -> Ca
         attempts=sum(read.attempts for read in reads),
         off_menu_known=all(read.off_menu_known for read in reads),
         truncated=any(read.truncated for read in reads),
+        clamped=sum(read.clamped for read in reads),
     )

@@ -79,6 +79,7 @@ def interpret_read(
         candidates=candidates,
         policy=read.policy,
         truncated=read.truncated,
+        clamped=read.clamped,
         off_menu_flagged=flagged,
         attempts=read.attempts,
         endpoint=read.endpoint,

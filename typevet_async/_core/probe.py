@@ -8,6 +8,7 @@ from typing import Final
 
 import attrs
 
+from typevet_async._core.chat_reads import ChatServer
 from typevet_async._core.framing import GEMMA_FRAMES, PromptFrame, TemplateFamily
 from typevet_async._errors import ConfigurationError, PromptTooLongError
 
@@ -61,6 +62,9 @@ class Probe:
     #: (llama.cpp ``/props``: a slot's ``n_ctx``, the total over ``n_parallel``; vLLM
     #: ``/v1/models``: ``max_model_len``): the limit `check_context` refuses against.
     context_tokens: int | None = None
+    #: What the probe learnt of an OpenAI-compatible chat server (its ``top_logprobs`` cap,
+    #: what it refused); None for the other backends.
+    chat_server: ChatServer | None = None
 
     @property
     def prompt_frame(self) -> PromptFrame | None:

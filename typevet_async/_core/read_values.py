@@ -53,6 +53,7 @@ class _After:
     prompt: str
     policy: str
     truncated: bool
+    clamped: int = 0
 
 
 @attrs.frozen
@@ -60,8 +61,8 @@ class _Stored(_After):
     """A read as stored: what it read, not what it cost (a code question's reads after its
     first tokens too)."""
 
-    endpoint: str | None
-    after: tuple[_After, ...]
+    endpoint: str | None = attrs.field(kw_only=True)
+    after: tuple[_After, ...] = attrs.field(kw_only=True)
 
 
 def _exactly(kind: type) -> Any:
@@ -97,6 +98,7 @@ def encode_read(read: CandidateRead) -> bytes:
             "prompt": one.prompt,
             "policy": one.policy,
             "truncated": one.truncated,
+            "clamped": one.clamped,
         }
 
     stored = {
@@ -137,6 +139,7 @@ def _plausible(read: _Stored | _After) -> bool:
         len(read.token_ids) == len(read.logprobs)
         and read.top_k >= 1
         and read.policy in _POLICIES
+        and 0 <= read.clamped <= len(read.token_ids)
         and all(token >= 0 for token in read.token_ids)
     )
 
@@ -153,6 +156,7 @@ def _hit(stored: _Stored | _After, after: tuple[CandidateRead, ...] = ()) -> Can
         prompt=stored.prompt,
         policy=stored.policy,
         truncated=stored.truncated,
+        clamped=stored.clamped,
         attempts=0,
         endpoint=stored.endpoint if isinstance(stored, _Stored) else None,
         after=after,

@@ -83,6 +83,8 @@ class CandidateRead:
     prompt: str = ""
     policy: str = "exact"
     truncated: bool = False
+    #: How many options ``clamp`` filled in (``truncated``: at least one).
+    clamped: int = 0
     #: HTTP attempts, retries of transient failures included (at least ``reads``).
     attempts: int = 1
     #: The endpoint that answered, in a session over several (None: the only one).
