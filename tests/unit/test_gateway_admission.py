@@ -140,12 +140,13 @@ async def test_fast_upstream_refusals_do_not_grow_the_queue(clock: FakeClock) ->
             assert (await post(client)).status == 502
         assert behind_busy_slots(state) == before  # before the fix: 4,096
         # 2 slots of 0.5 s judgments, both just taken: each frees every 0.5 s, and a request
-        # whose slot frees by 59.5 s from now is judged by the 60 s deadline: 119 each.
-        assert before == 2 * math.floor((60 - 0.5) / 0.5) == 238
-        # One more: a prompt 429, told when the pair ahead of it would free (0.5 s).
+        # whose slot frees by 59.375 s from now is judged by the 60 s deadline with a quarter
+        # of a judgment to spare: 118 each.
+        assert before == 2 * math.floor((60 - 0.5 * 1.25) / 0.5) == 236
+        # One more: a prompt 429, told when its slot (at 59.5 s) would be early enough: 0.125 s.
         state.holding[:] = [clock.now] * 2
         state.admitted = 2 + before
-        assert retry_headers(await post(client)) == ("1", "500")
+        assert retry_headers(await post(client)) == ("1", "125")
         state.holding.clear()
         state.admitted = 0
     finally:
@@ -345,15 +346,17 @@ async def test_a_request_that_cannot_be_judged_in_time_is_shed_at_once_and_told_
         backend.behaviours["refund"] = waiting(release)
         busy = [asyncio.create_task(post(client)) for _ in range(2)]
         await until(lambda: state.admitted == 2)
-        # Both slots free in 4 s: the next two are judged by 8 s, within the 10 s deadline.
+        # Both slots free in 4 s: the next two are judged by 8 s, within the 10 s deadline
+        # with a quarter of a judgment (1 s) to spare.
         queued = [asyncio.create_task(post(client)) for _ in range(2)]
         await until(lambda: state.admitted == 4)
         # The next would get a slot at 8 s and end at 12 s: shed now, not cut at 10 s, and
-        # told to come back when it would end in time: at 2 s (the queue's floor of 64
-        # admitted it).
-        assert retry_headers(await post(client)) == ("2", "2000")
-        # Told so, it comes back: its slot frees at 8 s, and it ends at 12 s, its deadline.
-        clock.now += 2.0
+        # told to come back when it would end in time with its spare: at 3 s (the queue's
+        # floor of 64 admitted it).
+        assert retry_headers(await post(client)) == ("3", "3000")
+        # Told so, it comes back: its slot frees at 8 s, and it ends at 12 s, 1 s before its
+        # deadline.
+        clock.now += 3.0
         assert shed_response(state, 1) is None
         release.set()
         statuses = [(await task).status for task in [*busy, *queued]]
@@ -375,9 +378,9 @@ async def test_requests_shed_by_the_deadline_are_told_their_own_times(clock: Fak
         state.admitted = 4  # and two waiting
         # Slots free at 3 and 4 s; the two waiting take them and free them at 7 and 8 s; the
         # next three would get slots at 7, 8 and 11 s. Each is told when its slot would be
-        # early enough to end by its deadline: 1 s, then 2 s, then 5 s.
+        # early enough to end by its deadline with 1 s to spare: 2 s, then 3 s, then 6 s.
         told = [retry_headers(await post(client)) for _ in range(3)]
-        assert told == [("1", "1000"), ("2", "2000"), ("5", "5000")]
+        assert told == [("2", "2000"), ("3", "3000"), ("6", "6000")]
         state.holding.clear()
         state.admitted = 0
     finally:
@@ -391,16 +394,17 @@ def test_the_queue_floor_only_holds_while_nothing_is_measured(clock: FakeClock) 
     state.admitted = 8
     state.holding[:] = [clock.now] * 8
     assert state.places() == DEFAULT_AUTO_QUEUE  # nothing measured: the default queue
-    # 8 slots held 30 s a judgment: one round behind the 8 running fits the 60 s deadline
-    # (it was 64, the floor: a client pool of 64 was never shed, however late it was judged).
-    state.service_times.extend([30.0] * 8)
+    # 8 slots held 24 s a judgment: one round behind the 8 running fits the 60 s deadline with
+    # its spare (it was 64, the floor: a client pool of 64 was never shed, however late it was
+    # judged).
+    state.service_times.extend([24.0] * 8)
     assert state.places() == 8
     state.admitted = 16
     assert state.places() == 0
     # 1.6 s judgments: 36 rounds of 8 behind those running (it was 292, Little's law)
     state.service_times.clear()
     state.service_times.extend([1.6] * 64)
-    assert state.places() == 8 * math.floor((60 - 1.6 - 1.6) / 1.6 + 1) - 8 == 280
+    assert state.places() == 8 * math.floor((60 - 1.6 * 1.25 - 1.6) / 1.6 + 1) - 8 == 280
     state.service_times.extend([0.001] * 64)
     assert state.places() == 8 + 4096 - 16  # the ceiling
 
