@@ -12,6 +12,7 @@ from typevet_async._core.layouts import ImagePart, Message
 
 __all__ = [
     "NO_THINKING",
+    "PromptUsage",
     "chat_messages",
     "decode_chat_output",
     "json_schema_response_format",
@@ -20,6 +21,28 @@ __all__ = [
 
 #: Thinking is always off: at an answer position, and for schema-bound output.
 NO_THINKING = {"enable_thinking": False}
+
+
+class _PromptDetails(Reply):
+    cached_tokens: Count | None = None
+
+
+class PromptUsage(Reply):
+    """A scoring reply's ``usage``: the prompt's tokens, and those taken from the prompt cache
+    (``prompt_tokens_details`` is null unless the server reports it; vLLM: only with
+    ``--enable-prompt-tokens-details``)."""
+
+    prompt_tokens: Count = 0
+    prompt_tokens_details: _PromptDetails | None = None
+
+    @staticmethod
+    def counts(usage: PromptUsage | None) -> tuple[int, int]:
+        """Prompt tokens and cached tokens (0 for what the reply leaves out)."""
+        if usage is None:
+            return 0, 0
+        details = usage.prompt_tokens_details
+        cached = details.cached_tokens if details is not None else None
+        return usage.prompt_tokens, cached or 0
 
 
 def user_message(text: str, images: Sequence[ImagePart] = ()) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import msgspec
 from typevet_async._backends import wire
 from typevet_async._backends.openai_chat import (
     NO_THINKING,
+    PromptUsage,
     chat_messages,
     json_schema_response_format,
     user_message,
@@ -122,18 +123,9 @@ class _Choice(wire.Reply):
     logprobs: _Logprobs | None = None
 
 
-class _Details(wire.Reply):
-    cached_tokens: wire.Count | None = None
-
-
-class _Usage(wire.Reply):
-    prompt_tokens: wire.Count = 0
-    prompt_tokens_details: _Details | None = None
-
-
 class _ScoringReply(wire.Reply):
     choices: list[_Choice]
-    usage: _Usage | None = None
+    usage: PromptUsage | None = None
 
 
 _SCORING = wire.decoder_for(_ScoringReply)
@@ -183,9 +175,7 @@ def decode_scoring(raw: bytes) -> ChatScoring:
     if logprobs is not None and logprobs.content:
         top = logprobs.content[0].top_logprobs
     entries = None if not top else tuple([_entry(entry) for entry in top])
-    usage = reply.usage or _Usage()
-    details = usage.prompt_tokens_details or _Details()
-    return ChatScoring(entries, usage.prompt_tokens, details.cached_tokens or 0)
+    return ChatScoring(entries, *PromptUsage.counts(reply.usage))
 
 
 # -- GET /models, POST /tokenize ------------------------------------------------------------

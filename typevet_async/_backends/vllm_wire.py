@@ -43,7 +43,12 @@ import attrs
 import msgspec
 
 from typevet_async._backends import wire
-from typevet_async._backends.openai_chat import NO_THINKING, chat_messages, user_message
+from typevet_async._backends.openai_chat import (
+    NO_THINKING,
+    PromptUsage,
+    chat_messages,
+    user_message,
+)
 from typevet_async._core.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
 from typevet_async._core.generation import GenerationRequest
 from typevet_async._core.layouts import Message
@@ -194,24 +199,12 @@ class _Choice(wire.Reply):
     logprobs: _Logprobs
 
 
-class _Details(wire.Reply):
-    cached_tokens: wire.Count | None = None
-
-
-class _Usage(wire.Reply):
-    prompt_tokens: wire.Count = 0
-    #: null unless the server runs with --enable-prompt-tokens-details.
-    prompt_tokens_details: _Details | None = None
-
-
 class _ScoringReply(wire.Reply):
     choices: list[_Choice]
-    usage: _Usage | None = None
+    usage: PromptUsage | None = None
 
 
 _SCORING = wire.decoder_for(_ScoringReply)
-_NO_USAGE = _Usage()
-_NO_DETAILS = _Details()
 
 
 @attrs.frozen
@@ -259,7 +252,7 @@ def _kept_scoring(
     sampled_token: str,
     entries: Sequence[_Top],
     token_ids: Sequence[int],
-    usage: _Usage | None,
+    usage: PromptUsage | None,
 ) -> Scoring:
     sampled = token_id(sampled_token, what, raw)
     wanted = set(token_ids)
@@ -273,13 +266,7 @@ def _kept_scoring(
             unexpected.append(tid)
     if unexpected:
         raise InvalidLogprobsError(f"unexpected token ids {unexpected} in a logprob_token_ids read")
-    usage = usage or _NO_USAGE
-    details = usage.prompt_tokens_details or _NO_DETAILS
-    return Scoring(
-        TopLogprobs.from_pairs(tuple(kept), len(token_ids)),
-        usage.prompt_tokens,
-        details.cached_tokens or 0,
-    )
+    return Scoring(TopLogprobs.from_pairs(tuple(kept), len(token_ids)), *PromptUsage.counts(usage))
 
 
 # -- POST /v1/completions (token-prompt scoring) ----------------------------------------------
@@ -296,7 +283,7 @@ class _CompletionChoice(wire.Reply):
 
 class _CompletionReply(wire.Reply):
     choices: list[_CompletionChoice]
-    usage: _Usage | None = None
+    usage: PromptUsage | None = None
 
 
 _COMPLETION = wire.decoder_for(_CompletionReply)
