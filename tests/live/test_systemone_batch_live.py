@@ -23,9 +23,13 @@ import pytest
 import pytest_asyncio
 
 import typevet_async as tv
+from typevet_async._apps.gateway import GatewayConfig, running
 from typevet_async._backends.system_one import AsyncSystemOne
-from typevet_async._core.systemone import BATCH_PATH, batch_to_system_one, request_to_system_one
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._core.wires.system_one import (
+    BATCH_PATH,
+    batch_to_system_one,
+    request_to_system_one,
+)
 
 from .faults import AdvertisingProxy, counting_tasks
 from .helpers import wait_until_ready
@@ -184,7 +188,7 @@ async def test_an_advertised_300000_is_capped_and_3_records_are_3_workers_and_on
         backend = session.backend
         assert isinstance(backend, AsyncSystemOne)
         limit = backend.batch_limit
-    workers = created["typevet_async._batch._Engine._work"]
+    workers = created["typevet_async._session.batch._Engine._work"]
     print(f"3 records, 300,000 advertised: {workers} workers, {sum(created.values())} tasks, "
           f"batches {proxy.states_per_batch()}")  # fmt: skip
     assert workers == 3  # was 300,000: 16-18 s and 1 GB in the issue

@@ -23,10 +23,10 @@ import pytest_asyncio
 from aiohttp import web
 
 import typevet_async as tv
+from typevet_async._apps.gateway import GatewayConfig, running
 from typevet_async._backends.system_one import AsyncSystemOne
 from typevet_async._backends.system_one_wire import ItemError, Listing, decode_batch, decode_models
-from typevet_async._core.framing import with_turns
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._core.prompts.framing import with_turns
 
 from ..live.faults import AdvertisingProxy, counting_tasks
 from .stubs import InMemoryStubBackend, sleeping
@@ -322,7 +322,7 @@ async def test_a_batch_past_the_request_timeout_is_not_sent_again_whole(
 # -- issue 43.4: an advertised batch size is capped, and workers are sized to the records ----
 
 ADVERTISED = 300_000
-WORKER = "typevet_async._batch._Engine._work"
+WORKER = "typevet_async._session.batch._Engine._work"
 
 
 @pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""The System One batch wire's pure mapping (`typevet_async._core.systemone.batch`)."""
+"""The System One batch wire's pure mapping (`typevet_async._core.wires.system_one.batch`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.systemone import (
+from typevet_async._core.wires.system_one import (
     ADVERTISEMENT,
     BATCH_PATH,
     SystemOneValidationError,

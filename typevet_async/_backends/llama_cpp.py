@@ -41,8 +41,10 @@ from typevet_async._backends.llama_cpp_wire import (
     tokenize_body,
 )
 from typevet_async._backends.openai_chat import decode_chat_output
-from typevet_async._core.controls import PROBED_CONTROLS, controls_in_context
-from typevet_async._core.framing import (
+from typevet_async._concurrency.fanout import gather_in_order
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.controls import PROBED_CONTROLS, controls_in_context
+from typevet_async._core.prompts.framing import (
     GEMMA_FRAMES,
     PROBE_MESSAGE,
     SECOND_PROBE_MESSAGE,
@@ -55,28 +57,26 @@ from typevet_async._core.framing import (
     turn_markers,
     with_turns,
 )
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.markers import (
+from typevet_async._core.prompts.markers import (
     ALL_RUNS,
     RUN_SEPARATOR,
     Piece,
     special_runs_from_pieces,
 )
-from typevet_async._core.probe import Probe, check_served_model, model_identity
-from typevet_async._core.readings import (
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.probe import Probe, check_served_model, model_identity
+from typevet_async._core.reading.readings import (
     CandidateRead,
     missing_options,
     read_entries,
     settle_candidates,
 )
-from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
     ServerError,
     SessionStateError,
 )
-from typevet_async._fanout import gather_in_order
 from typevet_async._options import (
     Unset,
     boolean,

@@ -14,7 +14,7 @@ from typevet_async._telemetry.instruments import OTEL, active, instruments, read
 from typevet_async._telemetry.spans import error_type
 
 if TYPE_CHECKING:
-    from typevet_async._core.scoring import ScoringRequest
+    from typevet_async._core.prompts.scoring import ScoringRequest
 
 if OTEL:
     from opentelemetry import trace as _trace
