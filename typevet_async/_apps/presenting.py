@@ -61,19 +61,27 @@ class Presented:
 #: or text, which a log keeps; a 422 shows the SDK's own message); the first match wins
 #: (subclasses before bases).
 _ERROR_STATUS: Final[tuple[tuple[type[BaseException], int, str, str], ...]] = (
-    (tv.UnsupportedTemplateError, 501, "unsupported_template",
-     "the model server's chat template cannot be judged"),
+    (
+        tv.UnsupportedTemplateError,
+        501,
+        "unsupported_template",
+        "the model server's chat template cannot be judged",
+    ),
     (tv.DeadlineExceededError, 504, "timeout", "the judgment outlived its deadline"),
     (tv.RequestTimeoutError, 504, "upstream_timeout", "the model server did not answer in time"),
     (tv.InvalidInputError, 422, "value_error", ""),
     (tv.ServerError, 502, "upstream_error", "the model server answered with an error"),
     (tv.TransportError, 502, "upstream_unreachable", "the model server could not be reached"),
-    (tv.ProtocolError, 502, "upstream_protocol_error",
-     "the model server's reply was not what its protocol says"),
+    (
+        tv.ProtocolError,
+        502,
+        "upstream_protocol_error",
+        "the model server's reply was not what its protocol says",
+    ),
     (tv.OffMenuError, 502, "off_menu", "the model's answer fell off the question's options"),
     (tv.RefusalError, 502, "refusal", "the upstream Decisions server declined a question"),
     (tv.SessionStateError, 503, "unavailable", "the session is not open"),
-)  # fmt: skip
+)
 
 #: Upstream statuses that refuse the request as it was built from the client's input (vLLM:
 #: "not a multimodal model" for images; llama.cpp: a prompt past the context): 422, the
@@ -97,10 +105,12 @@ def present_error(error: BaseException) -> Presented | None:
     """How a client is told of an SDK error; None for anything else (a bug: a 500)."""
     if isinstance(error, tv.ServerError) and error.status in _UPSTREAM_REFUSALS:
         return Presented(
-            422, "upstream_refused", ("body",),
+            422,
+            "upstream_refused",
+            ("body",),
             f"the model server refused the request (HTTP {error.status}): "
             f"{_upstream_message(error.body)}",
-        )  # fmt: skip
+        )
     for kind, status, detail_type, told in _ERROR_STATUS:
         if not isinstance(error, kind):
             continue

@@ -109,11 +109,13 @@ def answer_type(question: tv.Question) -> Any:
         else [str(level) for level in range(len(question.options()))]
     )
     scalars = {
-        Value.TAG: pa.string(), Value.LABEL: pa.string(),
-        Value.PROBABILITY: pa.float64(), Value.NUMBER: pa.float64(),
+        Value.TAG: pa.string(),
+        Value.LABEL: pa.string(),
+        Value.PROBABILITY: pa.float64(),
+        Value.NUMBER: pa.float64(),
         Value.PROBABILITIES: pa.struct([(key, pa.float64()) for key in keys]),
         Value.LEGEND: pa.struct([(key, pa.string()) for key in keys]),
-    }  # fmt: skip
+    }
     return pa.struct([(field.name, scalars[field.value]) for field in wire_fields(kind)])
 
 
@@ -284,8 +286,12 @@ class RayJudge:
         name = f"row {first} of the batch" if ids is None else f"record {ids[first]!r}"
         logger.warning(
             "tv.RayJudge: %d of %d rows failed (see the %r column); the first, %s: %s",
-            len(failed), len(errors), ERROR_COLUMN, name, errors[first],
-        )  # fmt: skip
+            len(failed),
+            len(errors),
+            ERROR_COLUMN,
+            name,
+            errors[first],
+        )
 
     async def aclose(self) -> None:
         """Close the session, if one was opened (on the loop that opened it)."""

@@ -119,13 +119,20 @@ def _answer(sent: _Predicate | _Choice | _Score | _Refusal) -> DecisionsAnswer:
         return DecisionsAnswer("predicate", sent.name, probability=sent.probability)
     if isinstance(sent, _Choice):
         pairs = tuple((item.value, item.probability) for item in sent.probabilities)
-        return DecisionsAnswer("choice", sent.name, probabilities=pairs, choice=sent.choice,
-                               confidence=sent.confidence)  # fmt: skip
+        return DecisionsAnswer(
+            "choice", sent.name, probabilities=pairs, choice=sent.choice, confidence=sent.confidence
+        )
     if isinstance(sent, _Score):
         pairs = tuple((item.label, item.probability) for item in sent.probabilities)
         first = sent.probabilities[0].value if sent.probabilities else 0
-        return DecisionsAnswer("score", sent.name, probabilities=pairs, score=sent.score,
-                               confidence=sent.confidence, first_level=first)  # fmt: skip
+        return DecisionsAnswer(
+            "score",
+            sent.name,
+            probabilities=pairs,
+            score=sent.score,
+            confidence=sent.confidence,
+            first_level=first,
+        )
     return DecisionsAnswer("refusal", sent.name)
 
 

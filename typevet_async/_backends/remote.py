@@ -31,9 +31,12 @@ def remote_capabilities(server: str) -> Capabilities:
     """A remote server's capabilities: it frames and reads the questions itself, reuses no
     prefix the session could schedule for, and has no schema-bound generation."""
     return Capabilities(
-        server=server, framing="remote", prefix_reuse=False, generation_images=False,
+        server=server,
+        framing="remote",
+        prefix_reuse=False,
+        generation_images=False,
         generation=False,
-    )  # fmt: skip
+    )
 
 
 @attrs.frozen(kw_only=True)

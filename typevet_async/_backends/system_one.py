@@ -198,9 +198,11 @@ class AsyncSystemOne(RemoteJudge):
         model = self.request_model(probe)
         try:
             raw = await self.http.post(
-                BATCH_PATH, batch_body(model, states, questions), max_retries=max_retries,
+                BATCH_PATH,
+                batch_body(model, states, questions),
+                max_retries=max_retries,
                 retry_timeouts=False,
-            )  # fmt: skip
+            )
         except RequestTimeoutError:
             return [None] * len(states)
         except ServerError as error:

@@ -173,18 +173,26 @@ def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
     if not len(sent.controls) == len(sent.token_ids) == len(sent.logprobs):
         raise ValueError("controls, token ids and logprobs differ in length")
     return Diagnostics(
-        sent.prompt, tuple(sent.controls), tuple(sent.token_ids), tuple(sent.logprobs),
-        sent.off_menu_mass, sent.top_k, sent.reads,
+        sent.prompt,
+        tuple(sent.controls),
+        tuple(sent.token_ids),
+        tuple(sent.logprobs),
+        sent.off_menu_mass,
+        sent.top_k,
+        sent.reads,
         candidates=tuple((token, logprob) for token, logprob in sent.candidates),
-        policy=sent.policy, truncated=sent.truncated, off_menu_flagged=sent.off_menu_flagged,
-        attempts=sent.attempts, rotations=tuple(tuple(r) for r in sent.rotations),
+        policy=sent.policy,
+        truncated=sent.truncated,
+        off_menu_flagged=sent.off_menu_flagged,
+        attempts=sent.attempts,
+        rotations=tuple(tuple(r) for r in sent.rotations),
         raw_probabilities=None if sent.raw_probabilities is None else tuple(sent.raw_probabilities),
         calibration=sent.calibration,
         content_free_prior=None
         if sent.content_free_prior is None
         else tuple(sent.content_free_prior),
         content_free_off_menu_mass=sent.content_free_off_menu_mass,
-    )  # fmt: skip
+    )
 
 
 class _Judged(wire.Reply):

@@ -180,9 +180,11 @@ class Coalescer:
             probe = await self._probe()
             async with self._slots.share():
                 results = await self._backend.judge_batch(
-                    [waiting.state for waiting in chunk], self._questions, probe,
+                    [waiting.state for waiting in chunk],
+                    self._questions,
+                    probe,
                     max_retries=self._options.max_retries,
-                )  # fmt: skip
+                )
         except Exception as error:  # cancellation is not an Exception: every waiter left
             for waiting in chunk:
                 if not waiting.future.done():

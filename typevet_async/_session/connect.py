@@ -261,11 +261,13 @@ ENV_SETTINGS: Final = {
 
 #: What each backend cannot do without, and why.
 _REQUIRED: Final = {
-    "vllm": (("base_url", "vLLM has no embedded server"),
-             ("model", "the name the vLLM server serves the model by")),
+    "vllm": (
+        ("base_url", "vLLM has no embedded server"),
+        ("model", "the name the vLLM server serves the model by"),
+    ),
     "system_one": (("base_url", "a System One server has no embedded one"),),
     "openai_compatible": (("base_url", "the OpenAI-compatible server's API base"),),
-}  # fmt: skip
+}
 #: The backends ``TYPEVET_BACKEND`` (and ``--backend``) names.
 BACKENDS: Final = ("llama_cpp", "vllm", "system_one", "openai_compatible")
 

@@ -88,9 +88,14 @@ class SessionFactories:
             api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
         backend = llama_cpp(
-            base_url, http, model=model, top_k=top_k, on_missing=on_missing,
-            reproducible=reproducible, server=server,
-        )  # fmt: skip
+            base_url,
+            http,
+            model=model,
+            top_k=top_k,
+            on_missing=on_missing,
+            reproducible=reproducible,
+            server=server,
+        )
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod
@@ -199,8 +204,13 @@ class SessionFactories:
         http = HttpKeywords(
             api_key, request_timeout, max_retries, trace_configs, endpoint_slots, time_slice
         )
-        backend = system_one(base_url, http, model=model, session_settings=settings,
-                             max_batch_states=max_batch_states)  # fmt: skip
+        backend = system_one(
+            base_url,
+            http,
+            model=model,
+            session_settings=settings,
+            max_batch_states=max_batch_states,
+        )
         return cls(backend, SessionSettings.from_keywords(settings))
 
     @classmethod

@@ -205,9 +205,16 @@ async def _judge(
         requests = planner.plan(state_text, questions, images, readings)
         priors, spent = await _content_free_priors(planner, slots, questions, strategy, options)
         judgment = await read_judgment(
-            backend, probe, slots, requests, strategy, options, readings, planner.cached_reads,
+            backend,
+            probe,
+            slots,
+            requests,
+            strategy,
+            options,
+            readings,
+            planner.cached_reads,
             priors,
-        )  # fmt: skip
+        )
         if spent == Usage():  # the common case: no prior read (or hit) by this judgment
             return judgment
         return attrs.evolve(judgment, usage=judgment.usage + spent)
@@ -252,9 +259,15 @@ async def _content_free_priors(
         await planner.learn(state, asked)
         requests = planner.plan(state, asked, NO_IMAGES, readings)
         judgment = await read_judgment(
-            planner.backend, planner.probe, slots, requests, strategy, unguarded, readings,
+            planner.backend,
+            planner.probe,
+            slots,
+            requests,
+            strategy,
+            unguarded,
+            readings,
             planner.cached_reads,
-        )  # fmt: skip
+        )
         probabilities = tuple(judgment[question_id].probabilities.values())
         return probabilities, judgment.diagnostics[question_id].off_menu_mass, judgment.usage
 

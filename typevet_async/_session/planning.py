@@ -106,9 +106,18 @@ class Planner:
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def bind(question: Question, rotation: int) -> QuestionPlan:
             return bind_question(
-                question, layout, control_ids, limit, is_special, rotation, controls, leads,
-                self._codes, settings.noul_controls, settings.score_controls,
-            )  # fmt: skip
+                question,
+                layout,
+                control_ids,
+                limit,
+                is_special,
+                rotation,
+                controls,
+                leads,
+                self._codes,
+                settings.noul_controls,
+                settings.score_controls,
+            )
 
         @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
         def question_runs(question: Question) -> frozenset[str]:

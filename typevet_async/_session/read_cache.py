@@ -279,8 +279,12 @@ class CachedReads:
             raise
         except Exception as error:
             kind = type(error).__name__  # its type only: a store's message may quote a value
-            log.warning("the read cache %r failed to get a read (%s); reading it", self.cache,
-                        kind, extra={"error_type": kind})  # fmt: skip
+            log.warning(
+                "the read cache %r failed to get a read (%s); reading it",
+                self.cache,
+                kind,
+                extra={"error_type": kind},
+            )
             return None
         # A value this request may not use (corrupt, foreign, another request's) is a miss:
         # the read made now replaces it.
@@ -300,5 +304,9 @@ class CachedReads:
         except Exception as error:
             kind = type(error).__name__
             telemetry.cache_store_failed(1, kind)
-            log.warning("the read cache %r failed to store a read: %s", self.cache, kind,
-                        extra={"error_type": kind, "reads": 1})  # fmt: skip
+            log.warning(
+                "the read cache %r failed to store a read: %s",
+                self.cache,
+                kind,
+                extra={"error_type": kind, "reads": 1},
+            )

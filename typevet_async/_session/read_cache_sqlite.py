@@ -438,8 +438,11 @@ class SqliteReadCache(AsyncResource):
             telemetry.cache_store_failed(stores, kind)
             log.warning(
                 "the read cache %r failed to store %d read(s): %s",
-                self, stores, kind, extra={"error_type": kind, "reads": stores},
-            )  # fmt: skip
+                self,
+                stores,
+                kind,
+                extra={"error_type": kind, "reads": stores},
+            )
 
     async def entries(self) -> int:
         """The rows the file holds now (all processes'), once this object's stores so far

@@ -187,9 +187,13 @@ class Session(SessionFactories, AsyncResource):
         """
         checked = self._checked_questions(questions)
         options = ReadOptions.for_call(
-            self._settings, off_menu_threshold=UNSET, raise_off_menu=UNSET,
-            permutations=permutations, label_prior=label_prior, calibration=calibration,
-        )  # fmt: skip
+            self._settings,
+            off_menu_threshold=UNSET,
+            raise_off_menu=UNSET,
+            permutations=permutations,
+            label_prior=label_prior,
+            calibration=calibration,
+        )
         readings = question_readings(checked, options, self._settings)
         probe = await self.probe()
         pins = served_pins(self._backend, probe, checked, self._settings)
@@ -254,9 +258,12 @@ class Session(SessionFactories, AsyncResource):
         settings = self._settings
         state_text = render_state(state)
         shown = check_judgment_images(
-            images, question_images, checked,
-            max_images=settings.max_images, max_bytes=settings.max_image_bytes,
-        )  # fmt: skip
+            images,
+            question_images,
+            checked,
+            max_images=settings.max_images,
+            max_bytes=settings.max_image_bytes,
+        )
         options = ReadOptions.for_call(
             settings,
             off_menu_threshold=off_menu_threshold,
@@ -343,16 +350,25 @@ class Session(SessionFactories, AsyncResource):
         check_requested_model(self._backend.model, model)
         checked = self._checked_questions(questions)
         batch = BatchOptions.for_call(
-            self._settings, max_in_flight=max_in_flight, window=window, ordered=ordered,
-            fail_fast=fail_fast, on_progress=on_progress,
-        )  # fmt: skip
+            self._settings,
+            max_in_flight=max_in_flight,
+            window=window,
+            ordered=ordered,
+            fail_fast=fail_fast,
+            on_progress=on_progress,
+        )
         check_argument("record_timeout", record_timeout, optional(positive_number))
         # Resolved here, at the call, once: not at the first record, nor for every record.
         options = ReadOptions.for_call(
-            self._settings, off_menu_threshold=off_menu_threshold, raise_off_menu=raise_off_menu,
-            max_retries=max_retries, timeout=record_timeout, permutations=permutations,
-            label_prior=label_prior, calibration=calibration,
-        )  # fmt: skip
+            self._settings,
+            off_menu_threshold=off_menu_threshold,
+            raise_off_menu=raise_off_menu,
+            max_retries=max_retries,
+            timeout=record_timeout,
+            permutations=permutations,
+            label_prior=label_prior,
+            calibration=calibration,
+        )
         given = (max_in_flight is not UNSET, window is not UNSET)
         return self._stream(records, checked, batch, options, given)
 
@@ -374,13 +390,23 @@ class Session(SessionFactories, AsyncResource):
             return batch_options(self._backend, batch, given=given)
 
         coalescer = Coalescer(
-            self._backend, self._slots, self.probe, self._require_open, checked, options,
+            self._backend,
+            self._slots,
+            self.probe,
+            self._require_open,
+            checked,
+            options,
             lambda state, o: self._judge_checked(state, render_state(state), checked, NO_IMAGES, o),
-        )  # fmt: skip
+        )
         return judge_stream(
-            records, coalescer.judge, batch, ordered=batch.ordered, fail_fast=batch.fail_fast,
-            on_progress=batch.on_progress, prepare=probe_once,
-        )  # fmt: skip
+            records,
+            coalescer.judge,
+            batch,
+            ordered=batch.ordered,
+            fail_fast=batch.fail_fast,
+            on_progress=batch.on_progress,
+            prepare=probe_once,
+        )
 
     def _checked_questions(
         self, questions: Mapping[str, Question]

@@ -207,9 +207,14 @@ def _resolve_model(args: argparse.Namespace) -> None:
     path = Path(given)
     try:
         reason = (
-            "is empty" if not given else None if path.is_file() else
-            "is a directory" if path.is_dir() else "does not exist"
-        )  # fmt: skip
+            "is empty"
+            if not given
+            else None
+            if path.is_file()
+            else "is a directory"
+            if path.is_dir()
+            else "does not exist"
+        )
     except OSError as error:  # a name too long for the file system, say
         reason = f"cannot be read ({error.strerror or error})"
     if reason is not None:

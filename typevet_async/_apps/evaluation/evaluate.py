@@ -69,18 +69,25 @@ async def evaluate(
         questions, permutations=permutations, label_prior=label_prior, calibration=calibration
     )
     evaluation = Evaluation(
-        checked, plan.pins, plan.readings, plan.calibration,
+        checked,
+        plan.pins,
+        plan.readings,
+        plan.calibration,
         {question_id: QuestionReads() for question_id, _ in checked},
-    )  # fmt: skip
+    )
     path = None if out is None else Path(out)
     done: set[str] = set()
     resumable = Resumable() if path is None else _prepare(evaluation, path, resume, done)
     pending = _Pending(checked, done)
     stream = session.judge_many(
-        pending.records(records), questions, max_in_flight=max_in_flight,
-        on_progress=on_progress, permutations=plan.permutations,
-        label_prior=plan.label_prior, calibration=plan.calibration,
-    )  # fmt: skip
+        pending.records(records),
+        questions,
+        max_in_flight=max_in_flight,
+        on_progress=on_progress,
+        permutations=plan.permutations,
+        label_prior=plan.label_prior,
+        calibration=plan.calibration,
+    )
     sink = None if path is None else open_to_continue(path, resumable)
     with sink if sink is not None else contextlib.nullcontext():
         async with contextlib.aclosing(stream):

@@ -242,15 +242,28 @@ class Evaluation:
             data = reads.labelled()
             confidence, correct = metrics.confidence_and_correct(data.probabilities, data.gold)
             figures = (
-                (reliability, "reliability diagram", functools.partial(
-                    _report.reliability_png, bins_width, folder / reliability,
-                    title=f"{question_id}: reliability",
-                )),
-                (histogram, "confidence histogram", functools.partial(
-                    _report.confidence_png, confidence, correct, folder / histogram,
-                    title=f"{question_id}: confidence",
-                )),
-            )  # fmt: skip
+                (
+                    reliability,
+                    "reliability diagram",
+                    functools.partial(
+                        _report.reliability_png,
+                        bins_width,
+                        folder / reliability,
+                        title=f"{question_id}: reliability",
+                    ),
+                ),
+                (
+                    histogram,
+                    "confidence histogram",
+                    functools.partial(
+                        _report.confidence_png,
+                        confidence,
+                        correct,
+                        folder / histogram,
+                        title=f"{question_id}: confidence",
+                    ),
+                ),
+            )
             for name, what, draw in figures:
                 try:  # a figure that fails costs that figure, never the report
                     draw()

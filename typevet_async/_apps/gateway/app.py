@@ -103,9 +103,13 @@ async def _access(
     with telemetry.server_span(
         f"{request.method} {route}",
         _trace_carrier(request, state.config),
-        {"http.request.method": request.method, "http.route": route, "url.path": request.path,
-         "typevet.request_id": request_id},
-    ) as span:  # fmt: skip
+        {
+            "http.request.method": request.method,
+            "http.route": route,
+            "url.path": request.path,
+            "typevet.request_id": request_id,
+        },
+    ) as span:
         try:
             response = await handler(request)
             status = response.status
@@ -256,11 +260,13 @@ async def _judged(
         if state.metrics is not None:
             state.metrics.errors.labels("ShutdownCutOff").inc()
         return error_response(
-            503, ["server"],
+            503,
+            ["server"],
             f"the gateway shut down before the judgment ended (it waits "
             f"{config.shutdown_timeout}s for in-flight requests): retry elsewhere or later",
-            "unavailable", headers={"Retry-After": "1", "Connection": "close"},
-        )  # fmt: skip
+            "unavailable",
+            headers={"Retry-After": "1", "Connection": "close"},
+        )
     except TimeoutError as error:
         if held is not None:  # cut by a timeout (ours or the SDK's): it held its slot all along
             state.held_since(held)
@@ -269,10 +275,11 @@ async def _judged(
         if state.metrics is not None:
             state.metrics.errors.labels("Timeout").inc()
         return error_response(
-            504, ["server"],
+            504,
+            ["server"],
             f"the request outlived the gateway's {config.request_deadline}s deadline",
             "timeout",
-        )  # fmt: skip
+        )
     except tv.TypevetError as error:
         return sdk_error_response(state.metrics, error)
     finally:
@@ -344,8 +351,11 @@ async def _probe_until_ready(app: web.Application) -> None:
             log.log(
                 logging.ERROR if refused else logging.WARNING,
                 "probe %s, retrying in %.1fs: %s: %s",
-                "refused (not ready)" if refused else "failed", wait, type(error).__name__, error,
-            )  # fmt: skip
+                "refused (not ready)" if refused else "failed",
+                wait,
+                type(error).__name__,
+                error,
+            )
             await asyncio.sleep(wait)
             wait = min(wait * 2, max(_PROBE_BACKOFF_MAX, state.config.probe_interval))
             continue

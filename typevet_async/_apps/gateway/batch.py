@@ -111,15 +111,18 @@ def decode_batch(
     body = decompress(raw, encoding, budget, clock)
     if media_type(content_type).startswith("multipart/"):
         return error_response(
-            415, ["header", "content-type"],
+            415,
+            ["header", "content-type"],
             "a batch is JSON (application/json): it carries no images",
             "unsupported_media_type",
-        )  # fmt: skip
+        )
     data = json_within_budget(body, budget, clock)
     batch = batch_from_system_one(
-        data, max_states=config.batch_cap(), max_questions=config.max_questions,
+        data,
+        max_states=config.batch_cap(),
+        max_questions=config.max_questions,
         served_models=() if served_model is None else (served_model,),
-    )  # fmt: skip
+    )
     clock.check()
     return batch
 
@@ -135,10 +138,11 @@ async def _judged(
     # states given a slot, and when; one that never started gives it back here
     handed: dict[int, float] = {}
     missing = batch_item_error(
-        504, "timeout",
+        504,
+        "timeout",
         f"the batch outlived the gateway's {config.request_deadline}s deadline before this "
         "state was judged",
-    )  # fmt: skip
+    )
     # the slot times of the states judging when a cancellation came: the deadline's cut counts
     # them as work (they held their slots all along), a shutdown or a client gone does not
     cut: list[float] = []
@@ -178,9 +182,10 @@ async def _judged(
             raise
         task.uncancel()
         missing = batch_item_error(
-            503, "unavailable",
+            503,
+            "unavailable",
             "the gateway shut down before this state was judged: retry elsewhere or later",
-        )  # fmt: skip
+        )
     finally:
         for index, held in handed.items():
             if index not in started:

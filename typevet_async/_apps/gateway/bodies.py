@@ -67,9 +67,12 @@ async def read_raw(request: web.Request, cap: int, body_timeout: float) -> bytes
         return too_large
     except TimeoutError:
         return error_response(
-            408, ["body"], f"the body did not arrive within {body_timeout:g} s", "timeout",
+            408,
+            ["body"],
+            f"the body did not arrive within {body_timeout:g} s",
+            "timeout",
             headers={"Connection": "close"},
-        )  # fmt: skip
+        )
 
 
 def decode_request(
@@ -96,22 +99,29 @@ def decode_request(
     media = media_type(content_type)
     if media == "multipart/form-data":
         call = request_from_system_one_multipart(
-            body, content_type, budget=budget, clock=clock, max_assets=config.max_assets,
-            max_questions=config.max_questions, served_models=served,
-        )  # fmt: skip
+            body,
+            content_type,
+            budget=budget,
+            clock=clock,
+            max_assets=config.max_assets,
+            max_questions=config.max_questions,
+            served_models=served,
+        )
     elif media.startswith("multipart/"):
         return error_response(
-            415, ["header", "content-type"],
-            f"Content-Type {media!r} is not accepted: send application/json or "
-            "multipart/form-data",
+            415,
+            ["header", "content-type"],
+            f"Content-Type {media!r} is not accepted: send application/json or multipart/form-data",
             "unsupported_media_type",
-        )  # fmt: skip
+        )
     else:
         data = json_within_budget(body, budget, clock)
         call = request_from_system_one(
-            data, max_assets=config.max_assets, max_questions=config.max_questions,
+            data,
+            max_assets=config.max_assets,
+            max_questions=config.max_questions,
             served_models=served,
-        )  # fmt: skip
+        )
     clock.check()
     return call, [tv.Image.from_bytes(image, mime) for mime, image in call.images]
 

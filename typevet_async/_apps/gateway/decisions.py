@@ -71,10 +71,11 @@ def decode_decisions(
     media = media_type(content_type)
     if media.startswith("multipart/"):
         return error_response(
-            415, ["header", "content-type"],
+            415,
+            ["header", "content-type"],
             f"Content-Type {media!r} is not accepted here: send application/json",
             "unsupported_media_type",
-        )  # fmt: skip
+        )
     body = decompress(raw, encoding, budget, clock)
     data = json_within_budget(body, budget, clock, DecisionsValidationError)
     call = request_from_decisions(data, max_questions=config.max_questions)
@@ -107,9 +108,13 @@ async def handle_decisions(request: web.Request, judged: Judged, shed: Shed) -> 
         state.metrics.reads.inc(judgment.usage.reads)
     model = state.served_model or served_model(session) or call.model
     body = response_to_decisions(
-        call, judgment.answers, model, refused=refused_questions(judgment),
-        prompt_tokens=judgment.usage.prompt_tokens, cached_tokens=judgment.usage.cached_tokens,
-    )  # fmt: skip
+        call,
+        judgment.answers,
+        model,
+        refused=refused_questions(judgment),
+        prompt_tokens=judgment.usage.prompt_tokens,
+        cached_tokens=judgment.usage.cached_tokens,
+    )
     return json_response(200, body)
 
 
@@ -143,11 +148,19 @@ def openai_error(status: int, detail: Any) -> dict[str, Any]:
     if isinstance(detail, list) and detail and all(isinstance(d, dict) for d in detail):
         problems = [f"{_param(d.get('loc', [])) or 'body'}: {d.get('msg')}" for d in detail]
         first = detail[0]
-        return {"message": "; ".join(problems), "type": kind,
-                "param": _param(first.get("loc", [])), "code": first.get("type")}  # fmt: skip
+        return {
+            "message": "; ".join(problems),
+            "type": kind,
+            "param": _param(first.get("loc", [])),
+            "code": first.get("type"),
+        }
     if isinstance(detail, dict):
-        return {"message": str(detail.get("message")), "type": kind, "param": None,
-                "code": detail.get("error_type")}  # fmt: skip
+        return {
+            "message": str(detail.get("message")),
+            "type": kind,
+            "param": None,
+            "code": detail.get("error_type"),
+        }
     return {"message": f"HTTP {status}", "type": kind, "param": None, "code": None}
 
 

@@ -292,9 +292,12 @@ def _claim_part(
     fmt = _part_format(part.data)
     if fmt is None:
         return validation_detail(
-            loc, f"part {part_name!r} is not a PNG or JPEG image", "enum", part.content_type,
+            loc,
+            f"part {part_name!r} is not a PNG or JPEG image",
+            "enum",
+            part.content_type,
             {"expected": "'png', 'jpg' or 'jpeg'"},
-        )  # fmt: skip
+        )
     return {
         "type": asset.get("type", "image"),
         "format": fmt,

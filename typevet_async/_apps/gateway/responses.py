@@ -125,9 +125,12 @@ def shed_response(state: GatewayState, judgments: int) -> web.Response | None:
     wait = state.retry_after(judgments)
     retry = {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(round(wait * 1000))}
     return error_response(
-        429, ["server"], f"too many requests in flight: retry in {wait:.2f} s",
-        "rate_limited", headers=retry,
-    )  # fmt: skip
+        429,
+        ["server"],
+        f"too many requests in flight: retry in {wait:.2f} s",
+        "rate_limited",
+        headers=retry,
+    )
 
 
 def extension(judgment: tv.Judgment) -> dict[str, Any]:

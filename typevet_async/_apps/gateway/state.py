@@ -68,16 +68,22 @@ class Metrics:
         p = prometheus_client
         return cls(
             requests=p.Counter(
-                "typevet_gateway_requests", "Requests by route and status", ["route", "status"],
+                "typevet_gateway_requests",
+                "Requests by route and status",
+                ["route", "status"],
                 registry=registry,
             ),
             latency=p.Histogram(
-                "typevet_gateway_request_seconds", "Request latency by route", ["route"],
+                "typevet_gateway_request_seconds",
+                "Request latency by route",
+                ["route"],
                 registry=registry,
                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             ),
             errors=p.Counter(
-                "typevet_gateway_errors", "Failed judgments by error type", ["type"],
+                "typevet_gateway_errors",
+                "Failed judgments by error type",
+                ["type"],
                 registry=registry,
             ),
             reads=p.Counter(
@@ -90,7 +96,7 @@ class Metrics:
                 "typevet_gateway_batch_states", "States received in batches", registry=registry
             ),
             registry=registry,
-        )  # fmt: skip
+        )
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics in Prometheus' text format, and its content type."""

@@ -247,9 +247,15 @@ def bind_question(
     _check_candidates(len(options), reads, max_candidates)
     field_block = None if layout.is_jev else render_field_block(question, bound, is_special)
     return QuestionPlan(
-        question, layout, bound, variants if any(variants) else (), field_block, order, lead,
+        question,
+        layout,
+        bound,
+        variants if any(variants) else (),
+        field_block,
+        order,
+        lead,
         example_turns(question, bound, field_block, is_special),
-    )  # fmt: skip
+    )
 
 
 def _bind_words(
@@ -484,6 +490,11 @@ def plan_question(
         raise
     frame = None if family is None else GEMMA_FRAMES[family]
     return request_for(
-        question_id, plan, state_text, frame=frame, images=images, media_marker=media_marker,
+        question_id,
+        plan,
+        state_text,
+        frame=frame,
+        images=images,
+        media_marker=media_marker,
         question_images=question_images,
-    )  # fmt: skip
+    )

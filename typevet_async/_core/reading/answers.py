@@ -141,22 +141,29 @@ def build_answer(question: Question, probabilities: Sequence[float]) -> Answer:
     if isinstance(question, Noul):
         p_false, p_true = probabilities
         return NoulAnswer(
-            p_true, {"false": p_false, "true": p_true}, choice_confidence(probabilities),
+            p_true,
+            {"false": p_false, "true": p_true},
+            choice_confidence(probabilities),
             entropy_confidence=entropy,
-        )  # fmt: skip
+        )
     if isinstance(question, Choice):
         best = max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
         labels = question.labels
         return ChoiceAnswer(
-            labels[best], dict(zip(labels, probabilities, strict=True)),
-            choice_confidence(probabilities), entropy_confidence=entropy,
-        )  # fmt: skip
+            labels[best],
+            dict(zip(labels, probabilities, strict=True)),
+            choice_confidence(probabilities),
+            entropy_confidence=entropy,
+        )
     assert isinstance(question, Score)
     expected = math.fsum(level * p for level, p in enumerate(probabilities))
     return ScoreAnswer(
-        expected, dict(enumerate(probabilities)), question.levels,
-        score_confidence(probabilities), entropy_confidence=entropy,
-    )  # fmt: skip
+        expected,
+        dict(enumerate(probabilities)),
+        question.levels,
+        score_confidence(probabilities),
+        entropy_confidence=entropy,
+    )
 
 
 @attrs.frozen

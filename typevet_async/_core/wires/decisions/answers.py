@@ -46,10 +46,18 @@ def _question(question_id: str, question: Question) -> dict[str, Any]:
             | ({"description": option.description} if option.description else {})
             for option in question.options()
         ]
-        return {"type": "choice", "name": question_id, "instructions": question.instructions,
-                "choices": choices}  # fmt: skip
-    return {"type": "score", "name": question_id, "instructions": question.instructions,
-            "levels": [{"label": level} for level in question.levels]}  # fmt: skip
+        return {
+            "type": "choice",
+            "name": question_id,
+            "instructions": question.instructions,
+            "choices": choices,
+        }
+    return {
+        "type": "score",
+        "name": question_id,
+        "instructions": question.instructions,
+        "levels": [{"label": level} for level in question.levels],
+    }
 
 
 def _input(state: Any) -> Any:
@@ -111,8 +119,9 @@ def _sent(question_id: str, question: Question, sent: DecisionsAnswer) -> System
     if any(not isinstance(key, str) for key, _ in sent.probabilities):
         raise ProtocolError(f"/v1/decisions: answer {question_id!r}: a value not sent")
     if kind == "choice":
-        return SystemOneAnswer("choice", dict(sent.probabilities), choice=sent.choice,
-                               confidence=sent.confidence)  # fmt: skip
+        return SystemOneAnswer(
+            "choice", dict(sent.probabilities), choice=sent.choice, confidence=sent.confidence
+        )
     levels = {level: str(n) for n, level in enumerate(getattr(question, "levels", ()))}
     by_level = {levels.get(label, label): p for label, p in sent.probabilities}
     score = None if sent.score is None else sent.score - sent.first_level

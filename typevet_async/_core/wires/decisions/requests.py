@@ -38,11 +38,14 @@ _MAX_LEVELS: Final = 255
 
 #: The body's fields; any other is refused (a misspelt option would otherwise do nothing).
 _FIELDS: Final = frozenset(
-    {"model", "input", "questions", "prompt_cache_key", "prompt_cache_options",
-     "safety_identifier"}
-)  # fmt: skip
-_IMAGE_TYPES: Final = {"image/png": "image/png", "image/jpeg": "image/jpeg",
-                       "image/jpg": "image/jpeg", "image/webp": "image/webp"}  # fmt: skip
+    {"model", "input", "questions", "prompt_cache_key", "prompt_cache_options", "safety_identifier"}
+)
+_IMAGE_TYPES: Final = {
+    "image/png": "image/png",
+    "image/jpeg": "image/jpeg",
+    "image/jpg": "image/jpeg",
+    "image/webp": "image/webp",
+}
 
 Loc = list[str | int]
 Detail = list[dict[str, Any]]
@@ -100,10 +103,11 @@ class _Parts:
         if not (url.startswith("data:") and head.endswith(";base64") and comma):
             self.detail.append(
                 validation_detail(
-                    [*loc, "image_url"], "only base64 data URLs are read: the gateway fetches "
-                    "no URL", "unsupported",
+                    [*loc, "image_url"],
+                    "only base64 data URLs are read: the gateway fetches no URL",
+                    "unsupported",
                 )
-            )  # fmt: skip
+            )
             return ""
         try:
             raw = base64.b64decode(data, validate=True)
@@ -112,10 +116,11 @@ class _Parts:
         if mime not in _IMAGE_TYPES or not raw:
             self.detail.append(
                 validation_detail(
-                    [*loc, "image_url"], "a non-empty base64 PNG, JPEG or WebP data URL",
+                    [*loc, "image_url"],
+                    "a non-empty base64 PNG, JPEG or WebP data URL",
                     "value_error",
                 )
-            )  # fmt: skip
+            )
             return ""
         self.images.append((_IMAGE_TYPES[mime], raw))
         return f"[image {self.shown_before + len(self.images)}]"
@@ -171,8 +176,10 @@ _ROLE_PARTS: Final = {
 }
 #: Tool items: each output's type, and the call type it must answer.
 _CALLS: Final = {"function_call": "arguments", "custom_tool_call": "input"}
-_OUTPUTS: Final = {"function_call_output": "function_call",
-                   "custom_tool_call_output": "custom_tool_call"}  # fmt: skip
+_OUTPUTS: Final = {
+    "function_call_output": "function_call",
+    "custom_tool_call_output": "custom_tool_call",
+}
 
 
 def _item(item: Any, loc: Loc, parts: _Parts, calls: set[tuple[str, str]]) -> Any:
@@ -186,12 +193,15 @@ def _item(item: Any, loc: Loc, parts: _Parts, calls: set[tuple[str, str]]) -> An
         role = item.get("role")
         if role not in _ROLE_PARTS:
             parts.detail.append(
-                validation_detail([*loc, "role"], "user, developer, system or assistant",
-                                  "value_error", role)
-            )  # fmt: skip
+                validation_detail(
+                    [*loc, "role"], "user, developer, system or assistant", "value_error", role
+                )
+            )
             return None
-        return {"role": role, "content": parts.text(item.get("content"), [*loc, "content"],
-                                                    _ROLE_PARTS[role])}  # fmt: skip
+        return {
+            "role": role,
+            "content": parts.text(item.get("content"), [*loc, "content"], _ROLE_PARTS[role]),
+        }
     call_id = item.get("call_id")
     if not isinstance(call_id, str) or not call_id:
         parts.detail.append(validation_detail([*loc, "call_id"], "a non-empty string", "missing"))
@@ -199,17 +209,24 @@ def _item(item: Any, loc: Loc, parts: _Parts, calls: set[tuple[str, str]]) -> An
     if kind in _CALLS:
         fields = {name: item.get(name) for name in ("name", _CALLS[kind])}
         if not all(isinstance(value, str) for value in fields.values()):
-            parts.detail.append(validation_detail(loc, f"{kind}: name and {_CALLS[kind]} are "
-                                                  "strings", "value_error"))  # fmt: skip
+            parts.detail.append(
+                validation_detail(
+                    loc, f"{kind}: name and {_CALLS[kind]} are strings", "value_error"
+                )
+            )
             return None
         calls.add((kind, call_id))
         return {"type": kind, "call_id": call_id, **fields}
     if kind in _OUTPUTS:
         if (_OUTPUTS[kind], call_id) not in calls:
             parts.detail.append(
-                validation_detail([*loc, "call_id"], f"no earlier {_OUTPUTS[kind]} has this "
-                                  "call_id", "value_error", call_id)
-            )  # fmt: skip
+                validation_detail(
+                    [*loc, "call_id"],
+                    f"no earlier {_OUTPUTS[kind]} has this call_id",
+                    "value_error",
+                    call_id,
+                )
+            )
             return None
         output = parts.text(item.get("output"), [*loc, "output"], _OUTPUT_PARTS)
         return {"type": kind, "call_id": call_id, "output": output}
@@ -248,10 +265,14 @@ def _choice(raw: dict[str, Any], loc: Loc, instructions: str, detail: Detail) ->
     if not isinstance(choices, list) or not 2 <= len(choices) <= MAX_CHOICES:
         count = len(choices) if isinstance(choices, list) else choices
         detail.append(
-            validation_detail([*loc, "choices"], f"between 2 and {MAX_CHOICES} choices",
-                              "too_long" if isinstance(count, int) else "missing", count,
-                              {"min_length": 2, "max_length": MAX_CHOICES})
-        )  # fmt: skip
+            validation_detail(
+                [*loc, "choices"],
+                f"between 2 and {MAX_CHOICES} choices",
+                "too_long" if isinstance(count, int) else "missing",
+                count,
+                {"min_length": 2, "max_length": MAX_CHOICES},
+            )
+        )
         return None
     criteria: dict[str, str | None] = {}
     typed: dict[str, str | bool] = {}
@@ -270,12 +291,17 @@ def _choice(raw: dict[str, Any], loc: Loc, instructions: str, detail: Detail) ->
         label = choice_label(value)
         if label in typed:
             same = typed[label] == value and type(typed[label]) is type(value)
-            detail.append(validation_detail(
-                [*loc, "choices", n, "value"],
-                "each choice must be unique" if same else f"{typed[label]!r} and {value!r} "
-                "read the same to the model (a boolean is shown as true / false)",
-                "value_error", value,
-            ))  # fmt: skip
+            detail.append(
+                validation_detail(
+                    [*loc, "choices", n, "value"],
+                    "each choice must be unique"
+                    if same
+                    else f"{typed[label]!r} and {value!r} "
+                    "read the same to the model (a boolean is shown as true / false)",
+                    "value_error",
+                    value,
+                )
+            )
             return None
         typed[label] = value
         criteria[label] = description
@@ -285,8 +311,11 @@ def _choice(raw: dict[str, Any], loc: Loc, instructions: str, detail: Detail) ->
 def _score(raw: dict[str, Any], loc: Loc, instructions: str, detail: Detail) -> Score | None:
     levels = raw.get("levels")
     if not isinstance(levels, list) or not 2 <= len(levels) <= _MAX_LEVELS:
-        detail.append(validation_detail([*loc, "levels"], f"between 2 and {_MAX_LEVELS} "
-                                        "levels", "value_error"))  # fmt: skip
+        detail.append(
+            validation_detail(
+                [*loc, "levels"], f"between 2 and {_MAX_LEVELS} levels", "value_error"
+            )
+        )
         return None
     texts: list[str] = []
     for n, level in enumerate(levels):
@@ -314,8 +343,9 @@ def _question(raw: Any, loc: Loc, parts: _Parts) -> Question | None:
     kind = raw.get("type")
     instructions = parts.text(raw.get("instructions"), [*loc, "instructions"], _INSTRUCTION_PARTS)
     if kind not in ("predicate", "choice", "score"):
-        detail.append(validation_detail([*loc, "type"], "predicate, choice or score",
-                                        "value_error", kind))  # fmt: skip
+        detail.append(
+            validation_detail([*loc, "type"], "predicate, choice or score", "value_error", kind)
+        )
         return None
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
@@ -342,14 +372,14 @@ def _top_level(data: dict[Any, Any], detail: Detail) -> None:
     has its own prompt cache, and no end-user identifier to scope)."""
     for name in data:
         if name not in _FIELDS:
-            detail.append(validation_detail(["body", str(name)], "an unknown parameter",
-                                            "unknown_parameter"))  # fmt: skip
+            detail.append(
+                validation_detail(["body", str(name)], "an unknown parameter", "unknown_parameter")
+            )
     for name in ("prompt_cache_key", "safety_identifier"):
         if not isinstance(data.get(name), str | None):
             detail.append(validation_detail(["body", name], "a string", "string_type"))
     if not isinstance(data.get("prompt_cache_options"), dict | None):
-        detail.append(validation_detail(["body", "prompt_cache_options"], "an object",
-                                        "dict_type"))  # fmt: skip
+        detail.append(validation_detail(["body", "prompt_cache_options"], "an object", "dict_type"))
 
 
 def request_from_decisions(data: Any, *, max_questions: int = MAX_QUESTIONS) -> DecisionsCall:
@@ -374,9 +404,15 @@ def request_from_decisions(data: Any, *, max_questions: int = MAX_QUESTIONS) -> 
     limit = min(max_questions, MAX_QUESTIONS)
     if not isinstance(raw_questions, list) or not 1 <= len(raw_questions) <= limit:
         count = len(raw_questions) if isinstance(raw_questions, list) else None
-        detail.append(validation_detail(["body", "questions"], f"between 1 and {limit} "
-                                        "questions", "too_long" if count else "missing", count,
-                                        {"min_length": 1, "max_length": limit}))  # fmt: skip
+        detail.append(
+            validation_detail(
+                ["body", "questions"],
+                f"between 1 and {limit} questions",
+                "too_long" if count else "missing",
+                count,
+                {"min_length": 1, "max_length": limit},
+            )
+        )
         raise DecisionsValidationError(detail)
     input_images = tuple(parts.images)
     questions: dict[str, Question] = {}
@@ -392,14 +428,23 @@ def request_from_decisions(data: Any, *, max_questions: int = MAX_QUESTIONS) -> 
         raise DecisionsValidationError(detail)
     assert isinstance(model, str)
     return DecisionsCall(
-        model, state, questions,
+        model,
+        state,
+        questions,
         names=tuple(raw.get("name") for raw in raw_questions),
-        values={qid: tuple(_typed_values(raw_questions[int(qid)])) for qid, q in
-                questions.items() if isinstance(q, Choice)},
-        levels={qid: tuple(level["label"] for level in raw_questions[int(qid)]["levels"])
-                for qid, q in questions.items() if isinstance(q, Score)},
-        images=input_images, question_images=own,
-    )  # fmt: skip
+        values={
+            qid: tuple(_typed_values(raw_questions[int(qid)]))
+            for qid, q in questions.items()
+            if isinstance(q, Choice)
+        },
+        levels={
+            qid: tuple(level["label"] for level in raw_questions[int(qid)]["levels"])
+            for qid, q in questions.items()
+            if isinstance(q, Score)
+        },
+        images=input_images,
+        question_images=own,
+    )
 
 
 def _typed_values(raw: dict[str, Any]) -> list[str | bool]:

@@ -30,22 +30,27 @@ def _answer(call: DecisionsCall, qid: str, answer: Any, name: str | None) -> dic
         values = call.values[qid]
         best = list(answer.probabilities).index(answer.choice)
         return {
-            "type": "choice", "name": name, "choice": values[best],
+            "type": "choice",
+            "name": name,
+            "choice": values[best],
             "confidence": answer.confidence,
             "probabilities": [
                 {"value": value, "probability": p}
                 for value, p in zip(values, probabilities, strict=True)
             ],
-        }  # fmt: skip
+        }
     assert isinstance(answer, ScoreAnswer)
     labels = call.levels[qid]
     return {
-        "type": "score", "name": name, "score": answer.score, "confidence": answer.confidence,
+        "type": "score",
+        "name": name,
+        "score": answer.score,
+        "confidence": answer.confidence,
         "probabilities": [
             {"label": label, "value": level, "probability": p}
             for level, (label, p) in enumerate(zip(labels, probabilities, strict=True))
         ],
-    }  # fmt: skip
+    }
 
 
 def response_to_decisions(

@@ -90,17 +90,21 @@ def batch_from_system_one(
         if name in data:
             detail.append(
                 validation_detail(
-                    ["body", name], "a batch takes states (a list), not one state",
-                    "extra_forbidden", None,
+                    ["body", name],
+                    "a batch takes states (a list), not one state",
+                    "extra_forbidden",
+                    None,
                 )
-            )  # fmt: skip
+            )
     if data.get("assets"):
         detail.append(
             validation_detail(
-                ["body", "assets"], "a batch carries no assets: send images through "
-                "/v1/systemone", "unsupported", None,
+                ["body", "assets"],
+                "a batch carries no assets: send images through /v1/systemone",
+                "unsupported",
+                None,
             )
-        )  # fmt: skip
+        )
     states = _states(data.get("states"), max_states, detail)
     shared = {"model": data.get("model"), "state": "", "questions": data.get("questions")}
     try:
@@ -124,18 +128,24 @@ def _states(raw: Any, max_states: int, detail: list[dict[str, Any]]) -> list[Any
     if not isinstance(raw, list) or not raw:
         detail.append(
             validation_detail(
-                ["body", "states"], "a non-empty list of states", "missing", None,
+                ["body", "states"],
+                "a non-empty list of states",
+                "missing",
+                None,
                 {"min_length": 1},
             )
-        )  # fmt: skip
+        )
         return []
     if len(raw) > max_states:
         detail.append(
             validation_detail(
-                ["body", "states"], f"at most {max_states} states a batch", "too_long",
-                len(raw), {"max_length": max_states},
+                ["body", "states"],
+                f"at most {max_states} states a batch",
+                "too_long",
+                len(raw),
+                {"max_length": max_states},
             )
-        )  # fmt: skip
+        )
         return []
     return raw
 

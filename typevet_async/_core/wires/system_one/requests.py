@@ -113,9 +113,12 @@ def _asset_image(name: str, asset: Any) -> tuple[str, bytes] | dict[str, Any]:
     mime = _IMAGE_FORMATS.get(str(asset.get("format", "")).lower())
     if asset.get("type", "image") != "image" or mime is None:
         return validation_detail(
-            [*loc, "format"], "an image asset needs a format of png, jpg or jpeg", "enum",
-            asset.get("format"), {"expected": "'png', 'jpg' or 'jpeg'"},
-        )  # fmt: skip
+            [*loc, "format"],
+            "an image asset needs a format of png, jpg or jpeg",
+            "enum",
+            asset.get("format"),
+            {"expected": "'png', 'jpg' or 'jpeg'"},
+        )
     data = asset.get("data_base64")
     try:
         raw = base64.b64decode(data, validate=True) if isinstance(data, str) else None
@@ -206,10 +209,12 @@ def _state(data: dict[Any, Any], detail: list[dict[str, Any]]) -> Any:
     if "state" in data and "document" in data:
         detail.append(
             validation_detail(
-                ["body", "document"], "give state or document (its alias), not both",
-                "value_error", None,
+                ["body", "document"],
+                "give state or document (its alias), not both",
+                "value_error",
+                None,
             )
-        )  # fmt: skip
+        )
         return None
     name = "document" if "document" in data else "state"
     state = data.get(name)
@@ -235,18 +240,24 @@ def _raw_questions(
     if not isinstance(raw, dict) or not raw:
         detail.append(
             validation_detail(
-                ["body", "questions"], "a non-empty object of name to question", "missing",
-                raw, {"min_length": 1},
+                ["body", "questions"],
+                "a non-empty object of name to question",
+                "missing",
+                raw,
+                {"min_length": 1},
             )
-        )  # fmt: skip
+        )
         return {}
     if max_questions is not None and len(raw) > max_questions:
         detail.append(
             validation_detail(
-                ["body", "questions"], f"at most {max_questions} questions a request",
-                "too_long", len(raw), {"max_length": max_questions},
+                ["body", "questions"],
+                f"at most {max_questions} questions a request",
+                "too_long",
+                len(raw),
+                {"max_length": max_questions},
             )
-        )  # fmt: skip
+        )
         return {}
     return raw
 
@@ -263,10 +274,13 @@ def _raw_assets(raw: Any, max_assets: int | None, detail: list[dict[str, Any]]) 
     if max_assets is not None and len(assets) > max_assets:
         detail.append(
             validation_detail(
-                ["body", "assets"], f"at most {max_assets} assets a request", "too_long",
-                len(assets), {"max_length": max_assets},
+                ["body", "assets"],
+                f"at most {max_assets} assets a request",
+                "too_long",
+                len(assets),
+                {"max_length": max_assets},
             )
-        )  # fmt: skip
+        )
         return {}
     return assets
 

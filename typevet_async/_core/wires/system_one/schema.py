@@ -91,35 +91,52 @@ def _mcp_extras() -> tuple[AnswerField, ...]:
 ANSWER_FIELDS: Final[Mapping[str, tuple[AnswerField, ...]]] = {
     "noul": (
         _tag("noul"),
-        AnswerField("noul", Value.PROBABILITY,
-                    "P(true): the probability that the answer is yes", read=True),
+        AnswerField(
+            "noul", Value.PROBABILITY, "P(true): the probability that the answer is yes", read=True
+        ),
         AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["noul"], wire=False),
         AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY, wire=False),
-        AnswerField("probabilities", Value.PROBABILITIES,
-                    '{"false": p, "true": p}, summing to 1', wire=False),
+        AnswerField(
+            "probabilities",
+            Value.PROBABILITIES,
+            '{"false": p, "true": p}, summing to 1',
+            wire=False,
+        ),
         *_mcp_extras(),
     ),
     "choice": (
         _tag("choice"),
         AnswerField("choice", Value.LABEL, "the most probable label (ties: the first)", read=True),
         AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["choice"], read=True),
-        AnswerField("probabilities", Value.PROBABILITIES,
-                    "every label's probability, in the options' order, summing to 1", read=True),
+        AnswerField(
+            "probabilities",
+            Value.PROBABILITIES,
+            "every label's probability, in the options' order, summing to 1",
+            read=True,
+        ),
         AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY, wire=False),
         *_mcp_extras(),
     ),
     "score": (
         _tag("score"),
-        AnswerField("score", Value.NUMBER,
-                    "the expected level, sum of i * p(i): 0 is the first level", read=True),
+        AnswerField(
+            "score",
+            Value.NUMBER,
+            "the expected level, sum of i * p(i): 0 is the first level",
+            read=True,
+        ),
         AnswerField("confidence", Value.PROBABILITY, _CONFIDENCE["score"], read=True),
         AnswerField("legend", Value.LEGEND, 'level index ("0", "1", ...) -> level'),
-        AnswerField("probabilities", Value.PROBABILITIES,
-                    'each level\'s probability by index ("0", "1", ...), summing to 1', read=True),
+        AnswerField(
+            "probabilities",
+            Value.PROBABILITIES,
+            'each level\'s probability by index ("0", "1", ...), summing to 1',
+            read=True,
+        ),
         AnswerField("x_entropy_confidence", Value.PROBABILITY, _ENTROPY, wire=False),
         *_mcp_extras(),
     ),
-}  # fmt: skip
+}
 
 #: A response's usage.
 USAGE_FIELDS: Final = (
