@@ -67,4 +67,6 @@ def test_a_core_module_importing_the_session_breaks_the_layers(tmp_path: Path) -
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "The layers: the applications over the public API" in result.stdout
-    assert "typevet_async._core.prompts.questions -> typevet_async._session.settings" in result.stdout
+    assert (
+        "typevet_async._core.prompts.questions -> typevet_async._session.settings" in result.stdout
+    )
