@@ -5,7 +5,7 @@ back to one request per state where the route is not offered.
 The server is our gateway in-process over the in-memory stub backend (real HTTP on
 localhost), counted by its own metrics; an older server (no batch route) is a small aiohttp app
 that proxies ``/v1/systemone`` to it and answers 404 on the batch route: a stub, as no real
-older server exists here. The real model path is tests/live/test_systemone_batch_live.py.
+older server exists here. The real model path is tests/live/test_system_one_batch_live.py.
 """
 
 from __future__ import annotations

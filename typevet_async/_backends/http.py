@@ -241,7 +241,7 @@ class HttpClient:
     ) -> bytes:
         """GET ``path``; the reply's body (a 2xx), retrying transient failures."""
         raw = await self._retrying("GET", path, None, max_retries, attempts, True)
-        await yield_if_busy(self._slice)  # before the caller decodes it (`_slicing`)
+        await yield_if_busy(self._slice)  # before the caller decodes it (`_concurrency.slicing`)
         return raw
 
     async def post(
@@ -269,7 +269,7 @@ class HttpClient:
         raw = await self._retrying(
             "POST", path, orjson.dumps(body), max_retries, attempts, retry_timeouts
         )
-        await yield_if_busy(self._slice)  # before the caller decodes it (`_slicing`)
+        await yield_if_busy(self._slice)  # before the caller decodes it (`_concurrency.slicing`)
         return raw
 
     async def _retrying(

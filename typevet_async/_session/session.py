@@ -381,7 +381,7 @@ class Session(SessionFactories, AsyncResource):
         given: tuple[bool, bool],
     ) -> BatchStream:
         """`judge_many`'s stream once its arguments are checked: the probe first (and the
-        batch's options for a server that takes batch requests, `_coalescing`), then each
+        batch's options for a server that takes batch requests, `coalescing`), then each
         record judged with the questions and options checked once."""
 
         async def probe_once() -> BatchOptions:

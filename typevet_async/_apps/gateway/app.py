@@ -22,7 +22,7 @@ from multidict import CIMultiDict
 
 import typevet_async as tv
 import typevet_async._telemetry as telemetry
-from typevet_async._apps.gateway.batch import systemone_batch
+from typevet_async._apps.gateway.batch import system_one_batch
 from typevet_async._apps.gateway.bodies import (
     decode_request,
     decoded_body,
@@ -197,7 +197,7 @@ async def _auth(
     return await handler(request)
 
 
-async def _systemone(request: web.Request) -> web.StreamResponse:
+async def _system_one(request: web.Request) -> web.StreamResponse:
     """Decode (off the loop), admit or shed, judge, answer."""
     state = request.app[STATE]
     session = request.app[SESSION]
@@ -395,8 +395,8 @@ def build_app(session: tv.Session, config: GatewayConfig | None = None) -> web.A
     )
     app.cleanup_ctx.append(_lifecycle)
     app.on_response_prepare.append(_send_request_id)
-    app.router.add_post("/v1/systemone", _systemone)
-    app.router.add_post(BATCH_PATH, systemone_batch)
+    app.router.add_post("/v1/systemone", _system_one)
+    app.router.add_post(BATCH_PATH, system_one_batch)
     app.router.add_post("/v1/decisions", _decisions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)

@@ -57,12 +57,12 @@ from typevet_async._core.wires.system_one import (
     response_to_system_one,
 )
 
-__all__ = ["decode_batch", "systemone_batch"]
+__all__ = ["decode_batch", "system_one_batch"]
 
 log = logging.getLogger("typevet_async.gateway")
 
 
-async def systemone_batch(request: web.Request) -> web.StreamResponse:
+async def system_one_batch(request: web.Request) -> web.StreamResponse:
     """Decode (off the loop), admit or shed by its states, judge each, answer in order."""
     state = request.app[STATE]
     session = request.app[SESSION]

@@ -1,4 +1,4 @@
-"""What the gateway answers: the System One error shapes, an SDK error as `_presenting` says
+"""What the gateway answers: the System One error shapes, an SDK error as `presenting` says
 (never an upstream's address), the request id every response carries and the response's
 extension.
 
