@@ -104,13 +104,12 @@ from typevet_async._options import UNSET, Unset
 from typevet_async._read_cache import MemoryReadCache, ReadCache, SqliteReadCache
 from typevet_async._session import Session
 from typevet_async._settings import SessionSettings
+from typevet_async._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:
     from typevet_async._evaluate import evaluate as evaluate
     from typevet_async._evaluation import Evaluation as Evaluation
     from typevet_async._ray import RayJudge as RayJudge
-
-__version__ = "0.1.0"
 
 
 #: Public names loaded when first named, from the module of an optional extra.

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from typevet_async._version import installed_version
+from typevet_async._version import __version__
 
 __all__ = [
     "CAPTURE_CONTENT",
@@ -136,7 +136,7 @@ class Instruments:
             self.off_menu = self.in_flight = self.slot_wait = self.cache = nothing
             self.cache_failures = nothing
             return
-        version = installed_version()
+        version = __version__
         tracer_provider, meter_provider = providers
         self.tracer = tracer_provider.get_tracer(SCOPE, version)
         meter = meter_provider.get_meter(SCOPE, version)
