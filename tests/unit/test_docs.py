@@ -80,7 +80,13 @@ def test_every_public_name_is_in_the_api_reference() -> None:
 # What a reader of the guides and README needs is what the SDK does today; which commit a
 # figure came from, which internal issue changed it and when it was run belong to the
 # benchmark pages (each names its commit and machine) and the CHANGELOG.
-USER_DOCS = ("README.md", "docs/index.md", "docs/architecture.md", "docs/guide/*.md")
+USER_DOCS = (
+    "README.md",
+    "docs/index.md",
+    "docs/architecture.md",
+    "docs/guide/*.md",
+    "docs/api/*.md",
+)
 JOURNAL_PATTERNS = {
     # a run of 7-40 hex digits with a digit and a letter, standing alone (not inside a number
     # such as 1.2345678901234568e+22 or a 64-digit SHA-256)
