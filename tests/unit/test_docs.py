@@ -46,8 +46,13 @@ def test_the_benchmark_pages_are_current() -> None:
 
 def test_each_result_file_has_a_page_naming_its_commit_and_machine() -> None:
     pages = _benchmark_pages().expected()
-    for result in sorted((REPOSITORY / "benchmarks" / "results").glob("*.json")):
-        text = pages[REPOSITORY / "docs" / "benchmarks" / f"{result.stem}.md"]
+    results = sorted((REPOSITORY / "benchmarks" / "results").rglob("*.json"))
+    assert results
+    for result in results:
+        group = result.parent.name
+        text = pages[REPOSITORY / "docs" / "benchmarks" / group / f"{result.stem}.md"]
+        benchmark = result.stem.partition(".")[0]
+        assert f"| benchmark | `python -m benchmarks.{group}.{benchmark}` |" in text
         machine = json.loads(result.read_text()).get("machine")
         if isinstance(machine, dict):
             assert f"| commit | `{machine['revision']}` |" in text
@@ -65,6 +70,56 @@ def test_a_result_file_without_its_run_says_so(tmp_path: Path) -> None:
     text = script.page(result)
     assert "| commit | not recorded in this file |" in text
     assert "<!-- --8<-- [start:results] -->\n| a | b |\n| --- | --- |\n" in text
+
+
+def test_the_benchmarks_are_grouped_by_folder_and_a_new_one_drops_in(tmp_path: Path) -> None:
+    script = _benchmark_pages()
+    benchmarks, results = tmp_path / "benchmarks", tmp_path / "benchmarks" / "results"
+    (benchmarks / "scale").mkdir(parents=True)
+    (benchmarks / "scale" / "__init__.py").write_text('"""Scale: throughput at size."""\n')
+    (benchmarks / "scale" / "bench_new.py").write_text('"""What a new benchmark measures."""\n')
+    (benchmarks / "_private").mkdir()
+    (benchmarks / "_private" / "__init__.py").write_text("")
+    (results / "scale").mkdir(parents=True)
+    for name in ("bench_new", "bench_new.other_setting"):
+        (results / "scale" / f"{name}.json").write_text(json.dumps({"table": "| a |\n| --- |"}))
+    by_group, problems = script.results(benchmarks, results)
+    assert problems == []
+    assert list(by_group) == ["scale"]
+    assert [path.stem for path in by_group["scale"]] == ["bench_new", "bench_new.other_setting"]
+    index = script.index(by_group, benchmarks)
+    assert "## Scale\n\nThroughput at size." in index
+    assert "- `bench_new`: What a new benchmark measures." in index
+    assert "[bench_new.other_setting](scale/bench_new.other_setting.md)" in index
+
+
+def test_a_result_outside_a_group_or_without_its_script_is_named(tmp_path: Path) -> None:
+    script = _benchmark_pages()
+    benchmarks, results = tmp_path / "benchmarks", tmp_path / "benchmarks" / "results"
+    (benchmarks / "scale").mkdir(parents=True)
+    (benchmarks / "scale" / "__init__.py").write_text('"""Scale: throughput."""\n')
+    (results / "scale").mkdir(parents=True)
+    (results / "bench_loose.json").write_text("{}")
+    (results / "scale" / "bench_gone.json").write_text("{}")
+    by_group, problems = script.results(benchmarks, results)
+    assert by_group == {"scale": []}
+    assert len(problems) == 2
+    assert "bench_loose.json: not in a group's folder" in problems[0]
+    assert "bench_gone.json: no benchmarks/scale/bench_gone.py wrote it" in problems[1]
+
+
+def test_a_benchmark_writes_its_results_into_its_group() -> None:
+    from benchmarks import _shared
+
+    results = REPOSITORY / "benchmarks" / "results"
+    assert _shared.groups() == ["client_cost", "gateway", "real_answers", "scale"]
+    assert _shared.results_path("bench_real_model") == (
+        results / "real_answers" / "bench_real_model.json"
+    )
+    assert _shared.results_path("bench_real_model.urgency_methods") == (
+        results / "real_answers" / "bench_real_model.urgency_methods.json"
+    )
+    assert _shared.results_path("bench_fleet").parent == results / "scale"
 
 
 def test_every_public_name_is_in_the_api_reference() -> None:

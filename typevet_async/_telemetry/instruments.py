@@ -56,7 +56,7 @@ except ImportError:  # the otel extra is not installed
 #: Whether `active` may read the API's own provider globals (None until a provider is set):
 #: two attribute reads on the hot path, where ``get_tracer_provider`` and
 #: ``get_meter_provider`` also look up an environment variable each (about 1.9 µs the pair,
-#: three times a question: measured by benchmarks/bench_telemetry_cost.py). Not where a
+#: three times a question: measured by benchmarks/client_cost/bench_telemetry_cost.py). Not where a
 #: provider is named by ``OTEL_PYTHON_TRACER_PROVIDER`` or ``..._METER_PROVIDER`` (the API
 #: loads it at the first ``get_*_provider``), nor with an API that keeps them elsewhere.
 _GLOBALS_READABLE: Final = (
