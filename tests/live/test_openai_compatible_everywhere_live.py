@@ -309,6 +309,34 @@ async def test_a_429_at_the_probes_tokenize_is_retried(gemma3_url: str) -> None:
     assert sum(judgment["route"].probabilities.values()) == pytest.approx(1.0)
 
 
+async def test_a_fleet_reads_elsewhere_while_an_endpoint_says_retry_after(
+    gemma3_url: str,
+) -> None:
+    """Two endpoints of one model, one answering a read 429 with ``Retry-After: 30``: that
+    endpoint is out of the rotation for the told time (no read sent to it again), the read is
+    answered by the other, at once."""
+    async with (
+        FaultInjectingProxy(gemma3_url, path=CHAT) as proxy,
+        tv.Session.openai_compatible(
+            [f"{proxy.url}/v1", f"{gemma3_url}/v1"], max_concurrency=1
+        ) as session,
+    ):
+        await session.probe()
+        first = len(proxy.paths)
+        proxy.retry_after = "30"
+        proxy.script = ["http_429"] * 4  # whichever judgment meets it first
+        judgments = [await session.judge(f"{TICKET} ({n})", ROUTE) for n in range(4)]
+        states = session.backend.endpoint_states()  # type: ignore[attr-defined]
+    chats = [n for n, path in enumerate(proxy.paths) if path == CHAT and n >= first]
+    assert [proxy.seen[n] for n in chats] == ["http_429"]  # and nothing after it
+    assert states == {f"{proxy.url}/v1": "cooling", f"{gemma3_url}/v1": "up"}
+    retried = [j for j in judgments if j.diagnostics["route"].attempts > j.usage.reads]
+    assert len(retried) == 1
+    for judgment in judgments:
+        assert judgment.diagnostics["route"].endpoint == f"{gemma3_url}/v1"
+        assert sum(judgment["route"].probabilities.values()) == pytest.approx(1.0)
+
+
 # -- The API key ----------------------------------------------------------------------------
 
 
