@@ -364,8 +364,12 @@ async def test_the_api_key_is_a_bearer_token_and_shown_nowhere_else(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     cache_file = tmp_path / "reads.sqlite"
-    schema = {"type": "object", "properties": {"team": {"enum": ["billing", "shipping"]}},
-              "required": ["team"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"team": {"enum": TEAMS}},
+        "required": ["team"],
+        "additionalProperties": False,
+    }
     async with (
         OpenAIShapedProxy(gemma3_url, api_key=KEY) as proxy,
         tv.SqliteReadCache(cache_file) as cache,
@@ -388,12 +392,13 @@ async def test_the_api_key_is_a_bearer_token_and_shown_nowhere_else(
                 await other.judge(TICKET, ROUTE)
         other_shown = repr(other) + repr(other.backend)
     assert all(d.cache == "hit" for d in again.diagnostics.values())
-    assert generation.value["team"] in ("billing", "shipping")
+    assert generation.value["team"] in TEAMS
     assert too_long.value.status == 400
     assert refused.value.status == 401
     # Every request of the session carried the key, as a bearer token: the models, the
     # probe's and the judgments' chats, /tokenize at the root.
     mine = [(path, headers) for path, headers in proxy.requests if "authorization" in headers]
+    assert len(mine) == len(proxy.requests)
     paths = {path for path, headers in mine if headers["authorization"] == f"Bearer {KEY}"}
     assert {"/v1/models", CHAT, "/tokenize"} <= paths
     assert {h["authorization"] for _, h in mine} == {f"Bearer {KEY}", f"Bearer {wrong}"}
