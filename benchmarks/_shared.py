@@ -1,7 +1,10 @@
 """What the benchmarks share: tickets, the results folder, statistics and Markdown tables.
 
-Not a benchmark itself. Every benchmark writes its figures to ``benchmarks/results/<name>.json``
-(with the machine, the Python and the SDK's source revision) and prints Markdown tables.
+Not a benchmark itself. The benchmarks live in one package per thing they measure (`GROUPS`:
+``client_cost``, ``real_answers``, ``gateway``, ``scale``); each writes its figures to
+``benchmarks/results/<group>/<benchmark>.json``, a named run of it (another arm, another
+setting kept as evidence) to ``<benchmark>.<run>.json`` beside it (`results_path`), with the
+machine, the Python and the SDK's source revision, and prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS = BENCHMARKS / "results"
 
 OPENINGS = (
     "Hi,",
@@ -137,11 +141,39 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, figures: dict[str, Any], folder: Path = RESULTS) -> Path:
-    """``figures`` with the machine's block as ``<folder>/<name>.json`` (default: the results
-    folder the docs pages are generated from; a development run may write elsewhere)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
+def groups() -> list[str]:
+    """The benchmark groups: the packages under ``benchmarks/`` (a new folder with an
+    ``__init__.py`` is a new group; its docstring says what the group measures)."""
+    return sorted(
+        path.parent.name
+        for path in BENCHMARKS.glob("*/__init__.py")
+        if not path.parent.name.startswith("_")
+    )
+
+
+def group_of(benchmark: str) -> str:
+    """The group whose folder holds ``<benchmark>.py``."""
+    found = [group for group in groups() if (BENCHMARKS / group / f"{benchmark}.py").is_file()]
+    if len(found) != 1:
+        raise ValueError(
+            f"{benchmark!r} is a script of {len(found)} benchmark groups, not one "
+            f"(groups: {', '.join(groups())})"
+        )
+    return found[0]
+
+
+def results_path(name: str) -> Path:
+    """Where the results named ``name`` live: ``<benchmark>`` (its latest run) or
+    ``<benchmark>.<run>`` (a named run kept beside it), under the benchmark's group."""
+    return RESULTS / group_of(name.partition(".")[0]) / f"{name}.json"
+
+
+def write_results(name: str, figures: dict[str, Any], folder: Path | None = None) -> Path:
+    """``figures`` with the machine's block as `results_path` ``(name)`` (the results the docs
+    pages are generated from), or as ``<folder>/<name>.json`` (a development run may write
+    elsewhere)."""
+    path = results_path(name) if folder is None else folder / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "machine": machine(), **figures}
     path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
     return path

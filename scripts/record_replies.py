@@ -14,8 +14,9 @@ the server sent them under tests/fixtures/replies/<server>/ (the top-4,096 read 
 ``system_one`` records what ``typevet-async serve`` (the real command, no keys) answers in
 front of that llama.cpp server: ``POST /v1/systemone`` and ``GET /v1/models``.
 
-``--only bodies`` records, under benchmarks/recorded/llama_cpp/, what
-``benchmarks.replay_server`` replays (it prefers the fixtures above where they have a reply):
+``--only bodies`` records, under benchmarks/client_cost/recorded/llama_cpp/, what
+``benchmarks.client_cost.replay_server`` replays (it prefers the fixtures above where they have a
+reply):
 
 - ``POST /completion`` scoring reads of the benchmarks' Noul prompt (the prompt the SDK itself
   rendered for ticket 0) at each K of ``--ks``, as the SDK's body builder makes them but without
@@ -24,7 +25,7 @@ front of that llama.cpp server: ``POST /v1/systemone`` and ``GET /v1/models``.
   (``completion_top{K}_sdk_fields.json``: the very reply the SDK's request gets);
 - the same read at K=64 with several ``response_fields`` lists, so the replay server's
   emulation of that field filter can be checked against the real server
-  (``python -m benchmarks.replay_server --check``);
+  (``python -m benchmarks.client_cost.replay_server --check``);
 - ``POST /tokenize`` for every control the SDK probes, with and without a leading space
   (``tokenize.json``: content -> reply body); ``/v1/models``, ``/props`` and the probe's
   ``/apply-template``.
@@ -73,9 +74,10 @@ from typevet_async._core.prompts.markers import marker_runs  # noqa: E402
 from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "replies"
-BODIES = ROOT / "benchmarks" / "recorded" / "llama_cpp"
+BODIES = ROOT / "benchmarks" / "client_cost" / "recorded" / "llama_cpp"
 DEFAULT_KS = (16, 20, 32, 64, 128, 256, 1024, 2048, 4096)
-#: The benchmarks' question (`benchmarks.bench_client_cost` and the replay server's prompt).
+#: The benchmarks' question (`benchmarks.client_cost.bench_client_cost` and the replay server's
+#: prompt).
 BENCHMARK_QUESTIONS: dict[str, tv.Question] = {
     "refund": tv.Noul(instructions="Is a refund requested?")
 }

@@ -104,13 +104,12 @@ from typevet_async._session.images import Image
 from typevet_async._session.read_cache import MemoryReadCache, ReadCache, SqliteReadCache
 from typevet_async._session.session import Session
 from typevet_async._session.settings import SessionSettings
+from typevet_async._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:
     from typevet_async._apps.evaluation.evaluate import evaluate as evaluate
     from typevet_async._apps.evaluation.evaluation import Evaluation as Evaluation
     from typevet_async._apps.ray import RayJudge as RayJudge
-
-__version__ = "0.1.0"
 
 
 #: Public names loaded when first named, from the module of an optional extra.

@@ -1,19 +1,12 @@
-"""The installed distribution's version, read once: what the read cache keys on (an upgrade
-never reads an older SDK's entries) and the telemetry's instrumentation scope names."""
+"""The package's version, in one place: pyproject.toml reads it (``dynamic = ["version"]``),
+``tv.__version__`` re-exports it, ``typevet-async --version`` and ``serve`` show it, the read
+cache keys on it (an upgrade never reads an older SDK's entries) and the telemetry names its
+instrumentation scope with it."""
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
+from typing import Final
 
-__all__ = ["installed_version"]
+__all__ = ["__version__"]
 
-
-@functools.cache
-def installed_version() -> str:
-    """The installed ``typevet_async`` distribution's version (``"unknown"`` when it runs
-    from a tree that was never installed)."""
-    try:
-        return importlib.metadata.version("typevet_async")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+__version__: Final = "0.1.0"

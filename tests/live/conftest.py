@@ -209,6 +209,8 @@ def _needs_vllm(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the vLLM tests last: its server starts once, and the timing-sensitive llama.cpp
-    tests then run before it shares the two cores with them."""
-    items.sort(key=_needs_vllm)
+    """Run the unit tests first, whatever order the paths came in (`pytest tests` collects
+    `tests/live` first): a unit failure then shows in minutes, not after the live tier. Run the
+    vLLM tests last: its server starts once, and the timing-sensitive llama.cpp tests then run
+    before it shares the two cores with them."""
+    items.sort(key=lambda item: (item.get_closest_marker("live") is not None, _needs_vllm(item)))

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Coroutine, Iterator
 from typing import Any, Self, cast
@@ -156,6 +157,11 @@ class FaultInjectingProxy(_LocalProxy):
         self.trace_headers: list[dict[str, str]] = []
         #: Each request's path, in the same order.
         self.paths: list[str] = []
+        #: When each request arrived (`time.monotonic`), in the same order.
+        self.arrivals: list[float] = []
+        #: The ``Retry-After`` header a 429 or 503 fault carries (None: a 429 says ``0``, a
+        #: 503 says nothing).
+        self.retry_after: str | None = None
         #: Set when the client closes the connection of a request the proxy never answered.
         self.client_hung_up = asyncio.Event()
         #: Set when a "held_503" request arrives; the test sets `release` to answer it 503.
@@ -190,6 +196,7 @@ class FaultInjectingProxy(_LocalProxy):
             {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
         )
         self.paths.append(request.path)
+        self.arrivals.append(time.monotonic())
         if self.delay and request.path == self.path:
             await asyncio.sleep(self.delay)
         if self.random_faults is not None:
@@ -200,6 +207,8 @@ class FaultInjectingProxy(_LocalProxy):
         if fault in STATUS_FAULTS:
             await request.read()
             headers = {"Retry-After": "0"} if fault == "http_429" else {}
+            if self.retry_after is not None and fault in ("http_429", "http_503"):
+                headers = {"Retry-After": self.retry_after}
             return web.json_response({"error": fault}, status=STATUS_FAULTS[fault], headers=headers)
         if fault == "held_503":  # in flight until the test releases it, then refused
             await request.read()
@@ -392,10 +401,13 @@ class OpenAIShapedProxy(_LocalProxy):
     ``top_logprobs`` above ``cap`` with a 400 (OpenAI's message naming the limit, or with
     ``name_limit=False`` a bare "invalid request"), refuses ``chat_template_kwargs``
     (``refuse_kwargs``), strips ``logprobs`` from every reply (``strip_logprobs``), answers
-    404 at ``/tokenize`` (``no_tokenize``), and records every chat request's body. With
-    ``mangle_texts`` (the one stub: no real server here returns such texts) each entry's
-    ``token`` gets a zero-width space appended and loses its ``bytes`` and ``id``, as a server
-    whose token texts are not the tokens' text."""
+    404 at ``/tokenize`` (``no_tokenize``), and records every chat request's body and every
+    request's ``Authorization`` and ``traceparent`` headers. With ``api_key`` it answers any
+    request without ``Authorization: Bearer <api_key>`` 401 in OpenAI's shape, its message
+    quoting the header's key whole (a stub: OpenAI masks most of it; a server that echoes
+    it is what redaction must survive). With ``mangle_texts`` (the one stub: no real server
+    here returns such texts) each entry's ``token`` gets a zero-width space appended and
+    loses its ``bytes`` and ``id``, as a server whose token texts are not the tokens' text."""
 
     def __init__(
         self,
@@ -407,8 +419,10 @@ class OpenAIShapedProxy(_LocalProxy):
         strip_logprobs: bool = False,
         no_tokenize: bool = False,
         mangle_texts: bool = False,
+        api_key: str | None = None,
     ) -> None:
         super().__init__(upstream)
+        self.api_key = api_key
         self.cap, self.name_limit = cap, name_limit
         self.refuse_kwargs, self.strip_logprobs = refuse_kwargs, strip_logprobs
         self.no_tokenize, self.mangle_texts = no_tokenize, mangle_texts
@@ -416,6 +430,9 @@ class OpenAIShapedProxy(_LocalProxy):
         self.chats: list[tuple[dict[str, Any], int]] = []
         #: The last chat reply passed through (its bytes as the real server sent them).
         self.last_reply: bytes = b""
+        #: Every request's path and headers of note (``authorization``, ``traceparent``: those
+        #: it carried), in order.
+        self.requests: list[tuple[str, dict[str, str]]] = []
 
     def _refusal(self, body: dict[str, Any]) -> web.Response | None:
         asked = body.get("top_logprobs")
@@ -444,6 +461,21 @@ class OpenAIShapedProxy(_LocalProxy):
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         data = await request.read()
+        noted = {
+            name: request.headers[name]
+            for name in ("authorization", "traceparent")
+            if name in request.headers
+        }
+        self.requests.append((request.path, noted))
+        sent = noted.get("authorization", "")
+        if self.api_key is not None and sent != f"Bearer {self.api_key}":
+            error = {
+                "message": f"Incorrect API key provided: {sent.removeprefix('Bearer ')}.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+            return web.json_response({"error": error}, status=401)
         if request.path == "/tokenize" and self.no_tokenize:
             return web.json_response({"error": "not found"}, status=404)
         chat = request.path == "/v1/chat/completions"

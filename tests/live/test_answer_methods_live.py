@@ -4,7 +4,8 @@ calibration and examples as earlier turns. Each read is checked against an indep
 the same prompt outside the SDK (plain urllib), the tokens against the served tokenizer.
 
 What these methods are worth is measured on the real instruction model in
-``benchmarks/bench_public_data.py``; here the toy model only shows the mechanics are exact.
+``benchmarks/real_answers/bench_public_data.py``; here the toy model only shows the mechanics are
+exact.
 """
 
 from __future__ import annotations

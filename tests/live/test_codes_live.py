@@ -7,7 +7,7 @@ the server's own tokenizer:
 - llama.cpp (reproducible mode: no prompt cache, one read at a time): reads of the top 4,096
   (the whole vocabulary where a code's token is not among them). The size of a read does not
   change an answer (its common shift cancels); the comparison against whole-vocabulary reads,
-  26 MB each, is `benchmarks/measure_codes.py`;
+  26 MB each, is `benchmarks/real_answers/measure_codes.py`;
 - vLLM: its logprobs API caps a top-K read at 128 entries (``--max-logprobs``), so the reads
   name their tokens (``logprob_token_ids`` on ``/v1/completions`` over the rendered chat's
   tokens): each value is still the token's full-vocabulary logprob.
@@ -76,8 +76,8 @@ def check_answer(
     assert diagnostics.off_menu_mass is not None
     # llama.cpp's normalising sum moves with the read's size (the SDK's top-K against this
     # test's): a shift common to one read's logprobs, which cancels in the probabilities but
-    # not in the off-menu mass (up to 3.6e-5 between K=64 and K=4,096, benchmarks/measure_top_k.py;
-    # 1.1e-6 seen here against whole-vocabulary reads).
+    # not in the off-menu mass (up to 3.6e-5 between K=64 and K=4,096,
+    # benchmarks/real_answers/measure_top_k.py; 1.1e-6 seen here against whole-vocabulary reads).
     assert diagnostics.off_menu_mass == pytest.approx(off_menu, abs=1e-4)
     assert diagnostics.reads >= 1 + len(after)  # one read, then one after each first token
 

@@ -5,7 +5,7 @@ and compare every candidate on each question), permutations against independent 
 and `tv.evaluate` resuming its reads file.
 
 The whole shipped set (300 tickets) through the real instruction model is
-``benchmarks/bench_real_model.py``'s; the CLI reads it the same way at any size.
+``benchmarks/real_answers/bench_real_model.py``'s; the CLI reads it the same way at any size.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ async def test_the_official_client_at_concurrency_32_loses_nothing_at_the_defaul
     # speed: a client that retries its retryable answers (a 429 when the gateway measures that
     # a request would not be judged within the deadline, told when to come back; a 504 when
     # a judgment took longer than measured) loses none, and each is answered once. How fast
-    # it goes is the benchmark's (benchmarks/bench_gateway_load.py).
+    # it goes is the benchmark's (benchmarks/gateway/bench_gateway_load.py).
     session = tv.Session.llama_cpp(gemma3_url)
     questions = {"refund": QUESTIONS["refund"]}
     async with (

@@ -1,9 +1,9 @@
 """Load through the System One gateway: 1,000 requests at concurrency 32, one Noul question
 each, sent with a plain aiohttp client, over a REPLAYING upstream (a stub, named as such).
 
-The upstream is `benchmarks.replay_server` run with ``--derive`` in a child process: a llama.cpp
-server that answers every read at once with a body recorded from the real server, two values
-in it derived from the prompt the read carried (its size: UTF-8 bytes): ``tokens_evaluated``
+The upstream is `benchmarks.client_cost.replay_server` run with ``--derive`` in a child process: a
+llama.cpp server that answers every read at once with a body recorded from the real server, two
+values in it derived from the prompt the read carried (its size: UTF-8 bytes): ``tokens_evaluated``
 is that size, and each logprob is lowered by an amount proportional to it (`derived_logprob`),
 so each request's answer is its own. What it proves is the
 gateway's, not the model's: the model's server is proven elsewhere (``test_gateway_live``: the
@@ -11,7 +11,7 @@ gateway's answers equal a direct session's over real llama.cpp and vLLM, 96 requ
 concurrency 32 lost none after the client's retries; ``test_qwen_live``: the prompt tokens a
 judgment reports are the server's tokenization of its prompt). The same load over the real
 llama.cpp server is
-``benchmarks/bench_gateway_load.py``.
+``benchmarks/gateway/bench_gateway_load.py``.
 
 Every request is told apart, so that an answer matched to the wrong request fails:
 
@@ -42,18 +42,18 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from benchmarks.bench_gateway_load import (
+from benchmarks.client_cost.replay_server import (
+    RECORDED_SETTINGS,
+    ReplayServerProcess,
+    derived_logprob,
+    prompt_size,
+)
+from benchmarks.gateway.bench_gateway_load import (
     CONCURRENCY,
     latency_figures,
     mismatches,
     reads_of,
     through_gateway,
-)
-from benchmarks.replay_server import (
-    RECORDED_SETTINGS,
-    ReplayServerProcess,
-    derived_logprob,
-    prompt_size,
 )
 
 from .faults import open_fds
@@ -98,7 +98,7 @@ async def test_1000_requests_at_concurrency_32_through_the_gateway() -> None:
     figures: dict[str, Any] = {
         "requests": REQUESTS,
         "concurrency": CONCURRENCY,
-        "upstream": "benchmarks.replay_server --derive (replaying, not a model)",
+        "upstream": "benchmarks.client_cost.replay_server --derive (replaying, not a model)",
         **latency_figures(outcomes, elapsed),
         "statuses": dict(statuses),
         "lost": REQUESTS - len(outcomes),

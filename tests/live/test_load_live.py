@@ -2,9 +2,9 @@
 questions each), clean and with faults injected into 5% of the responses, over a REPLAYING
 upstream (a stub, named as such).
 
-The upstream is `benchmarks.replay_server` run with ``--derive`` in a child process: a llama.cpp
-server answering every read at once with a body recorded from the real server, its token count
-and logprobs derived from the prompt the read carried (`derived_logprob`), so each record's
+The upstream is `benchmarks.client_cost.replay_server` run with ``--derive`` in a child process: a
+llama.cpp server answering every read at once with a body recorded from the real server, its token
+count and logprobs derived from the prompt the read carried (`derived_logprob`), so each record's
 answer is its own and the same on every read of it. What this proves is the SDK's under load
 (the pipeline, retries, typed errors, memory, leaks), not the model's: judge_many against the
 real llama.cpp server is ``test_batch_live``, each fault against it ``test_faults_live``.
@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from benchmarks.replay_server import RECORDED_SETTINGS, ReplayServerProcess
+from benchmarks.client_cost.replay_server import RECORDED_SETTINGS, ReplayServerProcess
 
 from .faults import BODY_FAULTS, FaultInjectingProxy, RandomFaults, open_fds
 from .helpers import InFlightCounter
@@ -117,7 +117,7 @@ async def run_load(
 ) -> Run:
     """One pass of ``count`` records over ``url``, on a session of ``settings``: by default
     the recorded bodies' controls (digits), with which each question is read once over the
-    replaying upstream (`benchmarks.bench_load` passes none for the real server)."""
+    replaying upstream (`benchmarks.scale.bench_load` passes none for the real server)."""
     run = Run(count)
     reads = InFlightCounter("/completion")
     gc.collect()

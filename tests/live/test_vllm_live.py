@@ -25,8 +25,8 @@ from .servers import VLLM_MODEL_ID
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
 #: Largest gap in candidate probability between the two backends for the same judgments,
-#: measured on this model (benchmarks/measure_vllm.py: median 0.027, largest 0.055 over 24
-#: answers; see the README): the GGUF is Q4_K_M, and
+#: measured on this model (benchmarks/real_answers/measure_vllm.py: median 0.027, largest 0.055 over
+#: 24 answers; see the README): the GGUF is Q4_K_M, and
 #: llama.cpp multiplies Q4 weights by Q8-quantised activations, while vLLM runs the same
 #: weights dequantised to fp32 in fp32. The agreement bound is twice the largest gap seen.
 CROSS_BACKEND_TOLERANCE = 0.10
@@ -74,8 +74,8 @@ async def test_logprobs_equal_a_direct_read_of_the_same_messages(vllm_url: str) 
         gap = max(abs(a - b) for a, b in zip(diagnostics.logprobs, expected, strict=True))
         print(f"{question_id}: SDK vs direct read, largest logprob gap {gap:.1e}")
         # vLLM on CPU in fp32 gave bit-identical reads of the same messages (README
-        # "Reproducibility", benchmarks/measure_vllm.py: gap 0.0; 0.0 again in this suite's
-        # run); 1e-6 is float32 rounding.
+        # "Reproducibility", benchmarks/real_answers/measure_vllm.py: gap 0.0; 0.0 again in this
+        # suite's run); 1e-6 is float32 rounding.
         assert diagnostics.logprobs == pytest.approx(expected, abs=1e-6)
         # The answer is the softmax of the read (a Score's divided by its content-free prior).
         read_as = diagnostics.raw_probabilities or judgment[question_id].probabilities.values()

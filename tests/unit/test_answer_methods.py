@@ -51,7 +51,7 @@ CONTROL_IDS = {
 }
 GEMMA3 = GEMMA_FRAMES[TemplateFamily.GEMMA3]
 #: Gemma 3's template around a conversation of two turns (recorded from the real server:
-#: benchmarks/recorded/llama_cpp/probe.json).
+#: benchmarks/client_cost/recorded/llama_cpp/probe.json).
 GEMMA3_HISTORY = (
     f"<start_of_turn>user\n{PROBE_MESSAGE}<end_of_turn>\n<start_of_turn>model\n{ANSWER_PROBE}"
     f"<end_of_turn>\n<start_of_turn>user\n{SECOND_PROBE_MESSAGE}<end_of_turn>\n"

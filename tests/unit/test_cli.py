@@ -253,6 +253,11 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--resume" in capsys.readouterr().out
 
 
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"typevet-async {tv.__version__}\n"
+
+
 # -- 2. --resume keeps complete lines, drops a cut one, never writes to the input -----------------
 
 

@@ -443,6 +443,17 @@ async def test_the_model_list_has_the_served_model(
 
 
 @pytest.mark.asyncio
+async def test_the_gateway_names_its_version_in_the_model_list_and_every_server_header(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    listed = await client.get("/v1/models", headers=AUTH)
+    assert (await listed.json())["x_typevet_version"] == tv.__version__
+    refused = await client.get("/v1/models")  # no key: a 401 from the auth middleware
+    for response in (listed, refused, await client.get("/healthz"), await client.get("/nope")):
+        assert response.headers["Server"] == f"typevet-async/{tv.__version__}"
+
+
+@pytest.mark.asyncio
 async def test_unknown_routes_keep_the_error_shape(
     client: TestClient[web.Request, web.Application],
 ) -> None:

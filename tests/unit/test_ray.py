@@ -1,6 +1,6 @@
 """`tv.RayJudge` without a Ray cluster: the lazy import, the answer columns' Arrow types, the
 constructor's checks, and batches called directly, as Ray calls them, against the SIMULATED
-llama.cpp server of `benchmarks.replay_server` (real recorded llama.cpp bodies, a fixed
+llama.cpp server of `benchmarks.client_cost.replay_server` (real recorded llama.cpp bodies, a fixed
 service time and a fixed number of slots, in a child process). The simulation is used where a
 real server cannot do the job: it counts the reads it holds at once and the probes it answers.
 The same class on a real Ray cluster and the real server: ``tests/live/test_ray_live.py``.
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 import typevet_async as tv
-from benchmarks.replay_server import RECORDED_SETTINGS, ReplayServerProcess
+from benchmarks.client_cost.replay_server import RECORDED_SETTINGS, ReplayServerProcess
 from typevet_async._apps.ray import ERROR_COLUMN, RayJudge, answer_type
 from typevet_async._core.reading.answers import build_answer
 from typevet_async._core.wires.system_one import answer_to_system_one

@@ -48,6 +48,11 @@ def bound(cache: tv.ReadCache) -> CachedReads:
     return reads
 
 
+async def test_the_reads_are_keyed_on_the_package_version() -> None:
+    # An upgrade never reads the entries an older version stored.
+    assert bound(tv.MemoryReadCache()).identity == f"stub\nsdk {tv.__version__}"
+
+
 # -- MemoryReadCache -----------------------------------------------------------------------
 
 

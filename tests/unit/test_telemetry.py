@@ -18,6 +18,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+import typevet_async as tv
 import typevet_async._telemetry as telemetry
 from tests.otel import Recorded, installed
 from typevet_async._apps.cli.logs import configure_logging, logging_flags
@@ -76,6 +77,15 @@ def test_a_read_span_sends_its_context_and_records_its_metrics(otel: Recorded) -
     assert reads.value == 1
     [in_flight] = points["typevet.reads.in_flight"]
     assert in_flight.value == 0  # up, then down again
+
+
+def test_the_instrumentation_scope_is_named_with_the_package_version(otel: Recorded) -> None:
+    with telemetry.read_span("chat", "vllm", "m", "http://h:1", top_k=3):
+        pass
+    [read] = otel.spans()
+    scope = read.instrumentation_scope
+    assert scope is not None
+    assert (scope.name, scope.version) == ("typevet_async", tv.__version__)
 
 
 def test_a_failure_is_its_type_never_its_message(otel: Recorded) -> None:

@@ -89,7 +89,7 @@ DEFAULT_MAX_CONNECTIONS = 64
 #: mmap threshold, so a small reply can cost an mmap, an mremap and a munmap per read, plus
 #: page faults (cpython#85451). 64 KiB (trio's default) comes from the heap: a 5 KB
 #: send-and-read pair took 3.9 µs against 22.6, and a question at concurrency 64 on the replay
-#: server 46 µs less CPU (8 paired rounds; `benchmarks.bench_client_cost`).
+#: server 46 µs less CPU (8 paired rounds; `benchmarks.client_cost.bench_client_cost`).
 SOCKET_READ_SIZE = 64 * 1024
 
 

@@ -103,9 +103,9 @@ __all__ = [
 #: to a power of two, within `MIN_FIRST_TOP_K` .. `ESCALATED_TOP_K`): 64 for a Noul, 128 for 3
 #: or 4 options, 512 for 10, 1,024 for 20. The size of a read does not change an answer:
 #: llama.cpp's float32 normaliser shifts every logprob of a top-K read by one common amount,
-#: which cancels in the answer's softmax (benchmarks/measure_top_k.py, 1,014 complete reads:
-#: answers within 1.2e-7 of the whole-vocabulary read at every K from 16 up). So the first read
-#: only has to find the candidates, and how deep they sit grows with the menu: the largest
+#: which cancels in the answer's softmax (benchmarks/real_answers/measure_top_k.py, 1,014 complete
+#: reads: answers within 1.2e-7 of the whole-vocabulary read at every K from 16 up). So the first
+#: read only has to find the candidates, and how deep they sit grows with the menu: the largest
 #: candidate rank over 10 measured pairs was 24 for 2 options, 95 for 3, 346 for 10 and about
 #: 10,000 for 20 and 36. This rule escalated 7 of those 60 pairs, a fixed 128 escalated 22, and
 #: a Noul's read is 5 KB (top 4,096: 370 KB). A read that misses a candidate escalates.

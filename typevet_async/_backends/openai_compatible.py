@@ -313,7 +313,9 @@ class AsyncOpenAICompatible:
         if root is None:
             return None
         try:
-            await root.post("/tokenize", tokenize_body(model, "A"), max_retries=0)
+            # A 429 or 5xx is retried as any request (after its Retry-After), not taken for a
+            # server without /tokenize; a timeout is not (a root that never answers).
+            await root.post("/tokenize", tokenize_body(model, "A"), retry_timeouts=False)
         except (ServerError, BackendError) as error:
             if isinstance(error, ServerError) and error.status not in _NO_TOKENIZE:
                 raise
@@ -366,39 +368,28 @@ class AsyncOpenAICompatible:
         top = min(self.config.top_logprobs or DEFAULT_TOP_LOGPROBS, ceiling or MAX_TOP_LOGPROBS)
         attempts = Attempts()
         reads = prompt_tokens = cached_tokens = 0
-        with telemetry.read_span(
-            "chat", "openai-compatible", model, self.http.base_url, top_k=top
-        ) as span:
-            while True:
-                body = scoring_body(
-                    model, request.messages, top, thinking_switch=self._thinking_switch
+        while True:
+            reply = await self._scoring_read(
+                model, request.messages, top, reads, max_retries, attempts
+            )
+            reads, prompt_tokens, cached_tokens = (
+                reads + 1,
+                prompt_tokens + reply.prompt_tokens,
+                cached_tokens + reply.cached_tokens,
+            )
+            if reply.entries is None:
+                raise LogprobsUnavailableError(
+                    "the server returned no logprobs for a read (it did at the probe)"
                 )
-                raw = await self.http.post(
-                    "/chat/completions", body, max_retries=max_retries, attempts=attempts
-                )
-                reply = decode_scoring(raw)
-                reads, prompt_tokens, cached_tokens = (
-                    reads + 1,
-                    prompt_tokens + reply.prompt_tokens,
-                    cached_tokens + reply.cached_tokens,
-                )
-                if reply.entries is None:
-                    raise LogprobsUnavailableError(
-                        "the server returned no logprobs for a read (it did at the probe)"
-                    )
-                values = match_options(reply.entries, groups, controls, accepted)
-                missing = values.count(None)
-                widened = (
-                    wider(top, len(reply.entries), ceiling)
-                    if missing and policy != "error"
-                    else None
-                )
-                if widened is None:
-                    break
-                telemetry.escalated(top, widened, missing)
-                top = widened
-            if span is not None:
-                telemetry.read_usage(span, prompt_tokens, cached_tokens)
+            values = match_options(reply.entries, groups, controls, accepted)
+            missing = values.count(None)
+            widened = (
+                wider(top, len(reply.entries), ceiling) if missing and policy != "error" else None
+            )
+            if widened is None:
+                break
+            telemetry.escalated(top, widened, missing)
+            top = widened
         limit = window_limit(policy, cap, ceiling, top, len(reply.entries))
         settled = settle_options(values, groups, reply.entries, policy, top, limit)
         return CandidateRead(
@@ -414,6 +405,29 @@ class AsyncOpenAICompatible:
             clamped=settled.clamped,
             attempts=attempts.count,
         )
+
+    async def _scoring_read(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        top: int,
+        escalation: int,
+        max_retries: int | Unset,
+        attempts: Attempts,
+    ) -> ChatScoring:
+        """One read of the top ``top`` (the ``escalation``-th widening of its question's), in
+        its own read span, as every backend's read (`typevet_async._telemetry`)."""
+        with telemetry.read_span(
+            "chat", "openai-compatible", model, self.http.base_url, top_k=top, escalation=escalation
+        ) as span:
+            body = scoring_body(model, messages, top, thinking_switch=self._thinking_switch)
+            raw = await self.http.post(
+                "/chat/completions", body, max_retries=max_retries, attempts=attempts
+            )
+            reply = decode_scoring(raw)
+            if span is not None:
+                telemetry.read_usage(span, reply.prompt_tokens, reply.cached_tokens)
+            return reply
 
     async def special_runs(self, runs: Sequence[str]) -> None:
         """None: the server's tokenizer cannot be asked which runs are special, so every

@@ -17,7 +17,7 @@ task costs nothing until its turn.
 A length of None never yields: for a loop that runs nothing but the SDK's work (a batch
 pipeline), where the slices only cost CPU, little of it (measured at concurrency 64: about 10
 µs of about 320 µs a question, with 64 KiB socket reads; the lag p99 then rose from 3.5 to 21
-ms; `benchmarks.bench_client_cost`, `benchmarks.bench_event_loop_lag`).
+ms; `benchmarks.client_cost.bench_client_cost`, `benchmarks.client_cost.bench_event_loop_lag`).
 """
 
 from __future__ import annotations

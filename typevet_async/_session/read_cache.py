@@ -59,7 +59,7 @@ from typevet_async._core.reading.read_values import decode_read, encode_read
 from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._errors import ConfigurationError, TypevetError
 from typevet_async._session.read_cache_sqlite import DEFAULT_SQLITE_ENTRIES, SqliteReadCache
-from typevet_async._version import installed_version
+from typevet_async._version import __version__
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
@@ -216,7 +216,7 @@ class CachedReads:
         identity = backend.read_identity()
         if identity is None:
             return None
-        return cls(cache, f"{identity}\nsdk {installed_version()}", probe_digest(probe))
+        return cls(cache, f"{identity}\nsdk {__version__}", probe_digest(probe))
 
     async def read(
         self,

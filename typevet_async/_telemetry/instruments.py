@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from typevet_async._version import installed_version
+from typevet_async._version import __version__
 
 __all__ = [
     "CAPTURE_CONTENT",
@@ -56,7 +56,7 @@ except ImportError:  # the otel extra is not installed
 #: Whether `active` may read the API's own provider globals (None until a provider is set):
 #: two attribute reads on the hot path, where ``get_tracer_provider`` and
 #: ``get_meter_provider`` also look up an environment variable each (about 1.9 µs the pair,
-#: three times a question: measured by benchmarks/bench_telemetry_cost.py). Not where a
+#: three times a question: measured by benchmarks/client_cost/bench_telemetry_cost.py). Not where a
 #: provider is named by ``OTEL_PYTHON_TRACER_PROVIDER`` or ``..._METER_PROVIDER`` (the API
 #: loads it at the first ``get_*_provider``), nor with an API that keeps them elsewhere.
 _GLOBALS_READABLE: Final = (
@@ -136,7 +136,7 @@ class Instruments:
             self.off_menu = self.in_flight = self.slot_wait = self.cache = nothing
             self.cache_failures = nothing
             return
-        version = installed_version()
+        version = __version__
         tracer_provider, meter_provider = providers
         self.tracer = tracer_provider.get_tracer(SCOPE, version)
         meter = meter_provider.get_meter(SCOPE, version)

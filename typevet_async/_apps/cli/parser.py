@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+import typevet_async as tv
 from typevet_async._apps.cli import batch, calibrate, evaluate, generate, judge, mcp, serve
 from typevet_async._apps.cli.arguments import CommandParser
 from typevet_async._apps.cli.exits import PROG
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {tv.__version__}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", help="the command; COMMAND --help"
     )

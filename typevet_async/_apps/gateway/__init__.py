@@ -22,7 +22,8 @@ judged on it. Routes:
   (`typevet_async._apps.gateway.decisions`; its errors in OpenAI's shape).
 - ``GET /v1/models``: the System One model list, one entry: the served model; its
   ``release_date`` is a placeholder, the UTC date the gateway's probe succeeded. It
-  advertises the batch route and its cap (``x_systemone_batch``).
+  advertises the batch route and its cap (``x_systemone_batch``) and names the SDK's version
+  (``x_typevet_version``). Every response's ``Server`` header is ``typevet-async/<version>``.
 - ``GET /healthz`` (always 200), ``GET /readyz`` (200 once the probe succeeded, else 503),
   ``GET /metrics`` (Prometheus, if ``prometheus_client`` is installed). These three take no
   key: they are for the orchestrator and the scraper.

