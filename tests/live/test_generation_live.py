@@ -100,7 +100,7 @@ async def test_llama_cpp_refuses_images_before_any_request(gemma3_url: str) -> N
     counter = InFlightCounter("/v1/chat/completions")
     probe = InFlightCounter("/apply-template")
     async with tv.Session.llama_cpp(
-        gemma3_url, trace_configs=[counter.config, probe.config]
+        gemma3_url, http=tv.HttpSettings(trace_configs=[counter.config, probe.config])
     ) as session:
         with pytest.raises(tv.InvalidInputError, match="does not take images") as caught:
             await session.generate(PROMPT, schema=COLOUR, images=[png()])
