@@ -218,10 +218,12 @@ def _chosen(name: str, home: Home, default: Any, choices: Sequence[str], **more:
 
 #: What each setting is, in the words ``--help`` and the guide show.
 _HELP: Final = {
-    "backend": "the server's kind: which constructor builds the session",
+    "backend": "the server's kind: which constructor builds the session (openai_compatible: "
+    "any /chat/completions server with top_logprobs, its base URL the API's base)",
     "base_url": "the server's URL, or a comma-separated list of one model's replicas (a "
-    "fleet); unset with llama_cpp: the embedded llama.cpp server",
-    "local_model": "the embedded server's local model (llama_cpp without a base URL)",
+    "fleet); unset with llama_cpp: the embedded llama.cpp server starts here (about 10 s)",
+    "local_model": "the embedded server's model (llama_cpp without a base URL): gemma3-270m, "
+    "a small base model, or qwen2.5-coder-1.5b, an instruction model (the qwen extra)",
     "model": "the model each request names (required with vllm; unset: the server's own)",
     "top_k": "logprobs asked for on a first read (default: by the menu's size)",
     "on_missing": "an option outside the read's window: exact (widen until read), clamp (the "

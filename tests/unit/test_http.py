@@ -881,7 +881,7 @@ async def test_a_generation_that_outlives_request_timeout_is_not_retried(
     message = str(caught.value)
     assert "the generation outlived request_timeout and was not retried" in message
     assert "after 0.3 s (request_timeout)" in message
-    assert "request_timeout= (Session.llama_cpp" in message
+    assert "http=tv.HttpSettings(request_timeout=...) (or TYPEVET_REQUEST_TIMEOUT" in message
     assert "max_tokens= (512 here)" in message
     assert caught.value.prompt_index == 0
 
