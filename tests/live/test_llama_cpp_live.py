@@ -103,9 +103,10 @@ async def test_the_first_read_grows_with_the_menu(gemma3_url: str) -> None:
 
 async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
     counter = InFlightCounter("/completion")
+    http = tv.HttpSettings(trace_configs=[counter.config])
     async with tv.Session.llama_cpp(
-        gemma3_url, top_k=1, reproducible=True, content_free="scores",
-        http=tv.HttpSettings(trace_configs=[counter.config]), ) as session:  # fmt: skip
+        gemma3_url, top_k=1, reproducible=True, content_free="scores", http=http
+    ) as session:
         judgment = await session.judge(TICKET, questions())
     for question_id in judgment:
         diagnostics = judgment.diagnostics[question_id]
