@@ -6,8 +6,8 @@ the caller). A call's overrides become a `ReadOptions` through the same validato
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, ClassVar, Literal, Self
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Self, TypedDict
 
 import attrs
 
@@ -21,7 +21,7 @@ from typevet_async._core.controls import (
 )
 from typevet_async._core.layouts import Layout
 from typevet_async._errors import ConfigurationError
-from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
+from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, Image
 from typevet_async._options import (
     UNSET,
     Unset,
@@ -69,6 +69,8 @@ __all__ = [
     "DEFAULT_NOUL_CONTROLS",
     "DEFAULT_SCORE_CONTROLS",
     "BatchOptions",
+    "GenerateKeywords",
+    "GenerationKeywords",
     "GenerationOptions",
     "Permutations",
     "PrefixReuse",
@@ -266,6 +268,22 @@ class GenerationOptions(_CallOptions):
     max_in_flight: int = attrs.field(validator=positive_int)
     #: Each failure in its place, instead of raising the first.
     return_exceptions: bool = attrs.field(default=False, validator=boolean)
+
+
+class GenerateKeywords(TypedDict, total=False):
+    """The keywords of `Session.generate` besides ``schema``."""
+
+    images: Image | Sequence[Image]
+    max_tokens: int | Unset
+    timeout: float | None
+    model: str | None
+    max_retries: int | Unset
+
+
+class GenerationKeywords(GenerateKeywords, total=False):
+    """The keywords of `Session.generate_many` besides ``schema`` and ``return_exceptions``."""
+
+    max_in_flight: int | Unset
 
 
 @attrs.frozen(kw_only=True)
