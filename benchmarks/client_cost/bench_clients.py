@@ -567,7 +567,7 @@ def llama_cpp_backend(url: str, model: str) -> Backend:
         url,
         model,
         lambda c, top_k, traces: tv.Session.llama_cpp(
-            url, max_concurrency=c, top_k=top_k, trace_configs=traces
+            url, max_concurrency=c, top_k=top_k, http=tv.HttpSettings(trace_configs=traces)
         ),
         "/completion",
     )
@@ -579,7 +579,7 @@ def vllm_backend(url: str, model: str) -> Backend:
         url,
         model,
         lambda c, _, traces: tv.Session.vllm(
-            url, model=model, max_concurrency=c, trace_configs=traces
+            url, model=model, max_concurrency=c, http=tv.HttpSettings(trace_configs=traces)
         ),
         "/v1/chat/completions",
     )

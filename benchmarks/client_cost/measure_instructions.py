@@ -133,7 +133,10 @@ async def client(
     prompt, primed = template["prompt"], ticket(PRIME_TICKET)
     questions = list(QUESTIONS.items())
     session = tv.Session.llama_cpp(
-        url, max_concurrency=concurrency, time_slice=time_slice, **RECORDED_SETTINGS
+        url,
+        max_concurrency=concurrency,
+        http=tv.HttpSettings(time_slice=time_slice),
+        **RECORDED_SETTINGS,
     )
     async with session:
         await session.probe()

@@ -62,7 +62,7 @@ async def judgments_pass(url: str, states: list[str], cache: tv.ReadCache | None
     reads = Reads()
     usage = tv.Usage()
     async with tv.Session.llama_cpp(
-        url, max_concurrency=SLOTS, cache=cache, trace_configs=[reads.config]
+        url, max_concurrency=SLOTS, cache=cache, http=tv.HttpSettings(trace_configs=[reads.config])
     ) as session:
         await session.probe()  # the probe is not timed
         started = time.perf_counter()
@@ -122,7 +122,10 @@ async def identical_at_once(url: str, rounds: int, copies: int = 64) -> dict[str
             reads = Reads()
             cache = tv.MemoryReadCache() if mode != "no cache" else None
             async with tv.Session.llama_cpp(
-                url, max_concurrency=SLOTS, cache=cache, trace_configs=[reads.config]
+                url,
+                max_concurrency=SLOTS,
+                cache=cache,
+                http=tv.HttpSettings(trace_configs=[reads.config]),
             ) as session:
                 await session.probe()
                 started = time.perf_counter()

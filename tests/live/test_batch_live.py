@@ -86,7 +86,10 @@ async def test_a_pipeline_session_without_time_slices_answers_as_the_default_one
     # the two sessions must give the very same answers, in order.
     records = [(f"t{n}", f"Ticket {n}: {TICKET}") for n in range(8)]
     answers: dict[str, list[tuple[object, object]]] = {}
-    sessions: dict[str, dict[str, Any]] = {"default": {}, "pipeline": {"time_slice": None}}
+    sessions: dict[str, dict[str, Any]] = {
+        "default": {},
+        "pipeline": {"http": tv.HttpSettings(time_slice=None)},
+    }
     for name, extra in sessions.items():
         async with tv.Session.llama_cpp(gemma3_url, reproducible=True, **extra) as session:
             answers[name] = [

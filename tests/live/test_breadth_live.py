@@ -168,7 +168,9 @@ async def test_off_menu_guard(backend: tuple[str, str]) -> None:
 async def test_llama_cpp_refuses_images_when_props_declare_no_vision(gemma3_url: str) -> None:
     counter = InFlightCounter("/completion")
     image = png()
-    async with tv.Session.llama_cpp(gemma3_url, trace_configs=[counter.config]) as session:
+    async with tv.Session.llama_cpp(
+        gemma3_url, http=tv.HttpSettings(trace_configs=[counter.config])
+    ) as session:
         with pytest.raises(tv.InvalidInputError, match="does not declare vision"):
             await session.judge(TICKET, questions(), images=[image])
     assert counter.started == 0
@@ -187,7 +189,10 @@ async def test_image_caps_are_enforced_before_any_request(gemma3_url: str) -> No
     image = png(64)  # 72 bytes
     counter = InFlightCounter("/completion")
     async with tv.Session.llama_cpp(
-        gemma3_url, max_images=1, max_image_bytes=40, trace_configs=[counter.config]
+        gemma3_url,
+        max_images=1,
+        max_image_bytes=40,
+        http=tv.HttpSettings(trace_configs=[counter.config]),
     ) as session:
         with pytest.raises(tv.InvalidInputError, match="at most 1"):
             await session.judge(TICKET, questions(), images=[image, image])

@@ -212,7 +212,9 @@ async def test_codes_with_images_on_llama_cpp_are_refused_before_any_read(gemma3
 async def test_codes_with_images_on_vllm_are_refused_before_any_read(vllm_url: str) -> None:
     chats, tokens = InFlightCounter("/v1/chat/completions"), InFlightCounter("/v1/completions")
     async with tv.Session.vllm(
-        vllm_url, model=VLLM_MODEL_ID, trace_configs=[chats.config, tokens.config]
+        vllm_url,
+        model=VLLM_MODEL_ID,
+        http=tv.HttpSettings(trace_configs=[chats.config, tokens.config]),
     ) as session:
         with pytest.raises(tv.QuestionError, match="two-token codes") as refused:
             await session.judge(STATE, {"route": WIDE}, images=[png()])

@@ -181,7 +181,9 @@ async def test_messages_and_json_input_judge_as_the_state_they_hold(
 async def test_session_openai_decisions_equals_the_direct_session(
     gateway_url: str, gemma3_url: str
 ) -> None:
-    async with tv.Session.openai_decisions(gateway_url, api_key=KEY) as remote:
+    async with tv.Session.openai_decisions(
+        gateway_url, http=tv.HttpSettings(api_key=KEY)
+    ) as remote:
         judged = await remote.judge(STATE, TYPED)
         many = [item async for item in remote.judge_many([STATE, STATE + " Now."], TYPED)]
     expected = await direct(gemma_session(gemma3_url))
@@ -214,7 +216,7 @@ async def test_the_off_menu_guard_refuses_exactly_the_flagged_questions(gemma3_u
     session = gemma_session(gemma3_url, off_menu_threshold=threshold, raise_off_menu=True)
     async with ready_gateway(session, GatewayConfig(keys=(KEY,))) as url:
         decision = await ask_async(url)
-        async with tv.Session.openai_decisions(url, api_key=KEY) as remote:
+        async with tv.Session.openai_decisions(url, http=tv.HttpSettings(api_key=KEY)) as remote:
             with pytest.raises(tv.RefusalError) as caught:
                 await remote.judge(STATE, TYPED)
     refused = {qid for qid, a in zip(TYPED, decision.answers, strict=True) if a.type == "refusal"}
@@ -344,7 +346,7 @@ async def test_a_question_refused_while_judging_is_named_once_and_the_sdk_stops_
             await ask_async(url, [WIRE_QUESTIONS[0], {**wide, "choices": wide["choices"][:1]}])
         assert validated.value.param == "questions[1].choices"
         before = await refusals(url)
-        async with tv.Session.openai_decisions(url, api_key=KEY) as remote:
+        async with tv.Session.openai_decisions(url, http=tv.HttpSettings(api_key=KEY)) as remote:
             with pytest.raises(tv.QuestionError) as alone:
                 await remote.judge(STATE, typed)
             records = [f"{STATE} ({n})" for n in range(6)]
@@ -439,7 +441,7 @@ async def test_over_vllm_both_clients_get_the_direct_answers(vllm_url: str) -> N
                 )
 
         by_sync = await asyncio.to_thread(ask)
-        async with tv.Session.openai_decisions(url, api_key=KEY) as remote:
+        async with tv.Session.openai_decisions(url, http=tv.HttpSettings(api_key=KEY)) as remote:
             by_session = await remote.judge(STATE, TYPED)
     expected = await direct(vllm_session(vllm_url))
     found = gaps(by_async, expected) + gaps(by_sync, expected)

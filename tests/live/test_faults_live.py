@@ -60,7 +60,9 @@ async def test_status_faults_without_retries_are_typed_server_errors(gemma3_url:
     async with FaultInjectingProxy(gemma3_url) as proxy:
         for fault, status in STATUS_FAULTS.items():
             proxy.script = [fault]
-            async with tv.Session.llama_cpp(proxy.url, max_retries=0) as session:
+            async with tv.Session.llama_cpp(
+                proxy.url, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+            ) as session:
                 with pytest.raises(tv.ServerError) as caught:
                     await session.judge(TICKET, QUESTION)
             assert caught.value.status == status
@@ -69,7 +71,10 @@ async def test_status_faults_without_retries_are_typed_server_errors(gemma3_url:
 async def test_a_server_that_never_answers(gemma3_url: str) -> None:
     async with FaultInjectingProxy(gemma3_url) as proxy:
         proxy.script = ["hang"]
-        async with tv.Session.llama_cpp(proxy.url, request_timeout=1.0, max_retries=0) as session:
+        async with tv.Session.llama_cpp(
+            proxy.url,
+            http=tv.HttpSettings(request_timeout=1.0, retry=tv.RetryPolicy(max_retries=0)),
+        ) as session:
             await session.probe()
             with pytest.raises(tv.RequestTimeoutError) as timed_out:
                 await session.judge(TICKET, QUESTION)
@@ -113,7 +118,9 @@ async def test_the_real_server_killed_mid_batch_and_restarted(tmp_path: object) 
     records = [(f"r{n}", f"Ticket {n}: {TICKET}") for n in range(24)]
     items: list[tv.BatchItem] = []
     try:
-        async with tv.Session.llama_cpp(url, max_concurrency=2, max_retries=6) as session:
+        async with tv.Session.llama_cpp(
+            url, max_concurrency=2, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=6))
+        ) as session:
             async for item in session.judge_many(records, QUESTION):
                 items.append(item)
                 if len(items) == 6:  # mid-batch: kill it hard, then bring it back

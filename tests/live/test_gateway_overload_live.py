@@ -54,7 +54,9 @@ def body(n: int) -> dict[str, Any]:
 async def gateway(upstream: str, **config: Any) -> AsyncIterator[tuple[str, GatewayState]]:
     """The gateway over a session on ``upstream`` (no retries), and its state; ready (probed)
     when the block starts."""
-    session = tv.Session.llama_cpp(upstream, max_retries=0)
+    session = tv.Session.llama_cpp(
+        upstream, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+    )
     async with ready_gateway_state(session, GatewayConfig(keys=(KEY,), **config)) as served:
         yield served
 

@@ -56,7 +56,9 @@ async def gateway(
 ) -> AsyncIterator[tuple[str, GatewayState, aiohttp.ClientSession]]:
     """The gateway over a session on ``upstream`` (no retries: one refusal is one failure), its
     state, and a client; ready (probed) when the block starts."""
-    session = tv.Session.llama_cpp(upstream, max_retries=0)
+    session = tv.Session.llama_cpp(
+        upstream, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+    )
     async with (
         ready_gateway_state(session, GatewayConfig(keys=(KEY,), **config)) as (url, state),
         aiohttp.ClientSession() as http,

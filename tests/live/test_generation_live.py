@@ -27,7 +27,9 @@ PROMPT = 'Reply in JSON like {"colour": "red"}. The car is red.'
 @pytest_asyncio.fixture
 async def counted(backend: tuple[str, str]) -> AsyncIterator[tuple[tv.Session, InFlightCounter]]:
     counter = InFlightCounter("/v1/chat/completions")
-    async with make_session(backend, max_concurrency=3, trace_configs=[counter.config]) as session:
+    async with make_session(
+        backend, max_concurrency=3, http=tv.HttpSettings(trace_configs=[counter.config])
+    ) as session:
         yield session, counter
 
 
@@ -100,7 +102,7 @@ async def test_llama_cpp_refuses_images_before_any_request(gemma3_url: str) -> N
     counter = InFlightCounter("/v1/chat/completions")
     probe = InFlightCounter("/apply-template")
     async with tv.Session.llama_cpp(
-        gemma3_url, trace_configs=[counter.config, probe.config]
+        gemma3_url, http=tv.HttpSettings(trace_configs=[counter.config, probe.config])
     ) as session:
         with pytest.raises(tv.InvalidInputError, match="does not take images") as caught:
             await session.generate(PROMPT, schema=COLOUR, images=[png()])
@@ -118,7 +120,10 @@ async def test_image_caps_apply_to_generation_before_any_request(
     image = png(64)  # 72 bytes
     counter = InFlightCounter("/v1/chat/completions")
     async with make_session(
-        backend, max_images=1, max_image_bytes=40, trace_configs=[counter.config]
+        backend,
+        max_images=1,
+        max_image_bytes=40,
+        http=tv.HttpSettings(trace_configs=[counter.config]),
     ) as session:
         with pytest.raises(tv.InvalidInputError, match="at most 1"):
             await session.generate(PROMPT, schema=COLOUR, images=[image, image])

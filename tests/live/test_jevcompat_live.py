@@ -202,7 +202,7 @@ async def raw_answers(url: str, model: str, state: Any) -> dict[str, Any]:
 @pytest.mark.asyncio
 async def test_session_system_one_reads_the_reference_mock_exactly(mock_url: str) -> None:
     states = [STATE, "Where is my parcel?", ["Line one.", "The app crashes."]]
-    async with tv.Session.system_one(mock_url, api_key=KEY) as session:
+    async with tv.Session.system_one(mock_url, http=tv.HttpSettings(api_key=KEY)) as session:
         probe = await session.probe()
         judgments = [item async for item in session.judge_many(states, QUESTIONS)]
     assert probe.model_ids[0] == "jev-latest"  # the mock lists it first; requests name it
@@ -237,7 +237,10 @@ async def test_session_system_one_reads_the_reference_mock_exactly(mock_url: str
 
 @pytest.mark.asyncio
 async def test_a_wrong_key_to_the_mock_is_a_401_not_retried(mock_url: str) -> None:
-    async with tv.Session.system_one(mock_url, api_key="not-the-key", max_retries=2) as session:
+    async with tv.Session.system_one(
+        mock_url,
+        http=tv.HttpSettings(api_key="not-the-key", retry=tv.RetryPolicy(max_retries=2)),
+    ) as session:
         with pytest.raises(tv.ServerError) as raised:
             await session.probe()
     assert raised.value.status == 401

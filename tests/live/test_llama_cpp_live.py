@@ -103,10 +103,10 @@ async def test_the_first_read_grows_with_the_menu(gemma3_url: str) -> None:
 
 async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
     counter = InFlightCounter("/completion")
+    http = tv.HttpSettings(trace_configs=[counter.config])
     async with tv.Session.llama_cpp(
-        gemma3_url, top_k=1, reproducible=True, content_free="scores",
-        trace_configs=[counter.config],
-    ) as session:  # fmt: skip
+        gemma3_url, top_k=1, reproducible=True, content_free="scores", http=http
+    ) as session:
         judgment = await session.judge(TICKET, questions())
     for question_id in judgment:
         diagnostics = judgment.diagnostics[question_id]
@@ -127,7 +127,7 @@ async def test_escalation_path_is_still_exact(gemma3_url: str) -> None:
 async def test_fifty_judgments_never_exceed_the_cap(gemma3_url: str) -> None:
     counter = InFlightCounter("/completion")
     async with tv.Session.llama_cpp(
-        gemma3_url, max_concurrency=4, trace_configs=[counter.config]
+        gemma3_url, max_concurrency=4, http=tv.HttpSettings(trace_configs=[counter.config])
     ) as session:
         question = {"refund": tv.Noul(instructions="Is a refund requested?")}
         results: list[tv.Judgment | None] = [None] * 50
@@ -165,7 +165,10 @@ async def test_failing_question_fails_the_judgment_and_cancels_siblings(gemma3_u
 
     responses.config.on_request_end.append(on_end)
     async with tv.Session.llama_cpp(
-        gemma3_url, max_concurrency=4, prefix_reuse="off", trace_configs=[responses.config]
+        gemma3_url,
+        max_concurrency=4,
+        prefix_reuse="off",
+        http=tv.HttpSettings(trace_configs=[responses.config]),
     ) as session:
         await session.probe()
         tasks_before = len(asyncio.all_tasks())
@@ -214,7 +217,9 @@ async def test_request_timeout_is_typed(gemma3_url: str) -> None:
     # keeps its retries: on a loaded machine one of its 81 concurrent requests may be slow).
     seconds, tokens = prefill_seconds(gemma3_url, LONG_STATE)
     assert seconds > 1.0, f"a {tokens}-token prefill took only {seconds:.2f} s"
-    async with tv.Session.llama_cpp(gemma3_url, request_timeout=0.5, reproducible=True) as session:
+    async with tv.Session.llama_cpp(
+        gemma3_url, http=tv.HttpSettings(request_timeout=0.5), reproducible=True
+    ) as session:
         await session.probe()
         with pytest.raises(tv.RequestTimeoutError) as caught:
             await session.judge(
@@ -274,7 +279,9 @@ async def test_pool_idle_longer_than_server_keepalive(gemma3_url: str) -> None:
 
 async def test_probe_happens_once_for_concurrent_judgments(gemma3_url: str) -> None:
     counter = InFlightCounter("/props")  # asked once per probe
-    async with tv.Session.llama_cpp(gemma3_url, trace_configs=[counter.config]) as session:
+    async with tv.Session.llama_cpp(
+        gemma3_url, http=tv.HttpSettings(trace_configs=[counter.config])
+    ) as session:
         async with anyio.create_task_group() as group:
             for _ in range(8):
                 group.start_soon(session.judge, TICKET, {"r": tv.Noul(instructions="Refund?")})
@@ -307,7 +314,7 @@ async def test_gemma_under_a_chatml_template_is_refused_as_degraded(
 ) -> None:
     counter = InFlightCounter("/completion")
     async with tv.Session.llama_cpp(
-        chatml_url, layout=layout, trace_configs=[counter.config]
+        chatml_url, layout=layout, http=tv.HttpSettings(trace_configs=[counter.config])
     ) as session:
         assert (await session.probe()).family is tv.TemplateFamily.DEGRADED
         with pytest.raises(tv.UnsupportedTemplateError) as caught:

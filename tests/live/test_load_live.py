@@ -129,7 +129,10 @@ async def run_load(
             run.rss.append((state.done, rss_mib()))
 
     async with tv.Session.llama_cpp(
-        url, max_concurrency=CONCURRENCY, trace_configs=[reads.config], **settings
+        url,
+        max_concurrency=CONCURRENCY,
+        http=tv.HttpSettings(trace_configs=[reads.config]),
+        **settings,
     ) as session:
         expected = 0
         async for item in session.judge_many(

@@ -384,7 +384,7 @@ async def test_the_gateway_serves_in_front_of_it(gemma3_url: str) -> None:
         ready_gateway(
             tv.Session.openai_compatible(f"{gemma3_url}/v1"), GatewayConfig(keys=(key,))
         ) as url,
-        tv.Session.system_one(url, api_key=key) as client,
+        tv.Session.system_one(url, http=tv.HttpSettings(api_key=key)) as client,
     ):
         judgment = await client.judge(TICKET, ROUTE)
     answer = judgment["route"]

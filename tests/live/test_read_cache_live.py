@@ -91,7 +91,10 @@ async def test_a_second_identical_judgment_reads_nothing(
                 await cache.open()
             counter = InFlightCounter(COMPLETION)
             async with tv.Session.llama_cpp(
-                gemma3_url, cache=cache, content_free="scores", trace_configs=[counter.config]
+                gemma3_url,
+                cache=cache,
+                content_free="scores",
+                http=tv.HttpSettings(trace_configs=[counter.config]),
             ) as session:
                 judgments.append((await session.judge(TICKET, questions()), counter.started))
     (first, sent), (second, sent_again) = judgments
@@ -112,7 +115,10 @@ async def test_a_changed_model_pin_template_prompt_or_read_size_misses(gemma3_ur
     async def reads_of(state: str = TICKET, **settings: Any) -> int:
         before = counter.started
         async with tv.Session.llama_cpp(
-            gemma3_url, cache=cache, trace_configs=[counter.config], **{**LETTERED, **settings}
+            gemma3_url,
+            cache=cache,
+            http=tv.HttpSettings(trace_configs=[counter.config]),
+            **{**LETTERED, **settings},
         ) as session:
             judgment = await session.judge(state, ask)
         assert counter.started - before == judgment.usage.reads
@@ -139,7 +145,10 @@ async def test_64_identical_questions_at_once_send_one_read(gemma3_url: str) -> 
     counter = InFlightCounter(COMPLETION)
     ask = {"refund": questions()["refund"]}
     async with tv.Session.llama_cpp(
-        gemma3_url, cache=tv.MemoryReadCache(), trace_configs=[counter.config], **LETTERED
+        gemma3_url,
+        cache=tv.MemoryReadCache(),
+        http=tv.HttpSettings(trace_configs=[counter.config]),
+        **LETTERED,
     ) as session:
         judgments = await asyncio.gather(*(session.judge(TICKET, ask) for _ in range(64)))
     assert counter.started == 1
@@ -192,7 +201,10 @@ async def test_rotations_and_a_calibration_map_on_cached_reads_answer_as_on_fres
         fresh = await session.judge(TICKET, ask, permutations=3, calibration=calibration)
     counter = InFlightCounter(COMPLETION)
     async with tv.Session.llama_cpp(
-        gemma3_url, reproducible=True, cache=tv.MemoryReadCache(), trace_configs=[counter.config]
+        gemma3_url,
+        reproducible=True,
+        cache=tv.MemoryReadCache(),
+        http=tv.HttpSettings(trace_configs=[counter.config]),
     ) as session:
         plain = await session.judge(TICKET, ask)  # stores the unrotated read alone
         assert counter.started == plain.usage.reads
@@ -216,7 +228,10 @@ async def test_rotations_and_a_calibration_map_on_cached_reads_answer_as_on_fres
 async def test_vllm_a_second_identical_judgment_reads_nothing(vllm_url: str) -> None:
     cache, counter = tv.MemoryReadCache(), InFlightCounter("/v1/chat/completions")
     async with tv.Session.vllm(
-        vllm_url, model=VLLM_MODEL_ID, cache=cache, trace_configs=[counter.config]
+        vllm_url,
+        model=VLLM_MODEL_ID,
+        cache=cache,
+        http=tv.HttpSettings(trace_configs=[counter.config]),
     ) as session:
         first = await session.judge(TICKET, questions())
         sent = counter.started
@@ -265,7 +280,9 @@ async def test_a_script_that_raises_before_aclose_exits_with_its_reads_kept(
     counter = InFlightCounter(COMPLETION)
     async with (
         tv.SqliteReadCache(path) as cache,
-        tv.Session.llama_cpp(gemma3_url, cache=cache, trace_configs=[counter.config]) as session,
+        tv.Session.llama_cpp(
+            gemma3_url, cache=cache, http=tv.HttpSettings(trace_configs=[counter.config])
+        ) as session,
     ):
         again = await session.judge(TICKET, {"refund": tv.Noul(instructions="Refund?")})
     assert counter.started == 0
@@ -307,7 +324,7 @@ async def test_a_cached_rerun_of_the_shipped_eval_set_sends_no_read(
     async with tv.SqliteReadCache(database) as cache:
         assert await cache.entries() == 900  # 300 tickets x 3 questions
         async with tv.Session.llama_cpp(
-            gemma3_url, cache=cache, trace_configs=[counter.config]
+            gemma3_url, cache=cache, http=tv.HttpSettings(trace_configs=[counter.config])
         ) as session:
             records = [json.loads(line) for line in tickets.read_text().splitlines()]
             shipped = tv.questions_from_json(json.loads(shipped_questions.read_text()))

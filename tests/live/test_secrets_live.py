@@ -41,7 +41,7 @@ async def test_url_credentials_show_in_no_real_error_or_repr(gemma3_url: str) ->
     url = gemma3_url.replace("http://", f"http://{USER}:{PASSWORD}@")
     secrets = [USER, PASSWORD, base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()]
     question = {"refund": tv.Noul(instructions="Is a refund requested?")}
-    session = tv.Session.llama_cpp(url, max_retries=0)
+    session = tv.Session.llama_cpp(url, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0)))
     async with session:
         judgment = await session.judge(TICKET, question)  # the credentials go as Basic auth
         with pytest.raises(tv.ServerError) as caught:
@@ -94,7 +94,10 @@ async def test_a_real_generation_that_outlives_request_timeout_is_sent_once(
         "additionalProperties": False,
     }
     session = tv.Session.llama_cpp(
-        gemma3_url, request_timeout=1.0, max_retries=2, trace_configs=[chat.config]
+        gemma3_url,
+        http=tv.HttpSettings(
+            request_timeout=1.0, retry=tv.RetryPolicy(max_retries=2), trace_configs=[chat.config]
+        ),
     )
     async with session:
         await session.probe()

@@ -154,7 +154,7 @@ async def test_judge_many_goes_through_the_batch_route_with_the_direct_answers(
         direct = [item async for item in direct_session.judge_many(TICKETS, QUESTIONS)]
     before = await route_counts(gateway_url)
     started = time.perf_counter()
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         items = [item async for item in session.judge_many(TICKETS, QUESTIONS)]
         backend = session.backend
         assert isinstance(backend, AsyncSystemOne)
@@ -181,7 +181,7 @@ async def test_an_advertised_300000_is_capped_and_3_records_are_3_workers_and_on
     states = TICKETS[:3]
     async with (
         AdvertisingProxy(gateway_url, 300_000) as proxy,
-        tv.Session.system_one(proxy.url, api_key=KEY) as session,
+        tv.Session.system_one(proxy.url, http=tv.HttpSettings(api_key=KEY)) as session,
     ):
         with counting_tasks() as created:
             items = [item async for item in session.judge_many(states, QUESTIONS)]
@@ -205,7 +205,7 @@ async def test_an_advertised_300000_is_capped_and_3_records_are_3_workers_and_on
 @pytest.mark.asyncio
 async def test_judge_many_keeps_a_refused_record_as_its_own_error(gateway_url: str) -> None:
     records = [TICKETS[0], LONG_TICKET, TICKETS[2]]
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         items = [item async for item in session.judge_many(records, QUESTIONS)]
     assert [item.judgment is not None for item in items] == [True, False, True]
     error = items[1].error
@@ -268,7 +268,7 @@ async def test_against_a_server_without_the_route_each_state_is_sent_alone(mock_
         body = batch_to_system_one("jev-latest", states, QUESTIONS)
         async with http.post(f"{mock_url}{BATCH_PATH}", json=body, headers=headers) as response:
             assert response.status in (404, 405)  # the route is not there
-    async with tv.Session.system_one(mock_url, api_key=MOCK_KEY) as session:
+    async with tv.Session.system_one(mock_url, http=tv.HttpSettings(api_key=MOCK_KEY)) as session:
         items = [item async for item in session.judge_many(states, QUESTIONS)]
         backend = session.backend
         assert isinstance(backend, AsyncSystemOne)
@@ -297,7 +297,7 @@ async def test_over_vllm_judge_many_through_the_batch_route_gives_the_direct_ans
     config = GatewayConfig(keys=(KEY,), request_deadline=300, max_batch_states=CAP)
     async with running(direct_session(), config) as url:
         await wait_until_ready(url, 300)
-        async with tv.Session.system_one(url, api_key=KEY) as session:
+        async with tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as session:
             items = [item async for item in session.judge_many(states, QUESTIONS)]
         sent = await route_counts(url)
     async with direct_session() as direct:

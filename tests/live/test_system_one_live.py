@@ -72,7 +72,7 @@ def assert_same_judgment(remote: tv.Judgment, direct: tv.Judgment) -> None:
 async def test_judge_gives_the_direct_answers(gateway_url: str, gemma3_url: str) -> None:
     async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
         direct = await direct_session.judge(TICKETS[0], QUESTIONS)
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         probe = await session.probe()
         remote = await session.judge(TICKETS[0], QUESTIONS)
     assert probe.family is tv.TemplateFamily.REMOTE
@@ -105,7 +105,7 @@ async def test_examples_ride_to_the_gateway_and_read_as_directly(
     }
     async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
         direct = await direct_session.judge(TICKETS[0], questions)
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         remote = await session.judge(TICKETS[0], questions)
     assert_same_judgment(remote, direct)  # the same prompts: the examples were read there
     for question_id, question in questions.items():
@@ -118,7 +118,9 @@ async def test_examples_ride_to_the_gateway_and_read_as_directly(
 async def test_judge_many_answers_every_record_in_order(gateway_url: str, gemma3_url: str) -> None:
     async with tv.Session.llama_cpp(gemma3_url, reproducible=True) as direct_session:
         direct = [await direct_session.judge(ticket, QUESTIONS) for ticket in TICKETS]
-    async with tv.Session.system_one(gateway_url, api_key=KEY, max_concurrency=4) as session:
+    async with tv.Session.system_one(
+        gateway_url, http=tv.HttpSettings(api_key=KEY), max_concurrency=4
+    ) as session:
         items = [item async for item in session.judge_many(TICKETS, QUESTIONS)]
     assert [item.index for item in items] == list(range(len(TICKETS)))
     for item, expected in zip(items, direct, strict=True):
@@ -133,7 +135,9 @@ async def test_one_record_the_server_refuses_fails_only_that_record(gateway_url:
     # record; so must a remote one (it ended the batch after 1-2 of 5 records).
     long_ticket = {"subject": "Log", "message": "word " * 9_000}
     records = [TICKETS[0], TICKETS[1], long_ticket, TICKETS[2], TICKETS[3]]
-    async with tv.Session.system_one(gateway_url, api_key=KEY, max_concurrency=2) as session:
+    async with tv.Session.system_one(
+        gateway_url, http=tv.HttpSettings(api_key=KEY), max_concurrency=2
+    ) as session:
         items = [item async for item in session.judge_many(records, QUESTIONS)]
     assert [item.index for item in items] == [0, 1, 2, 3, 4]
     assert [item.judgment is not None for item in items] == [True, True, False, True, True]
@@ -146,7 +150,7 @@ async def test_one_record_the_server_refuses_fails_only_that_record(gateway_url:
 
 @pytest.mark.asyncio
 async def test_the_official_client_and_ours_read_the_same_answers(gateway_url: str) -> None:
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         ours = await session.judge(TICKETS[1], QUESTIONS)
     body = request_to_system_one("gemma", TICKETS[1], QUESTIONS)
     async with ts.AsyncTypeSafeClient(
@@ -166,7 +170,7 @@ async def test_questions_the_server_refuses_are_a_question_error(gateway_url: st
     # 521 options: our client cannot know the server's controls, the gateway has 62 single
     # ones and 520 two-token codes, and refuses the question with a 422 naming it.
     many = tv.Choice([f"label {n}" for n in range(521)], instructions="Which one?")
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         with pytest.raises(tv.QuestionError, match="refused the questions") as raised:
             await session.judge(TICKETS[0], {"refund": QUESTIONS["refund"], "many": many})
     assert raised.value.question_id == "many"
@@ -175,7 +179,10 @@ async def test_questions_the_server_refuses_are_a_question_error(gateway_url: st
 
 @pytest.mark.asyncio
 async def test_a_wrong_key_is_a_401_not_retried(gateway_url: str) -> None:
-    async with tv.Session.system_one(gateway_url, api_key="wrong-key-123", max_retries=3) as s:
+    async with tv.Session.system_one(
+        gateway_url,
+        http=tv.HttpSettings(api_key="wrong-key-123", retry=tv.RetryPolicy(max_retries=3)),
+    ) as s:
         with pytest.raises(tv.ServerError) as raised:
             await s.probe()
     assert raised.value.status == 401
@@ -184,7 +191,9 @@ async def test_a_wrong_key_is_a_401_not_retried(gateway_url: str) -> None:
 
 @pytest.mark.asyncio
 async def test_a_pinned_model_the_server_does_not_list_is_refused(gateway_url: str) -> None:
-    async with tv.Session.system_one(gateway_url, api_key=KEY, model="no-such-model") as s:
+    async with tv.Session.system_one(
+        gateway_url, http=tv.HttpSettings(api_key=KEY), model="no-such-model"
+    ) as s:
         with pytest.raises(tv.ConfigurationError, match="no-such-model"):
             await s.judge(TICKETS[0], QUESTIONS)
 
@@ -192,7 +201,7 @@ async def test_a_pinned_model_the_server_does_not_list_is_refused(gateway_url: s
 @pytest.mark.asyncio
 async def test_generation_and_images_are_refused_unsent(gateway_url: str) -> None:
     image = tv.Image.from_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png")
-    async with tv.Session.system_one(gateway_url, api_key=KEY) as session:
+    async with tv.Session.system_one(gateway_url, http=tv.HttpSettings(api_key=KEY)) as session:
         with pytest.raises(tv.InvalidInputError, match="no schema-bound generation"):
             await session.generate("Say hi", schema={"type": "string"})
         with pytest.raises(tv.InvalidInputError, match="does not send images"):

@@ -233,7 +233,9 @@ async def test_a_failed_judgment_marks_its_spans_failed_by_error_type_only(
 ) -> None:
     async with (
         FaultInjectingProxy(gemma3_url) as proxy,
-        tv.Session.llama_cpp(proxy.url, max_retries=0) as session,
+        tv.Session.llama_cpp(
+            proxy.url, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+        ) as session,
     ):
         await session.probe()
         proxy.script = ["duplicated_id"]  # a reply that fails validation: not retried

@@ -139,13 +139,15 @@ async def test_the_candidate_limit_is_the_servers(vllm_url: str) -> None:
 
 async def test_model_id_mismatch_fails_before_any_request(vllm_url: str) -> None:
     counter = InFlightCounter("/v1/chat/completions")
-    async with vllm_session(vllm_url, trace_configs=[counter.config]) as session:
+    async with vllm_session(
+        vllm_url, http=tv.HttpSettings(trace_configs=[counter.config])
+    ) as session:
         with pytest.raises(tv.ConfigurationError, match="pinned to model 'gemma3-270m'"):
             await session.judge(TICKET, questions(), model="gemma-4-e4b")
         with pytest.raises(tv.ConfigurationError, match="pinned"):
             await session.generate("x", schema={"type": "string"}, model="gemma-4-e4b")
     async with tv.Session.vllm(
-        vllm_url, model="not-served", trace_configs=[counter.config]
+        vllm_url, model="not-served", http=tv.HttpSettings(trace_configs=[counter.config])
     ) as session:
         with pytest.raises(tv.ConfigurationError, match="serves \\['gemma3-270m'\\]"):
             await session.judge(TICKET, questions())

@@ -100,6 +100,10 @@ def sockets_to(port: int) -> int:
     return count
 
 
+#: One attempt a request: the failure under test is not retried away.
+NO_RETRIES = tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+
+
 def session_factory(url: str, made: list[tv.Session], **options: Any) -> Callable[[], tv.Session]:
     """A factory for `create_app` that keeps what it made, for the checks after shutdown."""
 
@@ -175,7 +179,9 @@ async def test_fifty_concurrent_requests_get_their_own_answers_and_shut_down_cle
 async def test_a_bad_ticket_is_a_422_and_nothing_is_read(gemma3_url: str) -> None:
     reads = InFlightCounter("/completion")
     made: list[tv.Session] = []
-    app = webapp.create_app(session_factory(gemma3_url, made, trace_configs=[reads.config]))
+    app = webapp.create_app(
+        session_factory(gemma3_url, made, http=tv.HttpSettings(trace_configs=[reads.config]))
+    )
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
@@ -211,7 +217,7 @@ async def test_an_unreachable_model_server_stops_the_start() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     made: list[tv.Session] = []
-    app = webapp.create_app(session_factory(f"http://127.0.0.1:{port}", made, max_retries=0))
+    app = webapp.create_app(session_factory(f"http://127.0.0.1:{port}", made, http=NO_RETRIES))
     with pytest.raises(tv.TransportError):
         async with app.router.lifespan_context(app):
             pytest.fail("the app started without its model server")
@@ -226,7 +232,7 @@ async def test_model_server_failures_are_502_504_and_a_refused_ticket_422(gemma3
     # server, so the cancelled request leaves nothing running there.
     async with FaultInjectingProxy(gemma3_url) as proxy:
         made: list[tv.Session] = []
-        app = webapp.create_app(session_factory(proxy.url, made, max_retries=0), timeout=2.0)
+        app = webapp.create_app(session_factory(proxy.url, made, http=NO_RETRIES), timeout=2.0)
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(

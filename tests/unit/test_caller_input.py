@@ -125,7 +125,9 @@ async def test_nothing_reaches_the_wire_with_a_lone_surrogate() -> None:
     server = FaultInjectingStubServer(lambda _c, _n: reply(500, b"{}"))
     await server.start()
     try:
-        async with tv.Session.llama_cpp(server.url, max_retries=0) as s:
+        async with tv.Session.llama_cpp(
+            server.url, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+        ) as s:
             with pytest.raises(tv.InvalidInputError, match="state has a lone surrogate"):
                 await s.judge(f"x{SURROGATE}", {"q": noul()})
             with pytest.raises(tv.InvalidInputError, match="prompt 0 has a lone surrogate"):
@@ -319,7 +321,7 @@ def test_zero_concurrency_never_means_no_cap() -> None:
     for bad in (0, -1):
         with pytest.raises(tv.ConfigurationError, match="max_concurrency must be a positive"):
             tv.Session.llama_cpp("http://127.0.0.1:1", max_concurrency=bad)
-        with pytest.raises(tv.ConfigurationError, match="max_concurrency must be a positive"):
+        with pytest.raises(tv.ConfigurationError, match="TYPEVET_MAX_CONCURRENCY must be a posit"):
             tv.Session.from_env({"TYPEVET_MAX_CONCURRENCY": str(bad)})
 
 
@@ -334,8 +336,8 @@ URL = "http://127.0.0.1:1"
         ({"request_timeout": True}, "request_timeout must be a positive, finite number"),
         ({"max_retries": "3"}, "max_retries must be an integer >= 0, got '3'"),
         ({"read_timeout": "x"}, r"unknown session setting\(s\) \['read_timeout'\]"),
-        ({"trace_configs": 5}, "trace_configs must be a list or tuple of aiohttp.TraceConfig"),
-        ({"trace_configs": ["x"]}, "trace_configs must be a list or tuple of aiohttp.TraceConfig"),
+        ({"trace_configs": 5}, "trace_configs must be a sequence of aiohttp.TraceConfig"),
+        ({"trace_configs": ["x"]}, "trace_configs must be a sequence of aiohttp.TraceConfig"),
         ({"api_key": 5}, "api_key must be a string or None, got int"),
         ({"api_key": ""}, "api_key is empty; pass None for no key"),
         ({"api_key": "sk-secret\n"}, r"api_key starts or ends with whitespace \(a trailing"),
@@ -349,9 +351,13 @@ def test_factory_options_of_the_wrong_type_are_named(
     factory: str, options: dict[str, Any], message: str
 ) -> None:
     def build() -> tv.Session:
+        http = {key: value for key, value in options.items() if key != "read_timeout"}
+        if "max_retries" in http:
+            http["retry"] = tv.RetryPolicy(max_retries=http.pop("max_retries"))
+        keywords = {"http": tv.HttpSettings(**http)} if http else options
         if factory == "vllm":
-            return tv.Session.vllm(URL, model="m", **options)
-        return tv.Session.llama_cpp(URL, **options)
+            return tv.Session.vllm(URL, model="m", **keywords)
+        return tv.Session.llama_cpp(URL, **keywords)
 
     with pytest.raises(tv.ConfigurationError, match=message) as caught:
         build()
@@ -379,7 +385,7 @@ def test_local_refuses_server_options_of_the_wrong_type() -> None:
 
 def test_an_api_key_from_the_environment_with_a_newline_is_refused_unshown() -> None:
     env = {"TYPEVET_BASE_URL": URL, "TYPEVET_API_KEY": "sk-secret\n"}
-    with pytest.raises(tv.ConfigurationError, match="api_key starts or ends") as caught:
+    with pytest.raises(tv.ConfigurationError, match="TYPEVET_API_KEY starts or ends") as caught:
         tv.Session.from_env(env)
     assert "secret" not in str(caught.value)
 
@@ -391,8 +397,15 @@ def test_a_session_refuses_settings_of_the_wrong_type() -> None:
 
 
 def test_a_valid_api_key_and_trace_configs_are_accepted() -> None:
-    tv.Session.llama_cpp(URL, api_key="sk-A1_b2.c3~d4+/e5==", trace_configs=[aiohttp.TraceConfig()])
-    tv.Session.vllm(URL, model="m", api_key=None, trace_configs=())
+    tv.Session.llama_cpp(
+        URL,
+        http=tv.HttpSettings(api_key="sk-A1_b2.c3~d4+/e5==", trace_configs=[aiohttp.TraceConfig()]),
+    )
+    tv.Session.vllm(
+        URL,
+        model="m",
+        http=tv.HttpSettings(api_key=None, trace_configs=()),
+    )
 
 
 # -- a second event loop --------------------------------------------------------------------
@@ -425,7 +438,7 @@ def test_a_session_used_from_a_second_event_loop_is_a_session_state_error() -> N
 
 def test_an_http_session_from_a_second_loop_is_refused_before_any_io() -> None:
     """Before the fix: aiohttp's raw ``RuntimeError: Event loop is closed``."""
-    s = tv.Session.llama_cpp(URL, max_retries=0)
+    s = tv.Session.llama_cpp(URL, http=tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0)))
     asyncio.run(s.open())
 
     async def use() -> None:

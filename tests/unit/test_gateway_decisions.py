@@ -100,7 +100,10 @@ async def test_session_openai_decisions_through_the_gateway_equals_the_direct_se
                     if ready.status == 200:
                         break
                 await asyncio.sleep(0.01)
-        async with tv.Session.openai_decisions(url, api_key=KEY, max_retries=0) as remote:
+        async with tv.Session.openai_decisions(
+            url,
+            http=tv.HttpSettings(api_key=KEY, retry=tv.RetryPolicy(max_retries=0)),
+        ) as remote:
             judged = await remote.judge({"ticket": "charged twice"}, questions)
     for qid, answer in expected.items():
         for key, p in answer.probabilities.items():
@@ -169,7 +172,10 @@ async def test_the_sdk_stops_a_batch_once_on_a_question_refused_while_judging() 
     config = GatewayConfig(keys=(KEY,), probe_interval=0.01)
     async with running(tv.Session(InMemoryStubBackend()), config) as url:
         await ready(url)
-        async with tv.Session.openai_decisions(url, api_key=KEY, max_retries=0) as remote:
+        async with tv.Session.openai_decisions(
+            url,
+            http=tv.HttpSettings(api_key=KEY, retry=tv.RetryPolicy(max_retries=0)),
+        ) as remote:
             with pytest.raises(tv.QuestionError, match="refused the request") as raised:
                 async for _ in remote.judge_many(
                     [f"ticket {n}" for n in range(6)], questions, max_in_flight=1

@@ -187,7 +187,7 @@ async def test_a_body_of_unknown_length_is_capped_as_it_streams(
 async def test_api_key_is_never_shown_in_a_repr(stub: FaultInjectingStubServer) -> None:
     settings = tv.HttpSettings(api_key="sk-secret-123")
     client = HttpClient(stub.url, settings)
-    session = tv.Session.llama_cpp(stub.url, api_key="sk-secret-123")
+    session = tv.Session.llama_cpp(stub.url, http=tv.HttpSettings(api_key="sk-secret-123"))
     backend = session.backend
     assert isinstance(backend, tv.AsyncLlamaCpp)
     assert backend.config.http.api_key == "sk-secret-123"
@@ -575,7 +575,10 @@ async def test_the_api_key_never_leaks(
     stub.handler = lambda c, n: next(outcomes)
     caplog.set_level("DEBUG")
     errors: list[tv.TypevetError] = []
-    session = tv.Session.llama_cpp(stub.url, api_key=secret, max_retries=0)
+    session = tv.Session.llama_cpp(
+        stub.url,
+        http=tv.HttpSettings(api_key=secret, retry=tv.RetryPolicy(max_retries=0)),
+    )
     backend = session.backend
     assert isinstance(backend, tv.AsyncLlamaCpp)
     async with session:
@@ -811,7 +814,7 @@ def test_an_api_key_that_cannot_be_sent_is_refused_when_built(key: object, messa
     if isinstance(key, str) and key.strip():
         assert key.strip() not in str(caught.value)  # the key itself is never shown
     with pytest.raises(tv.ConfigurationError, match="api_key"):
-        tv.Session.llama_cpp("http://127.0.0.1:1", api_key=key)  # type: ignore[arg-type]
+        tv.Session.llama_cpp("http://127.0.0.1:1", http=tv.HttpSettings(api_key=key))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -878,7 +881,7 @@ async def test_a_generation_that_outlives_request_timeout_is_not_retried(
     message = str(caught.value)
     assert "the generation outlived request_timeout and was not retried" in message
     assert "after 0.3 s (request_timeout)" in message
-    assert "request_timeout= (Session.llama_cpp" in message
+    assert "http=tv.HttpSettings(request_timeout=...) (or TYPEVET_REQUEST_TIMEOUT" in message
     assert "max_tokens= (512 here)" in message
     assert caught.value.prompt_index == 0
 

@@ -370,8 +370,7 @@ def test_reproducible_is_refused_off_llama_cpp(
     argv += ["--model", "m"]
     assert main(argv) == 2
     assert capsys.readouterr().err == (
-        "typevet-async: --reproducible is for llama.cpp servers (their prompt cache and "
-        "batching move answers); this session is on AsyncVllm\n"
+        "typevet-async: ConfigurationError: --reproducible applies to llama_cpp, not vllm\n"
     )
     assert served == []
 

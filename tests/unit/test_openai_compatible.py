@@ -41,7 +41,6 @@ from typevet_async._core.reading.chat_reads import (
 from typevet_async._core.reading.read_keys import canonical, probe_digest
 from typevet_async._core.reading.read_values import decode_read, encode_read
 from typevet_async._core.reading.readings import CandidateRead
-from typevet_async._session.connect import from_env
 
 #: OpenAI's refusal of a window above its cap (its API's wording, as its docs and errors
 #: show it; no OpenAI server can be run here).
@@ -322,13 +321,13 @@ def test_the_factory_and_the_environment_build_the_backend() -> None:
     session = tv.Session.openai_compatible("http://127.0.0.1:9/v1", top_logprobs=5)
     assert isinstance(session._backend, AsyncOpenAICompatible)
     assert session._backend.config.top_logprobs == 5
-    backend, _ = from_env(
+    backend = tv.Session.from_env(
         {"TYPEVET_BACKEND": "openai_compatible", "TYPEVET_BASE_URL": "http://h/v1"}
-    )
+    ).backend
     assert isinstance(backend, AsyncOpenAICompatible)
     assert backend.config.on_missing == "clamp"  # the default: a server capped at 20 answers
     with pytest.raises(tv.ConfigurationError, match="TYPEVET_BASE_URL"):
-        from_env({"TYPEVET_BACKEND": "openai_compatible"})
+        tv.Session.from_env({"TYPEVET_BACKEND": "openai_compatible"})
 
 
 def test_a_clamped_count_survives_the_read_cache() -> None:

@@ -316,7 +316,8 @@ def closed_port_url() -> str:
 def test_an_unreachable_server_fails_the_batch_not_each_row(
     actor_loop: ActorLoop, make_judge: Callable[..., RayJudge]
 ) -> None:
-    judge = make_judge(factory_for(closed_port_url(), max_retries=0), QUESTIONS)
+    no_retries = tv.HttpSettings(retry=tv.RetryPolicy(max_retries=0))
+    judge = make_judge(factory_for(closed_port_url(), http=no_retries), QUESTIONS)
     with pytest.raises(tv.TransportError):
         actor_loop.run(judge(table(0, 3)))
 

@@ -620,7 +620,7 @@ async def test_every_factory_takes_the_cache(no_typevet_variables: None) -> None
                               layout="fused")  # fmt: skip
     assert (env.settings.max_concurrency, env.settings.layout) == (2, tv.Layout.FUSED)
     with pytest.raises(tv.ConfigurationError, match="TYPEVET_MAX_CONCURRENCY"):
-        tv.Session.from_env({}, max_concurrency=3)
+        tv.Session.from_env({"TYPEVET_MAX_CONCURRENCY": "2"}, max_concurrency=3)
     with pytest.raises(tv.ConfigurationError, match="unknown session setting"):
         tv.Session.from_env({}, cahce=cache)
 

@@ -57,11 +57,9 @@ def test_an_unknown_session_setting_is_refused() -> None:
         ({"top_k": 0}, "top_k must be a positive integer, got 0"),
         ({"on_missing": "nope"}, "on_missing must be one of 'exact', 'clamp', 'error', got 'nope'"),
         ({"reproducible": "yes"}, "reproducible must be True or False"),
-        ({"request_timeout": 0}, "request_timeout must be a positive, finite number"),
-        ({"max_retries": -1}, "max_retries must be an integer >= 0"),
-        ({"max_retries": True}, "max_retries must be an integer >= 0"),
-        ({"time_slice": 0}, "time_slice must be a positive, finite number, got 0"),
-        ({"time_slice": "1ms"}, "time_slice must be a positive, finite number, got '1ms'"),
+        ({"http": {"request_timeout": 0}}, "http must be a tv.HttpSettings or None"),
+        ({"logprobs_mode": "raw_logprobs"}, "logprobs_mode applies to vllm, not llama_cpp"),
+        ({"keepalive": 1.0}, r"keepalive is a field of http=tv.HttpSettings\(keepalive=...\)"),
     ],
 )
 def test_bad_llama_cpp_options(options: dict[str, Any], message: str) -> None:
@@ -108,8 +106,8 @@ def test_a_set_top_k_and_the_single_read_policies_ignore_the_menu() -> None:
             "'processed_logits', got 'nope'",
         ),
         ({"model": " "}, "needs model"),
-        ({"model": "m", "request_timeout": -1.0}, "request_timeout"),
-        ({"model": "m", "time_slice": -1.0}, "time_slice"),
+        ({}, "Session.vllm needs model="),
+        ({"model": "m", "top_k": 5}, "top_k applies to llama_cpp, not vllm"),
     ],
 )
 def test_bad_vllm_options(options: dict[str, Any], message: str) -> None:
@@ -121,6 +119,9 @@ def test_bad_vllm_options(options: dict[str, Any], message: str) -> None:
     ("build", "message"),
     [
         (lambda: tv.HttpSettings(request_timeout=0), "request_timeout"),
+        (lambda: tv.HttpSettings(time_slice=0), "time_slice must be a positive, finite number"),
+        (lambda: tv.HttpSettings(time_slice="1ms"), "time_slice must be a positive, finite"),
+        (lambda: tv.RetryPolicy(max_retries=True), "max_retries must be an integer >= 0"),
         (lambda: tv.HttpSettings(max_connections=0), "max_connections"),
         (lambda: tv.HttpSettings(keepalive=float("nan")), "keepalive"),
         (lambda: tv.HttpSettings(verify_tls=NOT_A_BOOL), "verify_tls"),
@@ -168,10 +169,13 @@ def test_the_time_slice_reaches_the_backends_http_client(factory: Any, time_slic
     from typevet_async._concurrency.slicing import SLICE
 
     assert factory()._backend.http.settings.time_slice == SLICE  # the default: 1 ms
-    assert factory(time_slice=time_slice)._backend.http.settings.time_slice == time_slice
+    http = tv.HttpSettings(time_slice=time_slice)
+    assert factory(http=http)._backend.http.settings.time_slice == time_slice
 
 
 def test_the_time_slice_reaches_every_replicas_http_client() -> None:
-    session = tv.Session.llama_cpp([URL, "http://127.0.0.1:2"], time_slice=None)
+    session = tv.Session.llama_cpp(
+        [URL, "http://127.0.0.1:2"], http=tv.HttpSettings(time_slice=None)
+    )
     clients = [endpoint.backend.http for endpoint in session._backend._endpoints]
     assert [client.settings.time_slice for client in clients] == [None, None]

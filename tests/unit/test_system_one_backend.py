@@ -228,9 +228,10 @@ async def stub() -> AsyncIterator[SystemOneStubServer]:
 CURRENT = json.dumps(current()).encode()
 
 
-def session_on(stub: SystemOneStubServer, **options: Any) -> tv.Session:
-    options.setdefault("api_key", "stub-key-1234")
-    return tv.Session.system_one(stub.url, **options)
+def session_on(stub: SystemOneStubServer, max_retries: int = 2, **options: Any) -> tv.Session:
+    retry = tv.RetryPolicy(max_retries=max_retries)
+    http = tv.HttpSettings(api_key="stub-key-1234", retry=retry)
+    return tv.Session.system_one(stub.url, http=http, **options)
 
 
 def refusal(loc: list[Any], msg: str) -> bytes:

@@ -61,12 +61,12 @@ def gateway(stub: InMemoryStubBackend, **config: Any) -> Any:
 
 
 async def judged(url: str, states: list[Any], **options: Any) -> list[tv.BatchItem]:
-    async with tv.Session.system_one(url, api_key=KEY) as session:
+    async with tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as session:
         return [item async for item in session.judge_many(states, QUESTIONS, **options)]
 
 
 async def alone(url: str, state: Any) -> tv.Judgment:
-    async with tv.Session.system_one(url, api_key=KEY) as session:
+    async with tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as session:
         return await session.judge(state, QUESTIONS)
 
 
@@ -129,7 +129,10 @@ async def test_a_transient_item_error_is_sent_again_alone(stub: InMemoryStubBack
 @pytest.mark.asyncio
 async def test_questions_the_server_refuses_end_the_batch_once(stub: InMemoryStubBackend) -> None:
     many = tv.Choice([f"label {n}" for n in range(63)], instructions="Which one?")
-    async with gateway(stub) as url, tv.Session.system_one(url, api_key=KEY) as session:
+    async with (
+        gateway(stub) as url,
+        tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as session,
+    ):
         with pytest.raises(tv.QuestionError, match="refused the questions") as raised:
             async for _ in session.judge_many(STATES, {"many": many}):
                 pass
@@ -152,7 +155,7 @@ async def test_a_404_on_the_route_means_not_offered_and_nothing_is_lost(
     stub: InMemoryStubBackend,
 ) -> None:
     async with gateway(stub) as url, older_server(url, advertise=True) as old:
-        async with tv.Session.system_one(old.url, api_key=KEY) as session:
+        async with tv.Session.system_one(old.url, http=tv.HttpSettings(api_key=KEY)) as session:
             items = [item async for item in session.judge_many(STATES, QUESTIONS)]
             backend = session.backend
             assert isinstance(backend, AsyncSystemOne)
@@ -198,7 +201,7 @@ async def test_examples_go_through_the_batch_route_to_our_gateway(
     turns = ("<end_of_turn>\n<start_of_turn>model\n", "<end_of_turn>\n<start_of_turn>user\n")
     stub.frame = with_turns(None, stub.family, turns)
     async with gateway(stub, max_batch_states=3) as url:
-        async with tv.Session.system_one(url, api_key=KEY) as session:
+        async with tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as session:
             items = [item async for item in session.judge_many(STATES[:3], {"refund": refund})]
         assert (await route_counts(url))["/v1/systemone/batch"] == 1
     for item in items:
@@ -312,7 +315,10 @@ async def test_a_batch_past_the_request_timeout_is_not_sent_again_whole(
     # The batch route hangs past the client's request_timeout: each state goes alone (and is
     # answered) instead of the whole batch being sent again to run as long again.
     async with gateway(stub) as url, older_server(url, advertise=True, hang=True) as old:
-        async with tv.Session.system_one(old.url, api_key=KEY, request_timeout=0.5) as session:
+        async with tv.Session.system_one(
+            old.url,
+            http=tv.HttpSettings(api_key=KEY, request_timeout=0.5),
+        ) as session:
             items = [item async for item in session.judge_many(STATES[:3], QUESTIONS)]
         assert all(item.judgment is not None for item in items)
         assert old.paths.count("/v1/systemone/batch") == 1
@@ -331,7 +337,7 @@ async def test_an_advertised_300000_is_capped_and_3_records_start_3_workers(
 ) -> None:
     # Our gateway (real, in-process) behind a proxy that only rewrites its advertisement.
     async with gateway(stub) as url, AdvertisingProxy(url, ADVERTISED) as proxy:
-        async with tv.Session.system_one(proxy.url, api_key=KEY) as session:
+        async with tv.Session.system_one(proxy.url, http=tv.HttpSettings(api_key=KEY)) as session:
             with counting_tasks() as created:
                 items = [item async for item in session.judge_many(STATES[:3], QUESTIONS)]
             backend = session.backend
@@ -354,7 +360,7 @@ async def test_an_input_of_unknown_length_starts_one_worker_more_and_still_one_b
         yield from STATES[:3]
 
     async with gateway(stub) as url, AdvertisingProxy(url, ADVERTISED) as proxy:
-        async with tv.Session.system_one(proxy.url, api_key=KEY) as session:
+        async with tv.Session.system_one(proxy.url, http=tv.HttpSettings(api_key=KEY)) as session:
             with counting_tasks() as created:
                 items = [item async for item in session.judge_many(records(), QUESTIONS)]
         assert [item.judgment is not None for item in items] == [True] * 3
@@ -374,7 +380,7 @@ async def test_the_cap_taken_from_an_advertisement_chunks_the_batch(
         gateway(stub, max_batch_states=200, max_queue=200) as url,
         AdvertisingProxy(url, ADVERTISED) as proxy,
     ):
-        async with tv.Session.system_one(proxy.url, api_key=KEY) as session:
+        async with tv.Session.system_one(proxy.url, http=tv.HttpSettings(api_key=KEY)) as session:
             with counting_tasks() as created:
                 items = [item async for item in session.judge_many(states, QUESTIONS)]
         assert all(item.judgment is not None for item in items)
@@ -382,7 +388,9 @@ async def test_the_cap_taken_from_an_advertisement_chunks_the_batch(
         assert proxy.states_per_batch() == [64, 36]  # was [100]: the advertisement as taken
         assert created[WORKER] == 64
         proxy.requests.clear()
-        async with tv.Session.system_one(proxy.url, api_key=KEY, max_batch_states=30) as session:
+        async with tv.Session.system_one(
+            proxy.url, http=tv.HttpSettings(api_key=KEY), max_batch_states=30
+        ) as session:
             items = [item async for item in session.judge_many(states, QUESTIONS)]
         assert all(item.judgment is not None for item in items)
         assert proxy.states_per_batch() == [30, 30, 30, 10]

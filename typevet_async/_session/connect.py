@@ -1,85 +1,165 @@
-"""Building what a `Session` talks to: one endpoint or a fleet of them for each backend, the
-one mapping from ``TYPEVET_*`` variables (and a command line's flags) to a session, and
-the backends `SessionFactories` (`typevet_async._session.factories`) builds sessions on.
+"""Building what a `Session` talks to: `connect` turns one constructor's keywords into a
+backend (one endpoint, or a fleet over one model's replicas) and the session's settings, and
+`from_env` does the same from the ``TYPEVET_*`` variables and a command line's flags (read
+by `typevet_async._configuration`, which declares every setting). `Session`'s constructors
+are thin over these two.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-import aiohttp
 import attrs
 
 from typevet_async._backends.base import Backend
 from typevet_async._backends.embedded import ServerOptions, local_model_name
 from typevet_async._backends.fleet import AsyncFleet
-from typevet_async._backends.http import DEFAULT_REQUEST_TIMEOUT, HttpSettings
-from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig, OnMissing
+from typevet_async._backends.http import HttpSettings
+from typevet_async._backends.llama_cpp import AsyncLlamaCpp, LlamaCppConfig
 from typevet_async._backends.openai_compatible import (
     AsyncOpenAICompatible,
     OpenAICompatibleConfig,
 )
 from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenAIDecisionsConfig
-from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES, RetryPolicy
 from typevet_async._backends.system_one import (
-    DEFAULT_MAX_BATCH_STATES,
     SESSION_SETTINGS_REFUSED,
     AsyncSystemOne,
     SystemOneConfig,
 )
-from typevet_async._backends.vllm import AsyncVllm, LogprobsMode, VllmConfig
-from typevet_async._concurrency.slicing import SLICE
-from typevet_async._core.reading.chat_reads import ChatOnMissing
+from typevet_async._backends.vllm import AsyncVllm, VllmConfig
+from typevet_async._configuration import BY_NAME, FRAMING, read_settings
 from typevet_async._errors import ConfigurationError
-from typevet_async._options import api_key, optional, positive_int, sequence_of
+from typevet_async._options import check_argument, instance_of, optional, positive_int
 from typevet_async._redaction import redact
-from typevet_async._session.settings import DEFAULT_MAX_CONCURRENCY, SessionSettings
+from typevet_async._session.settings import SessionSettings
 
-__all__ = [
-    "BACKENDS",
-    "ENV_SETTINGS",
-    "EnvSetting",
-    "HttpKeywords",
-    "from_env",
-    "llama_cpp",
-    "local_server",
-    "openai_compatible",
-    "openai_decisions",
-    "system_one",
-    "vllm",
-]
+__all__ = ["connect", "from_env", "local_server"]
+
+#: The HTTP keywords the constructors took one by one before ``http=tv.HttpSettings(...)``:
+#: still taken, with a DeprecationWarning, for one release.
+LEGACY_HTTP: Final = ("api_key", "request_timeout", "max_retries", "trace_configs", "time_slice")
+
+#: Builds one endpoint's backend from its URL (None: the embedded server), its own keywords
+#: and the HTTP settings.
+_Build = Callable[[str | None, Mapping[str, Any], HttpSettings], Backend]
 
 
-@attrs.frozen
-class HttpKeywords:
-    """The factories' keywords of how to reach the server(s), the same for every backend;
-    checked when built (a key with a trailing newline, say, would otherwise fail as a raw
-    error at the first request). The numbers are checked by `HttpSettings` and `RetryPolicy`."""
+def _remote(config: type[Any], client: type[Any]) -> _Build:
+    def build(base: str | None, own: Mapping[str, Any], http: HttpSettings) -> Backend:
+        return client(config(base_url=base, http=http, **own))  # type: ignore[no-any-return]
 
-    api_key: str | None = attrs.field(default=None, validator=api_key)
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    max_retries: int = DEFAULT_MAX_RETRIES
-    trace_configs: Sequence[aiohttp.TraceConfig] = attrs.field(
-        default=(),
-        validator=sequence_of(aiohttp.TraceConfig, "a list or tuple of aiohttp.TraceConfig"),
+    return build
+
+
+_BUILDERS: Final[Mapping[str, _Build]] = {
+    "llama_cpp": _remote(LlamaCppConfig, AsyncLlamaCpp),
+    "vllm": _remote(VllmConfig, AsyncVllm),
+    "openai_compatible": _remote(OpenAICompatibleConfig, AsyncOpenAICompatible),
+    "system_one": _remote(SystemOneConfig, AsyncSystemOne),
+    "openai_decisions": _remote(OpenAIDecisionsConfig, AsyncOpenAIDecisions),
+}
+
+#: What each backend cannot do without, and why.
+_REQUIRED: Final = {
+    "vllm": (
+        ("base_url", "vLLM has no embedded server"),
+        ("model", "the name the vLLM server serves the model by"),
+    ),
+    "system_one": (("base_url", "a System One server has no embedded one"),),
+    "openai_decisions": (("base_url", "a Decisions server has no embedded one"),),
+    "openai_compatible": (("base_url", "the OpenAI-compatible server's API base"),),
+}
+
+
+def _own_keywords(kind: str) -> frozenset[str]:
+    """The keywords of ``kind``'s backend config, by the declaration."""
+    return frozenset(
+        setting.name
+        for setting in BY_NAME.values()
+        if setting.home in ("backend", "connection")
+        and kind in setting.backends
+        and setting.name not in ("backend", "base_url", "local_model", "endpoint_slots")
     )
-    endpoint_slots: int | None = attrs.field(default=None, validator=optional(positive_int))
-    time_slice: float | None = SLICE
 
-    def settings(self) -> HttpSettings:
-        return HttpSettings(
-            api_key=self.api_key,
-            request_timeout=self.request_timeout,
-            retry=RetryPolicy(max_retries=self.max_retries),
-            trace_configs=self.trace_configs,
-            time_slice=self.time_slice,
+
+def http_settings(base: Any, fields: Mapping[str, Any]) -> HttpSettings:
+    """``base`` (None: the defaults) with ``fields`` by name (``max_retries``: the retry
+    policy's), each checked by `HttpSettings`' own rules."""
+    check_argument("http", base, optional(instance_of(HttpSettings, "a tv.HttpSettings or None")))
+    http = HttpSettings() if base is None else base
+    changes = dict(fields)
+    if "max_retries" in changes:
+        changes["retry"] = attrs.evolve(http.retry, max_retries=changes.pop("max_retries"))
+    return attrs.evolve(http, **changes)
+
+
+def _legacy_http(options: dict[str, Any]) -> HttpSettings:
+    """The session's `HttpSettings`: ``http=``, with the keywords of before it folded in."""
+    legacy: dict[str, Any] = {name: options.pop(name) for name in LEGACY_HTTP if name in options}
+    if legacy:
+        named = ", ".join(f"{name}=..." for name in legacy)
+        warnings.warn(
+            f"{named}: give them as http=tv.HttpSettings(...) (max_retries as "
+            "retry=tv.RetryPolicy(max_retries=...)); the separate keywords go in the next release",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+    return http_settings(options.pop("http", None), legacy)
+
+
+def _refuse_misplaced(kind: str, options: Mapping[str, Any]) -> None:
+    """A keyword that is a setting of another backend, or a field of ``http``, named as such."""
+    for name in options:
+        setting = BY_NAME.get(name)
+        if setting is None or setting.home == "session":
+            continue
+        if setting.home == "http":
+            raise ConfigurationError(f"{name} is a field of http=tv.HttpSettings({name}=...)")
+        backends = ", ".join(sorted(setting.backends))
+        raise ConfigurationError(f"{name} applies to {backends}, not {kind}")
+    refused = sorted(set(options) & SESSION_SETTINGS_REFUSED)
+    if refused and kind not in FRAMING:
+        raise ConfigurationError(
+            f"{', '.join(refused)} cannot be set on a System One or Decisions session: the server "
+            "frames and reads the questions itself"
         )
 
 
+def connect(
+    kind: str, base_url: str | Sequence[str] | None, options: Mapping[str, Any]
+) -> tuple[Backend, SessionSettings]:
+    """The backend and settings of ``Session.<kind>(base_url, **options)``: one endpoint, the
+    embedded server (llama_cpp, ``base_url`` None) or a fleet (a list of URLs).
+
+    :raises ConfigurationError: a keyword of the wrong type or value, another backend's, or
+        an unknown one, named.
+    """
+    rest = dict(options)
+    http = _legacy_http(rest)
+    slots = rest.pop("endpoint_slots", None)
+    check_argument("endpoint_slots", slots, optional(positive_int))
+    own = {name: rest.pop(name) for name in _own_keywords(kind) if name in rest}
+    _refuse_misplaced(kind, rest)
+    if kind == "vllm" and own.get("model") is None:
+        raise ConfigurationError("Session.vllm needs model=: the name the server serves it by")
+    settings = SessionSettings.from_keywords(rest)
+    build = _BUILDERS[kind]
+    if base_url is None and kind == "llama_cpp":  # the embedded server: one endpoint
+        _one_endpoint(slots)
+        return build(None, own, http), settings
+    if base_url is None:
+        raise ConfigurationError(f"Session.{kind} needs a base_url: it has no embedded server")
+    return _endpoints(base_url, lambda base: build(base, own, http), http, slots), settings
+
+
 def _endpoints(
-    base_url: str | Sequence[str], build: Callable[[str], Backend], http: HttpKeywords
+    base_url: str | Sequence[str],
+    build: Callable[[str], Backend],
+    http: HttpSettings,
+    slots: int | None,
 ) -> Backend:
     """One backend at ``base_url``, or, for a list of URLs, an `AsyncFleet` over one backend
     per URL (each built by ``build``, all with the same settings).
@@ -88,7 +168,7 @@ def _endpoints(
         ``endpoint_slots`` for a single endpoint.
     """
     if isinstance(base_url, str):
-        _one_endpoint(http)
+        _one_endpoint(slots)
         return build(base_url)
     if not isinstance(base_url, Sequence) or not base_url:
         raise ConfigurationError(
@@ -101,130 +181,14 @@ def _endpoints(
     if len({each.rstrip("/") for each in urls}) != len(urls):
         raise ConfigurationError(f"base_url lists an endpoint twice: {[redact(u) for u in urls]}")
     if len(urls) == 1:
-        return _endpoints(urls[0], build, http)
+        return _endpoints(urls[0], build, http, slots)
     members = [(redact(each.rstrip("/")), build(each)) for each in urls]
-    return AsyncFleet(
-        members, retry=RetryPolicy(max_retries=http.max_retries), endpoint_slots=http.endpoint_slots
-    )
+    return AsyncFleet(members, retry=http.retry, endpoint_slots=slots)
 
 
-def _one_endpoint(http: HttpKeywords) -> None:
-    if http.endpoint_slots is not None:
+def _one_endpoint(slots: int | None) -> None:
+    if slots is not None:
         raise ConfigurationError("endpoint_slots applies to a session over several URLs")
-
-
-def llama_cpp(
-    base_url: str | Sequence[str] | None,
-    http: HttpKeywords,
-    *,
-    model: str | None = None,
-    top_k: int | None = None,
-    on_missing: OnMissing = "exact",
-    reproducible: bool = False,
-    server: ServerOptions | None = None,
-) -> Backend:
-    """`Session.llama_cpp`'s backend: the embedded server (``base_url`` None), one server or
-    a fleet of replicas."""
-    settings = http.settings()
-
-    def build(base: str | None) -> AsyncLlamaCpp:
-        config = LlamaCppConfig(
-            base_url=base,
-            server=server,
-            model=model,
-            http=settings,
-            top_k=top_k,
-            on_missing=on_missing,
-            reproducible=reproducible,
-        )
-        return AsyncLlamaCpp(config)
-
-    if base_url is None:  # the embedded server: one endpoint
-        _one_endpoint(http)
-        return build(None)
-    return _endpoints(base_url, build, http)
-
-
-def vllm(
-    base_url: str | Sequence[str], http: HttpKeywords, *, model: str, logprobs_mode: LogprobsMode
-) -> Backend:
-    """`Session.vllm`'s backend: one server or a fleet of replicas."""
-    settings = http.settings()
-
-    def build(base: str) -> AsyncVllm:
-        return AsyncVllm(
-            VllmConfig(base_url=base, model=model, logprobs_mode=logprobs_mode, http=settings)
-        )
-
-    return _endpoints(base_url, build, http)
-
-
-def system_one(
-    base_url: str | Sequence[str],
-    http: HttpKeywords,
-    *,
-    model: str | None,
-    session_settings: Mapping[str, Any],
-    max_batch_states: int = DEFAULT_MAX_BATCH_STATES,
-) -> Backend:
-    """`Session.system_one`'s backend, once none of ``session_settings`` is one the server's
-    own framing would ignore (`SESSION_SETTINGS_REFUSED`)."""
-    refused = sorted(set(session_settings) & SESSION_SETTINGS_REFUSED)
-    if refused:
-        raise ConfigurationError(
-            f"{', '.join(refused)} cannot be set on a System One or Decisions session: the server "
-            "frames and reads the questions itself"
-        )
-    settings = http.settings()
-
-    def build(base: str) -> AsyncSystemOne:
-        config = SystemOneConfig(base_url=base, model=model, http=settings)
-        return AsyncSystemOne(attrs.evolve(config, max_batch_states=max_batch_states))
-
-    return _endpoints(base_url, build, http)
-
-
-def openai_decisions(
-    base_url: str | Sequence[str],
-    http: HttpKeywords,
-    *,
-    model: str | None,
-    session_settings: Mapping[str, Any],
-) -> Backend:
-    """`Session.openai_decisions`' backend; it refuses what a System One session refuses (the
-    server frames and reads the questions itself: `SESSION_SETTINGS_REFUSED`)."""
-    system_one(base_url, http, model=model, session_settings=session_settings)  # the checks
-    settings = http.settings()
-
-    def build(base: str) -> AsyncOpenAIDecisions:
-        config = OpenAIDecisionsConfig(base_url=base, model=model, http=settings)
-        return AsyncOpenAIDecisions(config)
-
-    return _endpoints(base_url, build, http)
-
-
-def openai_compatible(
-    base_url: str | Sequence[str],
-    http: HttpKeywords,
-    *,
-    model: str | None = None,
-    top_logprobs: int | None = None,
-    on_missing: ChatOnMissing = "clamp",
-) -> Backend:
-    """`Session.openai_compatible`'s backend: one server or a fleet of replicas."""
-    settings = http.settings()
-
-    def build(base: str) -> AsyncOpenAICompatible:
-        config = OpenAICompatibleConfig(
-            base_url=base,
-            model=model,
-            top_logprobs=top_logprobs,
-            on_missing=on_missing,
-            http=settings,
-        )
-        return AsyncOpenAICompatible(config)
-
-    return _endpoints(base_url, build, http)
 
 
 def local_server(model: str | None, server: ServerOptions | None) -> ServerOptions:
@@ -240,98 +204,41 @@ def local_server(model: str | None, server: ServerOptions | None) -> ServerOptio
 # -- the environment -----------------------------------------------------------------------
 
 
-@attrs.frozen
-class EnvSetting:
-    """A connection setting: its variable, and its flag as the command line names it."""
-
-    variable: str
-    flag: str
-
-
-#: Every connection setting ``from_env`` reads, by name: the one mapping of variables (and a
-#: command line's flags) to a session.
-ENV_SETTINGS: Final = {
-    "backend": EnvSetting("TYPEVET_BACKEND", "--backend"),
-    "base_url": EnvSetting("TYPEVET_BASE_URL", "--base-url URL"),
-    "local_model": EnvSetting("TYPEVET_LOCAL_MODEL", "--local-model NAME"),
-    "model": EnvSetting("TYPEVET_MODEL", "--model MODEL"),
-    "api_key": EnvSetting("TYPEVET_API_KEY", "--api-key KEY"),
-    "max_concurrency": EnvSetting("TYPEVET_MAX_CONCURRENCY", "--max-concurrency N"),
-}
-
-#: What each backend cannot do without, and why.
-_REQUIRED: Final = {
-    "vllm": (
-        ("base_url", "vLLM has no embedded server"),
-        ("model", "the name the vLLM server serves the model by"),
-    ),
-    "system_one": (("base_url", "a System One server has no embedded one"),),
-    "openai_compatible": (("base_url", "the OpenAI-compatible server's API base"),),
-}
-#: The backends ``TYPEVET_BACKEND`` (and ``--backend``) names.
-BACKENDS: Final = ("llama_cpp", "vllm", "system_one", "openai_compatible")
-
-
 def from_env(
-    environ: Mapping[str, str], flags: Mapping[str, Any] | None = None
+    environ: Mapping[str, str], flags: Mapping[str, Any] | None, keywords: Mapping[str, Any]
 ) -> tuple[Backend, SessionSettings]:
     """The backend and settings the ``TYPEVET_*`` variables describe, each overridden by a
-    command line's flag of the same setting (``flags``, by `ENV_SETTINGS` name; None: not
-    given). A refusal names the flag too when there are flags.
+    command line's flag of the same setting (``flags``, by name; None: not given), with the
+    Python-only ``keywords`` (a read cache, ``http``, ...). A refusal names the variable or
+    flag; one that is missing names the flag too when there are flags.
 
-    :raises ConfigurationError: naming the setting that is missing or wrong.
+    :raises ConfigurationError: naming the setting that is missing, wrong, given twice (a
+        keyword and a variable or flag) or not one of the chosen backend's.
     """
-    if flags is not None and not isinstance(flags, Mapping):
-        raise ConfigurationError(f"flags must be a mapping of setting to value, got {flags!r}")
-    unknown = sorted(set(flags or {}) - set(ENV_SETTINGS), key=str)
-    if unknown:
-        raise ConfigurationError(
-            f"flags names no setting {unknown}: the settings are {sorted(ENV_SETTINGS)}"
-        )
-    given: dict[str, str | None] = {}
-    for name, setting in ENV_SETTINGS.items():
-        flag = (flags or {}).get(name)
-        # A variable is taken as it is (a key with a newline is refused, not trimmed).
-        given[name] = str(flag) if flag is not None else environ.get(setting.variable) or None
-
-    def named(name: str) -> str:
-        setting = ENV_SETTINGS[name]
-        return setting.variable if flags is None else f"{setting.flag} (or {setting.variable})"
-
-    backend = (given["backend"] or "").strip() or "llama_cpp"
-    if backend not in BACKENDS:
-        raise ConfigurationError(
-            f"{named('backend')} must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
-        )
-    missing = [(name, why) for name, why in _REQUIRED.get(backend, ()) if given[name] is None]
+    given = read_settings(environ, flags)
+    for name in keywords:
+        if name in given:
+            raise ConfigurationError(f"{name} comes from {given[name][1]} here, not a keyword")
+    values = {name: value for name, (value, _) in given.items()}
+    kind = values.pop("backend", "llama_cpp")
+    base_url = values.pop("base_url", None)
+    # The embedded server's model; a variable set for it is left alone with a URL.
+    local = values.pop("local_model", None)
+    missing = [(name, why) for name, why in _REQUIRED.get(kind, ()) if name not in given]
     if missing:
-        by_flag = flags is not None and (flags.get("backend") is not None)
-        chosen_by = f"--backend {backend}" if by_flag else f"TYPEVET_BACKEND={backend}"
-        needs = " and ".join(named(name) for name, _ in missing)
-        raise ConfigurationError(
-            f"{chosen_by} needs {needs}{f': {missing[0][1]}' if len(missing) == 1 else ''}"
-        )
-    raw = given["max_concurrency"] or str(DEFAULT_MAX_CONCURRENCY)
-    try:
-        concurrency = int(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{named('max_concurrency')} must be a positive integer, got {raw!r}"
-        ) from None
-    settings = SessionSettings.from_keywords({"max_concurrency": concurrency})
-    http = HttpKeywords(api_key=given["api_key"])
-    base_url, model = given["base_url"], given["model"]
-    if backend == "vllm":
-        assert base_url is not None
-        assert model is not None
-        return vllm(base_url, http, model=model, logprobs_mode="raw_logprobs"), settings
-    if backend == "system_one":
-        assert base_url is not None
-        return system_one(base_url, http, model=model, session_settings={}), settings
-    if backend == "openai_compatible":
-        assert base_url is not None
-        return openai_compatible(base_url, http, model=model), settings
-    # The embedded server's model: the flag's, else the variable's, else the default.
-    local = {"TYPEVET_LOCAL_MODEL": given["local_model"] or ""}
-    server = None if base_url is not None else ServerOptions(model=local_model_name(local))
-    return llama_cpp(base_url, http, model=model, server=server), settings
+        by_flag = given["backend"][1].startswith("--")
+        chosen_by = f"--backend {kind}" if by_flag else f"TYPEVET_BACKEND={kind}"
+        needs = " and ".join(BY_NAME[name].named(flags is not None) for name, _ in missing)
+        why = f": {missing[0][1]}" if len(missing) == 1 else ""
+        raise ConfigurationError(f"{chosen_by} needs {needs}{why}")
+    for name in values:
+        setting = BY_NAME[name]
+        if kind not in setting.backends:
+            backends = ", ".join(sorted(setting.backends))
+            raise ConfigurationError(f"{given[name][1]} applies to {backends}, not {kind}")
+    fields = {name: values.pop(name) for name in list(values) if BY_NAME[name].home == "http"}
+    options = {**values, **keywords, "http": http_settings(keywords.get("http"), fields)}
+    if kind == "llama_cpp" and base_url is None and options.get("server") is None:
+        named = {"TYPEVET_LOCAL_MODEL": local or ""}  # checked: a name it knows
+        options["server"] = ServerOptions(model=local_model_name(named))
+    return connect(kind, base_url, options)

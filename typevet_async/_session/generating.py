@@ -85,7 +85,8 @@ def _generator(
                 raise RequestTimeoutError(
                     f"the generation outlived request_timeout and was not retried (it would "
                     f"start again from scratch): {error}. Allow it longer with "
-                    f"request_timeout= (Session.llama_cpp, Session.vllm, Session.local), or "
+                    f"http=tv.HttpSettings(request_timeout=...) (or TYPEVET_REQUEST_TIMEOUT, "
+                    f"--request-timeout), or "
                     f"ask for fewer tokens with max_tokens= ({request.max_tokens} here)"
                 ) from None
         return interpret_output(output, validator)

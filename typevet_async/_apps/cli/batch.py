@@ -22,12 +22,11 @@ from tqdm import tqdm
 import typevet_async as tv
 from typevet_async._apps.cli.arguments import (
     AddCommand,
-    connection_flags,
     question_flags,
-    reading_flags,
+    session_flags,
 )
 from typevet_async._apps.cli.exits import EXIT_FAILED_RECORDS, EXIT_OK, CommandLineError, reason
-from typevet_async._apps.cli.inputs import questions_from_args, reading_from_args, session_from_args
+from typevet_async._apps.cli.inputs import questions_from_args, session_from_args
 from typevet_async._apps.jsonl import (
     BOM,
     PipeLines,
@@ -70,8 +69,7 @@ def add_parser(command: AddCommand) -> None:
     batch.add_argument(
         "--no-progress", action="store_true", help="no progress bar on stderr (the summary stays)"
     )
-    reading_flags(batch)
-    connection_flags(batch)
+    session_flags(batch)
 
 
 #: Error lines (bad JSON, repeated ids) the reader may hold back behind records still being
@@ -336,7 +334,6 @@ def _scan_file(source: IO[bytes], path: str) -> int:
 
 async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
     questions = questions_from_args(args)
-    reading = reading_from_args(args)
     session = session_from_args(args, os.environ)
     with _open_input(args.input) as source:
         _check_out(args, source)
@@ -363,7 +360,7 @@ async def run_batch(args: argparse.Namespace, out: TextIO) -> int:
                 first = await anext(records, None)
                 if first is not None:
                     async with session:
-                        stream = session.judge_many(_then(first, records), questions, **reading)
+                        stream = session.judge_many(_then(first, records), questions)
                         async with contextlib.aclosing(stream):
                             async for item in stream:
                                 sink.deliver(item)

@@ -16,14 +16,13 @@ from tqdm import tqdm
 import typevet_async as tv
 from typevet_async._apps.cli.arguments import (
     AddCommand,
-    connection_flags,
     non_negative_int,
     positive_int,
     question_flags,
-    reading_flags,
+    session_flags,
 )
 from typevet_async._apps.cli.exits import EXIT_FAILED_RECORDS, EXIT_OK, CommandLineError, reason
-from typevet_async._apps.cli.inputs import questions_from_args, reading_from_args, session_from_args
+from typevet_async._apps.cli.inputs import questions_from_args, session_from_args
 from typevet_async._apps.jsonl import BOM, json_error
 from typevet_async._core.statistics.labels import gold_indices, labelled_record
 from typevet_async._core.wires.jsonvalues import parse_json
@@ -68,8 +67,7 @@ def add_parser(command: AddCommand) -> None:
         "sends no read (default: none, every read is sent)",
     )
     evaluation.add_argument("--no-progress", action="store_true", help="no progress bar")
-    reading_flags(evaluation)
-    connection_flags(evaluation)
+    session_flags(evaluation)
 
 
 def evaluation_module() -> Any:
@@ -114,7 +112,6 @@ def _labelled_lines(path: Path) -> Iterator[tuple[int, Any]]:
 async def run_eval(args: argparse.Namespace, out: TextIO) -> int:
     module = evaluation_module()
     questions = questions_from_args(args)
-    reading = reading_from_args(args)
     checked = list(questions.items())
     total = 0
     for number, record in _labelled_lines(args.input):  # every line checked before any read
@@ -145,7 +142,6 @@ async def run_eval(args: argparse.Namespace, out: TextIO) -> int:
                     out=args.out / "reads.jsonl",
                     resume=args.resume,
                     on_progress=lambda progress: bar.update(1),
-                    **reading,
                 )
     report = evaluation.write(args.out, bins=args.bins, resamples=args.resamples)
     print(_report_lines(report), file=out)

@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 from typing import TextIO
 
-import typevet_async as tv
-from typevet_async._apps.cli.arguments import AddCommand, connection_flags, positive_int
+from typevet_async._apps.cli.arguments import AddCommand, session_flags
 from typevet_async._apps.cli.exits import EXIT_OK
 from typevet_async._apps.cli.inputs import read_json_file, session_from_args
 
@@ -26,22 +25,13 @@ def add_parser(command: AddCommand) -> None:
         metavar="FILE",
         help="a JSON Schema (Draft 2020-12) file; local $refs only",
     )
-    generate.add_argument(
-        "--max-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="the most tokens to generate (default: the session's, 512); a value cut off "
-        "by it is a TruncatedOutputError",
-    )
-    connection_flags(generate)
+    session_flags(generate)  # --max-tokens among them: a value cut off by it is truncated
 
 
 async def run_generate(args: argparse.Namespace, out: TextIO) -> int:
     schema = read_json_file(args.schema, "--schema")
     session = session_from_args(args, os.environ)
-    max_tokens = tv.UNSET if args.max_tokens is None else args.max_tokens
     async with session:
-        result = await session.generate(args.prompt, schema=schema, max_tokens=max_tokens)
+        result = await session.generate(args.prompt, schema=schema)
     print(json.dumps(result.value, indent=2, ensure_ascii=False), file=out)
     return EXIT_OK

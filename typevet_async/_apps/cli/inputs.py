@@ -1,5 +1,5 @@
-"""What the commands read from their arguments: the questions, the state, the reading flags,
-JSON files and the session the flags and ``TYPEVET_*`` variables describe."""
+"""What the commands read from their arguments: the questions, the state, JSON files and the
+session the flags and ``TYPEVET_*`` variables describe."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ __all__ = [
     "questions_from_args",
     "read_json_file",
     "read_state",
-    "reading_from_args",
     "session_from_args",
 ]
 
@@ -99,10 +98,7 @@ def session_from_args(
 
     :raises ConfigurationError: naming the flag (and its variable) that is missing or wrong.
     """
-    flags = {
-        name: getattr(args, name, None)
-        for name in ("backend", "base_url", "local_model", "model", "api_key", "max_concurrency")
-    }
+    flags = {name: getattr(args, name) for name in args.session_flags}
     return tv.Session.from_env(environ, flags=flags, **settings)
 
 
@@ -161,24 +157,3 @@ def read_state(argument: str, stdin: TextIO) -> Any:
         return parse_json(text)
     except ValueError:
         return text
-
-
-# -- judge, generate ---------------------------------------------------------------------
-
-
-def reading_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The judgment keywords of --permutations, --label-prior and --calibration."""
-    reading: dict[str, Any] = {}
-    if args.permutations is not None:
-        reading["permutations"] = args.permutations
-    if args.label_prior:
-        reading["label_prior"] = True
-    if args.calibration is not None:
-        try:
-            data = args.calibration.read_bytes()
-        except OSError as error:
-            raise CommandLineError(
-                f"--calibration {args.calibration}: cannot read it: {reason(error)}"
-            ) from None
-        reading["calibration"] = tv.CalibrationMap.from_json(data)
-    return reading

@@ -11,15 +11,13 @@ from typing import TextIO
 import typevet_async as tv
 from typevet_async._apps.cli.arguments import (
     AddCommand,
-    connection_flags,
     question_flags,
-    reading_flags,
+    session_flags,
 )
 from typevet_async._apps.cli.exits import EXIT_OK
 from typevet_async._apps.cli.inputs import (
     questions_from_args,
     read_state,
-    reading_from_args,
     session_from_args,
 )
 from typevet_async._apps.presenting import judgment_fields
@@ -36,8 +34,7 @@ def add_parser(command: AddCommand) -> None:
     )
     question_flags(judge)
     judge.add_argument("--table", action="store_true", help="print a readable table, not JSON")
-    reading_flags(judge)
-    connection_flags(judge)
+    session_flags(judge)
 
 
 def _table(judgment: tv.Judgment) -> str:
@@ -57,11 +54,10 @@ def _table(judgment: tv.Judgment) -> str:
 
 async def run_judge(args: argparse.Namespace, out: TextIO) -> int:
     questions = questions_from_args(args)
-    reading = reading_from_args(args)
     session = session_from_args(args, os.environ)
     state = read_state(args.state, sys.stdin)
     async with session:
-        judgment = await session.judge(state, questions, **reading)
+        judgment = await session.judge(state, questions)
     if args.table:
         print(_table(judgment), file=out)
     else:

@@ -6,10 +6,7 @@ import argparse
 import os
 from typing import TextIO
 
-import attrs
-
-import typevet_async as tv
-from typevet_async._apps.cli.arguments import AddCommand, connection_flags
+from typevet_async._apps.cli.arguments import AddCommand, session_flags
 from typevet_async._apps.cli.exits import EXIT_OK, CommandLineError
 from typevet_async._apps.cli.inputs import session_from_args
 
@@ -18,14 +15,7 @@ __all__ = ["add_parser", "run_mcp"]
 
 def add_parser(command: AddCommand) -> None:
     mcp = command("mcp", "Serve the typed questions as Model Context Protocol tools over stdio.")
-    mcp.add_argument(
-        "--reproducible",
-        action="store_true",
-        help="llama.cpp only: no prompt cache and one read at a time, so answers repeat bit "
-        "for bit (other clients' reads on the same server can still move them; about 3x "
-        "slower)",
-    )
-    connection_flags(mcp)
+    session_flags(mcp)
 
 
 async def run_mcp(args: argparse.Namespace, out: TextIO) -> int:
@@ -40,16 +30,6 @@ async def run_mcp(args: argparse.Namespace, out: TextIO) -> int:
             "typevet-async mcp needs the mcp extra: pip install 'typevet_async[mcp]'"
         ) from None
     session = session_from_args(args, os.environ)
-    if args.reproducible:
-        backend = session.backend
-        if not isinstance(backend, tv.AsyncLlamaCpp):
-            raise CommandLineError(
-                "--reproducible is for llama.cpp servers (their prompt cache and batching move "
-                f"answers); this session is on {type(backend).__name__}"
-            )
-        # The flags' session, with reproducible reads: same config, settings and server.
-        reproducible = tv.AsyncLlamaCpp(attrs.evolve(backend.config, reproducible=True))
-        session = tv.Session(reproducible, session.settings)
     await _mcp.serve_stdio(session)
     # Only the interpreter's exit is left, and the MCP SDK's modules make its garbage
     # collections take about 0.6 s (measured; more on a busy machine), while a stdio client

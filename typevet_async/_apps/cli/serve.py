@@ -10,11 +10,11 @@ from typing import TextIO
 from typevet_async._apps import gateway
 from typevet_async._apps.cli.arguments import (
     AddCommand,
-    connection_flags,
     non_negative_int,
     port,
     positive_float,
     positive_int,
+    session_flags,
 )
 from typevet_async._apps.cli.exits import EXIT_OK, CommandLineError, reason
 from typevet_async._apps.cli.inputs import session_from_args
@@ -31,7 +31,9 @@ def add_parser(command: AddCommand) -> None:
     _auth_flags(serve)
     _limit_flags(serve)
     _trace_flags(serve)
-    connection_flags(serve)
+    # --max-connections and --max-batch-states are the gateway's own caps here (the session's:
+    # TYPEVET_MAX_CONNECTIONS, TYPEVET_MAX_BATCH_STATES).
+    session_flags(serve, skip=("max_connections", "max_batch_states"))
 
 
 def _auth_flags(serve: argparse.ArgumentParser) -> None:
