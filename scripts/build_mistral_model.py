@@ -17,7 +17,7 @@ The vocabulary is the real one: ``mistral_instruct_tokenizer_240323.model.v3`` a
 package ``mistral-common`` ships it (32,768 pieces, BPE, byte fallback, ``[INST]`` and
 ``[/INST]`` control pieces 3 and 4). On it a digit after ``[/INST]`` is two tokens, ``▁`` then
 the digit, while ``A`` is the one token ``▁A``: the family whose controls need a lead
-(`typevet_async._core.controls`). The model is Llama's architecture at toy size (hidden 128,
+(`typevet_async._core.prompts.controls`). The model is Llama's architecture at toy size (hidden 128,
 2 layers, 4 heads, 2 KV heads, intermediate 256, tied embeddings) with random weights from a
 fixed seed: its answers mean nothing; its tokenizer, template and logprobs are real.
 

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[local,qwen]"
-exec .venv/bin/python -m typevet_async._demo "$@"
+exec .venv/bin/python -m typevet_async._apps.demo "$@"

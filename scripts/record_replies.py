@@ -62,16 +62,16 @@ from typevet_async._backends import (  # noqa: E402
     vllm_wire,
 )
 from typevet_async._backends.embedded import wait_healthy  # noqa: E402
-from typevet_async._core.content_free import CONTENT_FREE_STATES  # noqa: E402
-from typevet_async._core.controls import PROBED_CONTROLS  # noqa: E402
-from typevet_async._core.framing import (  # noqa: E402
+from typevet_async._core.prompts.controls import PROBED_CONTROLS  # noqa: E402
+from typevet_async._core.prompts.framing import (  # noqa: E402
     GEMMA_FRAMES,
     PROBE_MESSAGE,
     TRIM_PROBE_MESSAGE,
     TemplateFamily,
 )
-from typevet_async._core.layouts import Message  # noqa: E402
-from typevet_async._core.markers import marker_runs  # noqa: E402
+from typevet_async._core.prompts.layouts import Message  # noqa: E402
+from typevet_async._core.prompts.markers import marker_runs  # noqa: E402
+from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "replies"
 BODIES = ROOT / "benchmarks" / "client_cost" / "recorded" / "llama_cpp"
@@ -260,7 +260,7 @@ def record_system_one() -> None:
     server = llama_cpp_server("record-system-one")
     server.start()
     port = _free_port()
-    command = "from typevet_async._cli import main; main()"
+    command = "from typevet_async._apps.cli import main; main()"
     serve = [sys.executable, "-c", command, "serve", "--base-url", server.url]
     gateway = subprocess.Popen([*serve, "--port", str(port), "--no-auth"])
     try:

@@ -38,14 +38,12 @@ from typevet_async._backends.openai_decisions import AsyncOpenAIDecisions, OpenA
 from typevet_async._backends.retrying import RetryPolicy
 from typevet_async._backends.system_one import AsyncSystemOne, SystemOneConfig
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
-from typevet_async._batch import BatchStream
-from typevet_async._convert import (
-    converter,
-    judgment_from_json,
-    judgment_to_json,
-    questions_from_json,
-)
-from typevet_async._core.answers import (
+from typevet_async._core.generation.records import ChatOutput, Generation, GenerationRequest
+from typevet_async._core.prompts.framing import TemplateFamily
+from typevet_async._core.prompts.layouts import JEV_SYSTEM_PROMPT, Layout, Message
+from typevet_async._core.prompts.questions import Choice, Noul, Question, Score
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.answers import (
     Answer,
     ChoiceAnswer,
     Diagnostics,
@@ -54,16 +52,17 @@ from typevet_async._core.answers import (
     ScoreAnswer,
     Usage,
 )
-from typevet_async._core.batch_records import BatchItem, Progress
-from typevet_async._core.calibration import CalibrationMap, Pins, Reading, ReadPlan
-from typevet_async._core.chat_reads import ChatServer
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.generation import ChatOutput, Generation, GenerationRequest
-from typevet_async._core.layouts import JEV_SYSTEM_PROMPT, Layout, Message
-from typevet_async._core.probe import Probe
-from typevet_async._core.questions import Choice, Noul, Question, Score
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._core.reading.answers_json import (
+    converter,
+    judgment_from_json,
+    judgment_to_json,
+    questions_from_json,
+)
+from typevet_async._core.reading.batch_records import BatchItem, Progress
+from typevet_async._core.reading.chat_reads import ChatServer
+from typevet_async._core.reading.probe import Probe
+from typevet_async._core.reading.readings import CandidateRead
+from typevet_async._core.statistics.calibration import CalibrationMap, Pins, Reading, ReadPlan
 from typevet_async._errors import (
     BackendError,
     BadEncodingError,
@@ -99,24 +98,25 @@ from typevet_async._errors import (
     TypevetError,
     UnsupportedTemplateError,
 )
-from typevet_async._images import Image
 from typevet_async._options import UNSET, Unset
-from typevet_async._read_cache import MemoryReadCache, ReadCache, SqliteReadCache
-from typevet_async._session import Session
-from typevet_async._settings import SessionSettings
+from typevet_async._session.batch import BatchStream
+from typevet_async._session.images import Image
+from typevet_async._session.read_cache import MemoryReadCache, ReadCache, SqliteReadCache
+from typevet_async._session.session import Session
+from typevet_async._session.settings import SessionSettings
 from typevet_async._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:
-    from typevet_async._evaluate import evaluate as evaluate
-    from typevet_async._evaluation import Evaluation as Evaluation
-    from typevet_async._ray import RayJudge as RayJudge
+    from typevet_async._apps.evaluation.evaluate import evaluate as evaluate
+    from typevet_async._apps.evaluation.evaluation import Evaluation as Evaluation
+    from typevet_async._apps.ray import RayJudge as RayJudge
 
 
 #: Public names loaded when first named, from the module of an optional extra.
 _LAZY = {
-    "RayJudge": ("typevet_async._ray", "ray"),
-    "evaluate": ("typevet_async._evaluate", "eval"),
-    "Evaluation": ("typevet_async._evaluation", "eval"),
+    "RayJudge": ("typevet_async._apps.ray", "ray"),
+    "evaluate": ("typevet_async._apps.evaluation.evaluate", "eval"),
+    "Evaluation": ("typevet_async._apps.evaluation.evaluation", "eval"),
 }
 
 

@@ -4,7 +4,7 @@ its value written as text, and the backends it applies to.
 A setting has one name at every door: the Python keyword ``top_k=``, the variable
 ``TYPEVET_TOP_K`` and the command line's ``--top-k``. The variables are read by `read_settings`
 (for `Session.from_env`), the command line's options are derived by
-`typevet_async._cli.arguments.session_flags`, and the configuration guide's table is
+`typevet_async._apps.cli.arguments.session_flags`, and the configuration guide's table is
 `settings_table`. The Python keywords are the constructors' (`Common` and each backend's
 `TypedDict` below); a test holds the three doors and the guide to this declaration.
 Settings that are objects (a read cache, trace hooks) have a Python door only.
@@ -29,12 +29,17 @@ from typevet_async._backends.http import (
 from typevet_async._backends.local_models import DEFAULT_LOCAL_MODEL, LOCAL_MODELS
 from typevet_async._backends.retrying import DEFAULT_MAX_RETRIES
 from typevet_async._backends.system_one import DEFAULT_MAX_BATCH_STATES
-from typevet_async._core.calibration import CalibrationMap
-from typevet_async._core.content_free import ContentFree
-from typevet_async._core.controls import DEFAULT_CONTROLS, Controls, NoulControls, ScoreControls
-from typevet_async._core.layouts import Layout
+from typevet_async._concurrency.slicing import SLICE
+from typevet_async._core.prompts.controls import (
+    DEFAULT_CONTROLS,
+    Controls,
+    NoulControls,
+    ScoreControls,
+)
+from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.statistics.calibration import CalibrationMap
+from typevet_async._core.statistics.content_free import ContentFree
 from typevet_async._errors import ConfigurationError
-from typevet_async._images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
 from typevet_async._options import (
     Validator,
     api_key,
@@ -45,8 +50,9 @@ from typevet_async._options import (
     positive_number,
     probability_or_none,
 )
-from typevet_async._read_cache import ReadCache
-from typevet_async._settings import (
+from typevet_async._session.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
+from typevet_async._session.read_cache import ReadCache
+from typevet_async._session.settings import (
     DEFAULT_CONTENT_FREE,
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_TOKENS,
@@ -55,7 +61,6 @@ from typevet_async._settings import (
     Permutations,
     PrefixReuse,
 )
-from typevet_async._slicing import SLICE
 
 __all__ = [
     "BACKENDS",

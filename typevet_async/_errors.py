@@ -299,7 +299,7 @@ class RefusalError(TypevetError):
 
 class ControlTokenError(ProtocolError):
     """A required control (``A``, ``B``) adds no token of its own at the answer position of the
-    served tokenizer (one token, or a lead and one: `typevet_async._core.controls`)."""
+    served tokenizer (one token, or a lead and one: `typevet_async._core.prompts.controls`)."""
 
 
 class GenerationError(TypevetError):

@@ -67,7 +67,7 @@ from benchmarks._shared import (
     spread,
     write_results,
 )
-from typevet_async._core.scoring import plan_question
+from typevet_async._core.prompts.scoring import plan_question
 
 NAME = "bench_clients"
 CONCURRENCIES = (1, 4, 16)

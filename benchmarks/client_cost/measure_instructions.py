@@ -112,13 +112,13 @@ async def client(
     time_slice: float,
 ) -> None:
     # Imported here: only the client process needs the SDK's internals.
-    from typevet_async import _judging
     from typevet_async._backends.llama_cpp_wire import decode_completion
-    from typevet_async._core.interpreting import interpret_read
-    from typevet_async._core.jsonvalues import render_state
-    from typevet_async._core.readings import read_entries
+    from typevet_async._core.reading.interpreting import interpret_read
+    from typevet_async._core.reading.readings import read_entries
+    from typevet_async._core.wires.jsonvalues import render_state
     from typevet_async._options import UNSET
-    from typevet_async._settings import ReadOptions
+    from typevet_async._session import judging as _judging
+    from typevet_async._session.settings import ReadOptions
 
     if layer == "floor":
         connector = aiohttp.TCPConnector(limit=concurrency)
@@ -271,7 +271,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.client:
         url, layer, concurrency, count, body_path, scale = args.client
-        from typevet_async._slicing import SLICE
+        from typevet_async._concurrency.slicing import SLICE
 
         template = orjson.loads(Path(body_path).read_bytes())
         time_slice = SLICE * float(scale)

@@ -60,8 +60,8 @@ from benchmarks._shared import (
     write_results,
 )
 from benchmarks.client_cost.bench_clients import Tickets
-from typevet_async import _gateway as gateway
-from typevet_async._gateway import GatewayConfig
+from typevet_async._apps import gateway
+from typevet_async._apps.gateway import GatewayConfig
 
 NAME = "bench_gateway"
 CONCURRENCY = 32
@@ -100,7 +100,7 @@ class Gateway:
         self, url: str, auth: Sequence[str] = ("--keys-env", "BENCH_GATEWAY_KEYS")
     ) -> None:
         command = [
-            sys.executable, "-m", "typevet_async._cli", "serve", "--base-url", url,
+            sys.executable, "-m", "typevet_async._apps.cli", "serve", "--base-url", url,
             "--port", "0", *auth,
             "--max-concurrency", str(CONCURRENCY), "--max-active-requests", str(CONCURRENCY),
             "--max-queue", str(CONCURRENCY), "--request-deadline", "600",

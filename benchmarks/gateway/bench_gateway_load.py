@@ -43,7 +43,7 @@ from aiohttp import web
 
 import typevet_async as tv
 from benchmarks._shared import percentile, run_on_gemma
-from typevet_async._gateway import STATE, GatewayConfig, build_app, runner_options
+from typevet_async._apps.gateway import STATE, GatewayConfig, build_app, runner_options
 
 NAME = "bench_gateway_load"
 CONCURRENCY = 32

@@ -78,9 +78,9 @@ from benchmarks.real_answers.bench_real_model import (
     served_vocabulary,
     softmax,
 )
-from typevet_async._core.losses import item_nll
-from typevet_async._core.metrics import evaluate
-from typevet_async._settings import SessionSettings
+from typevet_async._core.statistics.losses import item_nll
+from typevet_async._core.statistics.metrics import evaluate
+from typevet_async._session.settings import SessionSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "bench_public_data"
@@ -747,7 +747,7 @@ def arm_record(name: str, content_free: bool) -> dict[str, Any]:
 def content_free_states() -> list[str] | None:
     """The states the SDK reads a question's prior on (None: an SDK without them)."""
     try:
-        from typevet_async._core.content_free import CONTENT_FREE_STATES
+        from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES
     except ImportError:
         return None
     return list(CONTENT_FREE_STATES)
@@ -761,7 +761,7 @@ def default_row(task: Task) -> str:
     """The row that is what the SDK's default settings read on ``task``: its question's
     controls (a Noul's ``words``, a Score's ``scale``, else ``letters``) and ``+cf`` where the
     default content-free setting divides its prior out."""
-    from typevet_async._core.content_free import content_free_applies
+    from typevet_async._core.statistics.content_free import content_free_applies
 
     defaults, question = SessionSettings(), task.question(())
     row = "letters"

@@ -58,10 +58,10 @@ import numpy as np
 
 import typevet_async as tv
 from benchmarks._shared import markdown_table, write_results
-from typevet_async._cli.exits import CommandLineError
-from typevet_async._cli.inputs import read_json_file
-from typevet_async._core import fitting
-from typevet_async._core.metrics import evaluate
+from typevet_async._apps.cli.exits import CommandLineError
+from typevet_async._apps.cli.inputs import read_json_file
+from typevet_async._core.statistics import fitting
+from typevet_async._core.statistics.metrics import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "bench_real_model"
@@ -452,7 +452,7 @@ def reliability_diagrams(
     folder: Path,
 ) -> list[str]:
     """The arm's reliability diagram per question (the eval report's own figure)."""
-    from typevet_async import _report
+    from typevet_async._apps.evaluation import report as _report
 
     ordered = sorted(tickets, key=lambda ticket: str(ticket["id"]))
     folder.mkdir(parents=True, exist_ok=True)

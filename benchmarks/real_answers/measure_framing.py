@@ -1,6 +1,6 @@
 """Where the default framing's accuracy goes: one change at a time, on the real model.
 
-The study behind the default field block (``typevet_async._core.fields``): each variant is a
+The study behind the default field block (``typevet_async._core.prompts.fields``): each variant is a
 user message in the model's own ChatML turn (its default system message), read exactly with
 raw ``POST /completion`` reads (`benchmarks.real_answers.bench_real_model.PlainReader`), over the
 shipped labelled set's three questions. Every variant changes one thing against its neighbour:

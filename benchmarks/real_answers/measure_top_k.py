@@ -41,11 +41,11 @@ import anyio
 
 import typevet_async as tv
 from benchmarks._shared import results_path
+from typevet_async._apps.demo import QUESTIONS as DEMO_QUESTIONS
+from typevet_async._apps.demo import TICKETS
 from typevet_async._backends.llama_cpp import next_top_k
-from typevet_async._core.jsonvalues import render_state
-from typevet_async._core.scoring import plan_question
-from typevet_async._demo import QUESTIONS as DEMO_QUESTIONS
-from typevet_async._demo import TICKETS
+from typevet_async._core.prompts.scoring import plan_question
+from typevet_async._core.wires.jsonvalues import render_state
 
 SMALL_KS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: The tolerance the README promises for "equal to a whole-vocabulary read".

@@ -306,7 +306,7 @@ class AdvertisingProxy(_LocalProxy):
 def counting_tasks() -> Iterator[Counter[str]]:
     """The asyncio tasks created on the running loop while the block runs, counted (once it
     ends) by name: a task's own name where it was given one (anyio names a task by its
-    function, ``"typevet_async._batch._Engine._work"`` for `judge_many`'s workers), else its
+    function, ``"typevet_async._session.batch._Engine._work"`` for `judge_many`'s workers), else its
     coroutine's qualified name."""
     loop = asyncio.get_running_loop()
     previous = loop.get_task_factory()

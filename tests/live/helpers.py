@@ -22,9 +22,9 @@ import pytest
 from aiohttp import web
 
 import typevet_async as tv
-from typevet_async._core.content_free import divide_prior
-from typevet_async._gateway import STATE, GatewayConfig, app_runner, build_app, running
-from typevet_async._gateway.state import GatewayState
+from typevet_async._apps.gateway import STATE, GatewayConfig, app_runner, build_app, running
+from typevet_async._apps.gateway.state import GatewayState
+from typevet_async._core.statistics.content_free import divide_prior
 
 from .servers import VLLM_MODEL_ID
 

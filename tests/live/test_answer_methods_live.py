@@ -17,8 +17,8 @@ import attrs
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.content_free import CONTENT_FREE_STATES, divide_prior
-from typevet_async._core.framing import GEMMA_FRAMES, TemplateFamily
+from typevet_async._core.prompts.framing import GEMMA_FRAMES, TemplateFamily
+from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES, divide_prior
 
 from .helpers import post_json, softmax, whole_vocabulary_logprobs
 

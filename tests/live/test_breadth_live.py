@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.scoring import plan_question
+from typevet_async._core.prompts.scoring import plan_question
 
 from .helpers import (
     TICKET,

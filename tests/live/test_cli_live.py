@@ -34,7 +34,7 @@ GENERATE_PROMPT = (
 
 
 def cli(*args: str, url: str) -> list[str]:
-    return [sys.executable, "-m", "typevet_async._cli", *args, "--base-url", url]
+    return [sys.executable, "-m", "typevet_async._apps.cli", *args, "--base-url", url]
 
 
 def no_server_env(tmp_path: Path) -> dict[str, str]:
@@ -126,7 +126,7 @@ def test_cli_batch_goes_on_past_bad_lines_and_failed_records(
     assert "6 records (0 skipped as done), 3 failed" in run.stdout
     # Every line is done: --resume judges nothing, and starts no server.
     again = subprocess.run(
-        [sys.executable, "-m", "typevet_async._cli", *args, "--resume"],
+        [sys.executable, "-m", "typevet_async._apps.cli", *args, "--resume"],
         input=source.read_text(), capture_output=True, text=True, timeout=60, check=False,
         env=no_server_env(tmp_path),
     )  # fmt: skip
@@ -134,7 +134,7 @@ def test_cli_batch_goes_on_past_bad_lines_and_failed_records(
     assert "0 records (6 skipped as done), 0 failed" in again.stdout
     # The same file as a file: its repeated id is refused before anything is judged.
     refused = subprocess.run(
-        [sys.executable, "-m", "typevet_async._cli", "batch", str(source), "--questions",
+        [sys.executable, "-m", "typevet_async._apps.cli", "batch", str(source), "--questions",
          str(questions), "--out", str(tmp_path / "file.jsonl")],
         capture_output=True, text=True, timeout=60, check=False, env=no_server_env(tmp_path),
     )  # fmt: skip
@@ -241,7 +241,7 @@ def test_cli_generate_the_readme_example(gemma3_url: str) -> None:
 
 def test_cli_serve_local_prints_its_url_and_serves(tmp_path: Path) -> None:
     server = subprocess.Popen(
-        [sys.executable, "-m", "typevet_async._cli", "serve-local", "--port", "0",
+        [sys.executable, "-m", "typevet_async._apps.cli", "serve-local", "--port", "0",
          "--host", "127.0.0.1", "--ctx-size", "4096", "--parallel", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
@@ -280,7 +280,7 @@ def test_cli_serve_local_on_the_port_of_a_running_server(gemma3_url: str) -> Non
         pass  # the real server listens there
     started = time.monotonic()
     refused = subprocess.run(
-        [sys.executable, "-m", "typevet_async._cli", "serve-local", "--port", str(port)],
+        [sys.executable, "-m", "typevet_async._apps.cli", "serve-local", "--port", str(port)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert refused.returncode == 2

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig
+from typevet_async._apps.gateway import GatewayConfig
 
 from .faults import VisionRecordingProxy
 from .helpers import PNG_HEADER, ready_gateway

@@ -227,7 +227,7 @@ def report(gemma3_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = folder / "report"
     done = subprocess.run(
         [
-            sys.executable, "-m", "typevet_async._cli", "eval", str(records),
+            sys.executable, "-m", "typevet_async._apps.cli", "eval", str(records),
             "--questions", str(SHIPPED / "questions.json"), "--out", str(out),
             "--resamples", "50", "--no-progress", "--base-url", gemma3_url,
         ],

@@ -42,7 +42,7 @@ LABELS = {
 def cli(*args: str, url: str | None) -> subprocess.CompletedProcess[str]:
     server = ["--base-url", url] if url else []  # calibrate reads files only
     return subprocess.run(
-        [sys.executable, "-m", "typevet_async._cli", *args, *server],
+        [sys.executable, "-m", "typevet_async._apps.cli", *args, *server],
         capture_output=True,
         text=True,
         timeout=900,

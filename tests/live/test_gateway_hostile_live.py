@@ -19,7 +19,7 @@ import pytest_asyncio
 from backports import zstd
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._apps.gateway import GatewayConfig, running
 
 from .helpers import wait_until_ready
 

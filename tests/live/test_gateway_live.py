@@ -26,8 +26,8 @@ import typesafe_sdk as ts
 from typesafe_sdk._schemas import models as ts_models
 
 import typevet_async as tv
-from typevet_async._core.systemone import questions_from_system_one, request_from_system_one
-from typevet_async._gateway import GatewayConfig
+from typevet_async._apps.gateway import GatewayConfig
+from typevet_async._core.wires.system_one import questions_from_system_one, request_from_system_one
 
 from .helpers import PNG_HEADER, ready_gateway
 from .servers import VLLM_MODEL_ID
@@ -251,7 +251,7 @@ class GatewayProcess:
     every line it logged."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "typevet_async._cli", "serve", "--port", "0", *args]
+        command = [sys.executable, "-m", "typevet_async._apps.cli", "serve", "--port", "0", *args]
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, env=env,

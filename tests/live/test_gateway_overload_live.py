@@ -29,8 +29,8 @@ import attrs
 import pytest
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig
-from typevet_async._gateway.state import GatewayState
+from typevet_async._apps.gateway import GatewayConfig
+from typevet_async._apps.gateway.state import GatewayState
 
 from .faults import FaultInjectingProxy
 from .helpers import ready_gateway_state

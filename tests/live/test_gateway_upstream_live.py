@@ -29,9 +29,9 @@ import aiohttp
 import pytest
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig
-from typevet_async._gateway import state as gateway_state
-from typevet_async._gateway.state import RETRY_FLOOR, GatewayState
+from typevet_async._apps.gateway import GatewayConfig
+from typevet_async._apps.gateway import state as gateway_state
+from typevet_async._apps.gateway.state import RETRY_FLOOR, GatewayState
 
 from .faults import FaultInjectingProxy
 from .helpers import ready_gateway_state

@@ -32,8 +32,12 @@ import aiohttp
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.answers import choice_confidence, entropy_confidence, score_confidence
-from typevet_async._core.systemone import request_to_system_one
+from typevet_async._core.reading.answers import (
+    choice_confidence,
+    entropy_confidence,
+    score_confidence,
+)
+from typevet_async._core.wires.system_one import request_to_system_one
 
 from .test_gateway_live import GatewayProcess
 

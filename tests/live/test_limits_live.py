@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._apps.gateway import GatewayConfig, running
 
 from .faults import FaultInjectingProxy
 from .helpers import TICKET, wait_until_ready

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.content_free import CONTENT_FREE_STATES
+from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES
 
 from .helpers import (
     LETTERED,

@@ -24,8 +24,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.types import CallToolResult, TextContent
 
 import typevet_async as tv
-from typevet_async._core.systemone import request_from_system_one, response_to_system_one
-from typevet_async._presenting import model_alias
+from typevet_async._apps.presenting import model_alias
+from typevet_async._core.wires.system_one import request_from_system_one, response_to_system_one
 
 from .helpers import assert_close_json
 

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import typevet_async as tv
+from typevet_async._apps.gateway import GatewayConfig
 from typevet_async._backends.llama_cpp import AsyncLlamaCpp
-from typevet_async._core.markers import MAX_CHECKED_RUNS, neutralise
-from typevet_async._gateway import GatewayConfig
-from typevet_async._planning import Planner
+from typevet_async._core.prompts.markers import MAX_CHECKED_RUNS, neutralise
+from typevet_async._session.planning import Planner
 
 from .faults import FaultInjectingProxy
 from .helpers import post_json, ready_gateway

@@ -84,7 +84,7 @@ async def test_the_mcp_server_in_front_of_it_answers_with_probabilities(
         parameters = StdioServerParameters(
             command=sys.executable,
             args=[
-                *("-m", "typevet_async._cli", "mcp", "--backend", "openai_compatible"),
+                *("-m", "typevet_async._apps.cli", "mcp", "--backend", "openai_compatible"),
                 *("--base-url", f"{gemma3_url}/v1", "--max-concurrency", "1"),
             ],
             env=child_env(),

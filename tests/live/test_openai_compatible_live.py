@@ -23,7 +23,7 @@ import sys
 import pytest
 
 import typevet_async as tv
-from typevet_async._gateway import GatewayConfig
+from typevet_async._apps.gateway import GatewayConfig
 
 from .faults import OpenAIShapedProxy
 from .helpers import TICKET, post_json, questions, ready_gateway
@@ -281,7 +281,7 @@ async def test_the_command_line_judges_through_it(gemma3_url: str) -> None:
     command = [
         sys.executable,
         "-m",
-        "typevet_async._cli",
+        "typevet_async._apps.cli",
         "judge",
         TICKET,
         "--choice",

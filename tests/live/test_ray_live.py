@@ -27,7 +27,7 @@ import ray
 import ray.data
 
 import typevet_async as tv
-from typevet_async._core.systemone import answer_to_system_one
+from typevet_async._core.wires.system_one import answer_to_system_one
 
 from .helpers import assert_close_json
 

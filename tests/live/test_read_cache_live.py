@@ -23,8 +23,8 @@ import orjson
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.calibration import QuestionMap, Temperature, question_hash
-from typevet_async._core.content_free import CONTENT_FREE_STATES
+from typevet_async._core.statistics.calibration import QuestionMap, Temperature, question_hash
+from typevet_async._core.statistics.content_free import CONTENT_FREE_STATES
 
 from .faults import FaultInjectingProxy
 from .helpers import LETTERED, TICKET, InFlightCounter, questions
@@ -291,7 +291,7 @@ async def test_a_script_that_raises_before_aclose_exits_with_its_reads_kept(
 
 def eval_cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "typevet_async._cli", "eval", *args, "--base-url", url],
+        [sys.executable, "-m", "typevet_async._apps.cli", "eval", *args, "--base-url", url],
         capture_output=True,
         text=True,
         timeout=1200,

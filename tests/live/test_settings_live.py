@@ -46,7 +46,7 @@ async def typevet_async(*args: str, environ: dict[str, str]) -> tuple[int, str, 
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "typevet_async._cli",
+        "typevet_async._apps.cli",
         *args,
         env={**base, **environ},
         stdout=asyncio.subprocess.PIPE,

@@ -14,9 +14,9 @@ import pytest_asyncio
 import typesafe_sdk as ts
 
 import typevet_async as tv
-from typevet_async import _gateway as gateway
-from typevet_async._core.systemone import request_to_system_one
-from typevet_async._gateway import GatewayConfig
+from typevet_async._apps import gateway
+from typevet_async._apps.gateway import GatewayConfig
+from typevet_async._core.wires.system_one import request_to_system_one
 
 from .helpers import wait_until_ready
 

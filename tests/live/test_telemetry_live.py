@@ -302,7 +302,7 @@ async def test_the_gateway_joins_the_callers_trace_down_to_the_model_servers_rea
 ) -> None:
     from opentelemetry import propagate
 
-    from typevet_async._gateway import GatewayConfig, running
+    from typevet_async._apps.gateway import GatewayConfig, running
 
     question = {"type": "noul", "instructions": "Is a refund requested?"}
     body = {"model": "gemma-3-270m", "state": STATE, "questions": {"refund": question}}
@@ -346,7 +346,7 @@ async def test_the_gateway_joins_the_callers_trace_down_to_the_model_servers_rea
 async def test_the_callers_tracestate_and_baggage_reach_the_model_server_only_if_forwarded(
     gemma3_url: str, otel: Recorded, forward: bool
 ) -> None:
-    from typevet_async._gateway import GatewayConfig, running
+    from typevet_async._apps.gateway import GatewayConfig, running
 
     question = {"type": "noul", "instructions": "Is a refund requested?"}
     body = {"model": "gemma-3-270m", "state": STATE, "questions": {"refund": question}}
@@ -378,7 +378,7 @@ async def test_the_callers_tracestate_and_baggage_reach_the_model_server_only_if
 async def test_an_mcp_tool_call_joins_the_agents_trace(gemma3_url: str, otel: Recorded) -> None:
     import mcp
 
-    from typevet_async import _mcp
+    from typevet_async._apps import mcp as _mcp
 
     async with mcp.Client(
         _mcp.build_server(tv.Session.llama_cpp(gemma3_url)), mode="legacy"

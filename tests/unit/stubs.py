@@ -18,8 +18,8 @@ import anyio
 import anyio.lowlevel
 
 import typevet_async as tv
-from typevet_async._core.controls import DIGITS, NOUL_WORDS
-from typevet_async._core.framing import PromptFrame
+from typevet_async._core.prompts.controls import DIGITS, NOUL_WORDS
+from typevet_async._core.prompts.framing import PromptFrame
 
 __all__ = [
     "IDS",

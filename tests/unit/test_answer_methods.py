@@ -16,18 +16,9 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._content_free import PriorCache
-from typevet_async._core.calibration import question_hash
-from typevet_async._core.content_free import (
-    CONTENT_FREE_STATES,
-    PRIOR_FLOOR,
-    content_free_off_menu_mass,
-    content_free_prior,
-    divide_prior,
-)
-from typevet_async._core.controls import NOUL_WORDS, UPPERCASE
-from typevet_async._core.fields import framing_pin
-from typevet_async._core.framing import (
+from typevet_async._core.prompts.controls import NOUL_WORDS, UPPERCASE
+from typevet_async._core.prompts.fields import framing_pin
+from typevet_async._core.prompts.framing import (
     ANSWER_PROBE,
     GEMMA_FRAMES,
     PROBE_MESSAGE,
@@ -35,10 +26,19 @@ from typevet_async._core.framing import (
     TemplateFamily,
     learn_turns,
 )
-from typevet_async._core.layouts import Layout
-from typevet_async._core.readings import softmax
-from typevet_async._core.scoring import bind_question, request_for
-from typevet_async._settings import ReadOptions
+from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.prompts.scoring import bind_question, request_for
+from typevet_async._core.reading.readings import softmax
+from typevet_async._core.statistics.calibration import question_hash
+from typevet_async._core.statistics.content_free import (
+    CONTENT_FREE_STATES,
+    PRIOR_FLOOR,
+    content_free_off_menu_mass,
+    content_free_prior,
+    divide_prior,
+)
+from typevet_async._session.priors import PriorCache
+from typevet_async._session.settings import ReadOptions
 
 from .stubs import IDS, InMemoryStubBackend, failing_after
 
@@ -249,7 +249,7 @@ def test_jev_layouts_keep_their_letters_whatever_the_methods() -> None:
 
 
 def test_the_score_answer_reports_the_expected_and_the_most_likely_level() -> None:
-    from typevet_async._core.answers import build_answer
+    from typevet_async._core.reading.answers import build_answer
 
     answer = build_answer(SENTIMENT, (0.1, 0.15, 0.2, 0.3, 0.25))
     assert isinstance(answer, tv.ScoreAnswer)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.answers import (
+from typevet_async._core.reading.answers import (
     build_answer,
     choice_confidence,
     entropy_confidence,

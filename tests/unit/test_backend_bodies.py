@@ -19,8 +19,8 @@ import typevet_async as tv
 from typevet_async._backends import llama_cpp, vllm_wire
 from typevet_async._backends import llama_cpp_wire as llama_wire
 from typevet_async._backends.openai_chat import decode_chat_output, user_message
-from typevet_async._core.layouts import Message
-from typevet_async._core.readings import read_entries, validated_logprobs
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.reading.readings import read_entries, validated_logprobs
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 24

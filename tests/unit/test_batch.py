@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._batch import judge_stream
-from typevet_async._core.kept_errors import EXCERPT_LIMIT
-from typevet_async._settings import BatchOptions
+from typevet_async._core.reading.kept_errors import EXCERPT_LIMIT
+from typevet_async._session.batch import judge_stream
+from typevet_async._session.settings import BatchOptions
 
 from ..live.faults import counting_tasks
 from .stubs import InMemoryStubBackend, ProbeRefusingStubBackend, failing_after, sleeping
@@ -231,7 +231,7 @@ async def test_workers_are_started_as_records_arrive_never_past_the_records(size
     assert [i.index for i in items] == [0, 1, 2]
     assert backend.peak == 3  # all three still judged at once
     # a sized input: one per record; otherwise one more, which meets the input's end
-    assert created["typevet_async._batch._Engine._work"] == (3 if sized else 4)
+    assert created["typevet_async._session.batch._Engine._work"] == (3 if sized else 4)
 
 
 class _Response:
@@ -243,7 +243,7 @@ async def test_a_kept_error_item_does_not_pin_what_the_failed_read_held() -> Non
     import traceback
     import weakref
 
-    from typevet_async._batch import judge_stream
+    from typevet_async._session.batch import judge_stream
 
     held: list[weakref.ref[_Response]] = []
 

@@ -13,8 +13,13 @@ import orjson
 import pytest
 
 import typevet_async as tv
-from typevet_async._core import fitting
-from typevet_async._core.calibration import (
+from typevet_async._core.prompts.rotations import (
+    combine_rotations,
+    rotation_offsets,
+    rotation_order,
+)
+from typevet_async._core.statistics import fitting
+from typevet_async._core.statistics.calibration import (
     CalibrationMap,
     Isotonic,
     Pins,
@@ -26,8 +31,7 @@ from typevet_async._core.calibration import (
     question_set_hash,
     transform_probabilities,
 )
-from typevet_async._core.labels import gold_indices, labelled_record
-from typevet_async._core.rotations import combine_rotations, rotation_offsets, rotation_order
+from typevet_async._core.statistics.labels import gold_indices, labelled_record
 
 from .stubs import InMemoryStubBackend
 

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.jsonvalues import compact_json, render_state
+from typevet_async._core.wires.jsonvalues import compact_json, render_state
 
 from .stubs import FaultInjectingStubServer, InMemoryStubBackend, noul, reply, state_of
 

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async._cli import batch as cli_batch
-from typevet_async._cli import help_texts, inputs, main, serve_local
-from typevet_async._cli.parser import build_parser
-from typevet_async._core.jsonvalues import parse_json
+from typevet_async._apps.cli import batch as cli_batch
+from typevet_async._apps.cli import help_texts, inputs, main, serve_local
+from typevet_async._apps.cli.parser import build_parser
+from typevet_async._core.wires.jsonvalues import parse_json
 
 from .stubs import InMemoryStubBackend, failing_after, state_of
 
@@ -879,7 +879,7 @@ def test_serve_refuses_to_start_with_auth_off_unless_asked(
     async def never(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the gateway was started")
 
-    monkeypatch.setattr("typevet_async._gateway.serve", never)
+    monkeypatch.setattr("typevet_async._apps.gateway.serve", never)
     argv = [flag.format(blank=blank) for flag in flags]
     code, _, err = run(capsys, "serve", "--base-url", "http://127.0.0.1:9", *argv)
     assert_one_line_failure(code, err, *parts)
@@ -1128,7 +1128,7 @@ def test_a_server_that_is_not_running_is_one_line_saying_what_to_do() -> None:
     argv = [
         sys.executable,
         "-m",
-        "typevet_async._cli",
+        "typevet_async._apps.cli",
         "judge",
         "x",
         *QUESTION,

@@ -1,4 +1,4 @@
-"""Two-token codes (`typevet_async._core.codes`): which codes a tokenizer keeps, how options
+"""Two-token codes (`typevet_async._core.prompts.codes`): which codes a tokenizer keeps, how options
 are bound to them, and how a code question's reads become its answer, exactly.
 
 The session tests use `CodeTokenizingStub`, a hand-written in-memory backend (named as a
@@ -18,7 +18,7 @@ import pytest
 
 import typevet_async as tv
 from typevet_async._backends.llama_cpp_wire import completion_body
-from typevet_async._core.codes import (
+from typevet_async._core.prompts.codes import (
     CODES,
     CodeTokens,
     code_firsts,
@@ -29,11 +29,11 @@ from typevet_async._core.codes import (
     usable_codes,
     with_reads_after,
 )
-from typevet_async._core.controls import LOWERCASE, UPPERCASE
-from typevet_async._core.interpreting import interpret_read
-from typevet_async._core.layouts import Layout
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import after_first, bind_question, request_for
+from typevet_async._core.prompts.controls import LOWERCASE, UPPERCASE
+from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.prompts.scoring import after_first, bind_question, request_for
+from typevet_async._core.reading.interpreting import interpret_read
+from typevet_async._core.reading.readings import CandidateRead
 
 from .stubs import IDS, InMemoryStubBackend
 

@@ -18,10 +18,10 @@ import attrs
 import pytest
 
 import typevet_async as tv
+from typevet_async._apps.cli import inputs
+from typevet_async._apps.cli.exits import CommandLineError
+from typevet_async._apps.cli.parser import build_parser
 from typevet_async._backends.system_one import SESSION_SETTINGS_REFUSED
-from typevet_async._cli import inputs
-from typevet_async._cli.exits import CommandLineError
-from typevet_async._cli.parser import build_parser
 from typevet_async._configuration import (
     BACKENDS,
     BY_NAME,
@@ -30,7 +30,7 @@ from typevet_async._configuration import (
     read_settings,
     settings_table,
 )
-from typevet_async._core.calibration import (
+from typevet_async._core.statistics.calibration import (
     CalibrationMap,
     Pins,
     QuestionMap,

@@ -1,5 +1,5 @@
 """A prompt that certainly cannot fit the served context is refused before anything is sent
-(`typevet_async._core.probe.check_context`): the pure bound, and the planner applying it to
+(`typevet_async._core.reading.probe.check_context`): the pure bound, and the planner applying it to
 the whole prompt (state, examples, instructions, options) with `InMemoryStubBackend`, a
 hand-written stub that records every call (the real server: tests/live/test_limits_live.py).
 """
@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.probe import MAX_TOKEN_BYTES, check_context, fewest_tokens
+from typevet_async._core.reading.probe import MAX_TOKEN_BYTES, check_context, fewest_tokens
 
 from .stubs import InMemoryStubBackend
 

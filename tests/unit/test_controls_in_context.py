@@ -22,7 +22,7 @@ import pytest
 import typevet_async as tv
 from typevet_async._backends.llama_cpp_wire import completion_body
 from typevet_async._backends.vllm_wire import completion_scoring_body
-from typevet_async._core.controls import (
+from typevet_async._core.prompts.controls import (
     ALPHABETS,
     DIGITS,
     PROBED_CONTROLS,
@@ -31,9 +31,9 @@ from typevet_async._core.controls import (
     controls_in_context,
     with_bare_tokens,
 )
-from typevet_async._core.framing import GEMMA_FRAMES, PROBE_MESSAGE, TemplateFamily
-from typevet_async._core.layouts import Layout
-from typevet_async._core.scoring import bind_question, request_for
+from typevet_async._core.prompts.framing import GEMMA_FRAMES, PROBE_MESSAGE, TemplateFamily
+from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.prompts.scoring import bind_question, request_for
 
 Encode = Callable[[str], list[int]]
 

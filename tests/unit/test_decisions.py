@@ -1,4 +1,4 @@
-"""The Decisions wire (`typevet_async._core.decisions`) against the ``openai`` package's own
+"""The Decisions wire (`typevet_async._core.wires.decisions`) against the ``openai`` package's own
 types: requests as ``decision_create_params`` declares them become typed questions, and every
 response we build validates as ``openai.types.Decision`` (typed choice values kept)."""
 
@@ -12,15 +12,15 @@ import pytest
 from openai.types.decision import Decision
 
 import typevet_async as tv
+from typevet_async._apps.gateway.decisions import openai_error
 from typevet_async._backends.openai_decisions import decode_decisions
-from typevet_async._core.answers import Judgment, build_answer
-from typevet_async._core.decisions import (
+from typevet_async._core.reading.answers import Judgment, build_answer
+from typevet_async._core.wires.decisions import (
     DecisionsValidationError,
     request_from_decisions,
     request_to_decisions,
     response_to_decisions,
 )
-from typevet_async._gateway.decisions import openai_error
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
 QUESTIONS: list[dict[str, Any]] = [

@@ -1,4 +1,4 @@
-"""Budgeted decoding (`typevet_async._core.decoding`, the gateway's encoding and multipart)
+"""Budgeted decoding (`typevet_async._core.wires.decoding`, the gateway's encoding and multipart)
 and the System One request reader's limits: each hostile shape the servers met, refused by the
 budget's mechanism in bounded time."""
 
@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 from backports import zstd
 
-from typevet_async._core.decoding import CpuClock, DecodeBudget, check_json_budget
-from typevet_async._core.systemone import request_from_system_one
+from typevet_async._apps.gateway.encoding import decompress
+from typevet_async._apps.gateway.multipart import (
+    count_multipart_parts,
+    parse_multipart,
+    request_from_system_one_multipart,
+)
+from typevet_async._core.wires.decoding import CpuClock, DecodeBudget, check_json_budget
+from typevet_async._core.wires.system_one import request_from_system_one
 from typevet_async._errors import (
     BadEncodingError,
     BodyTooLargeError,
     BudgetExceededError,
     InvalidInputError,
     SystemOneValidationError,
-)
-from typevet_async._gateway.encoding import decompress
-from typevet_async._gateway.multipart import (
-    count_multipart_parts,
-    parse_multipart,
-    request_from_system_one_multipart,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 32

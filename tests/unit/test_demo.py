@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async import _demo
+from typevet_async._apps import demo as _demo
 
 from .stubs import InMemoryStubBackend
 

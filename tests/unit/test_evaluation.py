@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 import typevet_async as tv
-from typevet_async import _cli
+from typevet_async._apps import cli as _cli
 
 from .stubs import InMemoryStubBackend
 
@@ -241,7 +241,7 @@ def test_figures_have_unique_bounded_plain_names_and_the_report_survives_a_faile
     assert max(len(name) for name in pngs) < 100
     assert (tmp_path / "report" / "report.json").exists()
 
-    from typevet_async import _report
+    from typevet_async._apps.evaluation import report as _report
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no renderer")

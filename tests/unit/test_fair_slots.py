@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import typevet_async as tv
-from typevet_async._fair_slots import FairSlots
+from typevet_async._session.fair_slots import FairSlots
 
 from .stubs import InMemoryStubBackend, noul, sleeping
 

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._fanout import gather_in_order, gather_settled
+from typevet_async._concurrency.fanout import gather_in_order, gather_settled
 
 from .stubs import stopwatch
 

@@ -1,4 +1,4 @@
-"""The System One gateway (`typevet_async._gateway`) over the in-memory stub backend, through
+"""The System One gateway (`typevet_async._apps.gateway`) over the in-memory stub backend, through
 aiohttp's own test server and client (real HTTP on localhost)."""
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from backports import zstd
 from typesafe_sdk._schemas import models
 
 import typevet_async as tv
-from typevet_async._core.decoding import CpuClock, DecodeBudget
-from typevet_async._core.systemone import NOUL_DEFAULT_INSTRUCTIONS
-from typevet_async._gateway import (
+from typevet_async._apps.gateway import (
     BodyTooLargeError,
     GatewayConfig,
     NoKeysError,
@@ -37,7 +35,9 @@ from typevet_async._gateway import (
     running,
     serve,
 )
-from typevet_async._gateway.multipart import MultipartPart, media_type, parse_multipart
+from typevet_async._apps.gateway.multipart import MultipartPart, media_type, parse_multipart
+from typevet_async._core.wires.decoding import CpuClock, DecodeBudget
+from typevet_async._core.wires.system_one import NOUL_DEFAULT_INSTRUCTIONS
 
 from .stubs import InMemoryStubBackend, failing_after, sleeping
 

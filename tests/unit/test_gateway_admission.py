@@ -21,12 +21,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 import typevet_async as tv
-from typevet_async._core.systemone import BATCH_PATH
-from typevet_async._gateway import DEFAULT_AUTO_QUEUE, STATE, GatewayConfig
-from typevet_async._gateway import app as gateway_app
-from typevet_async._gateway import batch as gateway_batch
-from typevet_async._gateway import state as gateway_state
-from typevet_async._gateway.responses import shed_response
+from typevet_async._apps.gateway import DEFAULT_AUTO_QUEUE, STATE, GatewayConfig
+from typevet_async._apps.gateway import app as gateway_app
+from typevet_async._apps.gateway import batch as gateway_batch
+from typevet_async._apps.gateway import state as gateway_state
+from typevet_async._apps.gateway.responses import shed_response
+from typevet_async._core.wires.system_one import BATCH_PATH
 
 from .stubs import Behaviour, InMemoryStubBackend
 from .test_gateway import AUTH, request_body, start, until

@@ -14,8 +14,8 @@ import pytest
 from typesafe_sdk._schemas import models
 
 import typevet_async as tv
-from typevet_async._core.systemone import BATCH_PATH
-from typevet_async._gateway import STATE, GatewayConfig
+from typevet_async._apps.gateway import STATE, GatewayConfig
+from typevet_async._core.wires.system_one import BATCH_PATH
 
 from .stubs import InMemoryStubBackend, sleeping
 from .test_gateway import AUTH, assert_error_shape, request_body, serving, start, until

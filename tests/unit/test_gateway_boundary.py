@@ -20,9 +20,9 @@ import pytest
 import typevet_async as tv
 import typevet_async._telemetry as telemetry
 from tests.otel import Recorded, installed
-from typevet_async._cli import main
-from typevet_async._core.systemone import BATCH_PATH
-from typevet_async._gateway import GatewayConfig
+from typevet_async._apps.cli import main
+from typevet_async._apps.gateway import GatewayConfig
+from typevet_async._core.wires.system_one import BATCH_PATH
 
 from .stubs import Behaviour, InMemoryStubBackend, failing_after
 from .test_gateway import AUTH, request_body, start
@@ -211,7 +211,7 @@ def test_the_serve_flag_sets_it_and_takes_no_value(
     async def serving(session: tv.Session, config: GatewayConfig, *args: Any) -> None:
         configs.append(config)
 
-    monkeypatch.setattr("typevet_async._gateway.serve", serving)
+    monkeypatch.setattr("typevet_async._apps.gateway.serve", serving)
     argv = ["serve", "--base-url", "http://127.0.0.1:9", "--no-auth"]
     assert main(argv) == 0
     assert main([*argv, "--forward-tracestate-baggage"]) == 0

@@ -13,8 +13,8 @@ import pytest
 from openai.types.decision import Decision
 
 import typevet_async as tv
+from typevet_async._apps.gateway import GatewayConfig, running
 from typevet_async._backends.openai_decisions import _refused
-from typevet_async._gateway import GatewayConfig, running
 
 from .stubs import InMemoryStubBackend
 from .test_gateway import AUTH, KEY, assert_error_shape, request_body, start

@@ -404,7 +404,7 @@ async def llama_cpp(
 
 @pytest.mark.asyncio
 async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubServer) -> None:
-    from typevet_async._core.interpreting import interpret_read
+    from typevet_async._core.reading.interpreting import interpret_read
 
     canned = completion([(10, -1.0), (11, -2.0)], 2)
     calls = {"n": 0}
@@ -431,7 +431,7 @@ async def test_attempts_reach_the_answer_diagnostics(stub: FaultInjectingStubSer
 async def test_the_stale_connection_replay_counts_in_the_answer_attempts(
     stub: FaultInjectingStubServer,
 ) -> None:
-    from typevet_async._core.interpreting import interpret_read
+    from typevet_async._core.reading.interpreting import interpret_read
 
     # The second read meets its pooled connection closed and is replayed on a fresh one.
     canned = completion([(10, -1.0), (11, -2.0)], 2)

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import typevet_async as tv
-from typevet_async._jsonl import (
+from typevet_async._apps.jsonl import (
     PipeLines,
     Resumable,
     error_line,

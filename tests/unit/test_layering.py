@@ -1,5 +1,6 @@
-"""The layers hold: import-linter's contracts in pyproject.toml (the functional core does no
-I/O, backends stay apart, and the applications use the public API)."""
+"""The layers hold: import-linter's contracts in pyproject.toml (the packages stand in layers,
+the functional core does no I/O, backends stay apart, and the applications use the public
+API)."""
 
 from __future__ import annotations
 
@@ -30,25 +31,42 @@ def lint_imports(project: Path) -> subprocess.CompletedProcess[str]:
 def test_contracts_hold() -> None:
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 5 kept, 0 broken." in result.stdout
+    assert "Contracts: 6 kept, 0 broken." in result.stdout
 
 
 def test_an_injected_io_import_breaks_the_contract(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "typevet_async", tmp_path / "typevet_async")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    answers = tmp_path / "typevet_async" / "_core" / "answers.py"
+    answers = tmp_path / "typevet_async" / "_core" / "reading" / "answers.py"
     answers.write_text("import aiohttp  # injected\n" + answers.read_text())
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "typevet_async._core.answers -> aiohttp" in result.stdout
+    assert "typevet_async._core.reading.answers -> aiohttp" in result.stdout
 
 
 def test_an_application_reaching_under_the_session_breaks_the_contract(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "typevet_async", tmp_path / "typevet_async")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    judge = tmp_path / "typevet_async" / "_cli" / "judge.py"
-    judge.write_text(judge.read_text() + "\nfrom typevet_async._judging import judge  # injected\n")
+    judge = tmp_path / "typevet_async" / "_apps" / "cli" / "judge.py"
+    judge.write_text(
+        judge.read_text() + "\nfrom typevet_async._session.judging import judge  # injected\n"
+    )
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "The applications use the public API" in result.stdout
-    assert "typevet_async._cli.judge -> typevet_async._judging" in result.stdout
+    assert "typevet_async._apps.cli.judge -> typevet_async._session.judging" in result.stdout
+
+
+def test_a_core_module_importing_the_session_breaks_the_layers(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "typevet_async", tmp_path / "typevet_async")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    questions = tmp_path / "typevet_async" / "_core" / "prompts" / "questions.py"
+    questions.write_text(
+        questions.read_text() + "\nfrom typevet_async._session import settings  # injected\n"
+    )
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "The layers: the applications over the public API" in result.stdout
+    assert (
+        "typevet_async._core.prompts.questions -> typevet_async._session.settings" in result.stdout
+    )

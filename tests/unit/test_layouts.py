@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.controls import PROBED_CONTROLS
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.layouts import Layout
-from typevet_async._core.scoring import plan_question
+from typevet_async._core.prompts.controls import PROBED_CONTROLS
+from typevet_async._core.prompts.framing import TemplateFamily
+from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.prompts.scoring import plan_question
 
 IDS = {control: 1000 + n for n, control in enumerate(PROBED_CONTROLS)}
 FUSED = (

@@ -220,7 +220,7 @@ def test_templates_follow_the_model() -> None:
 def test_serve_local_takes_a_models_name_or_a_file(tmp_path: Path) -> None:
     """``--model NAME`` serves the cached model under its own template; a file path its GGUF's
     template unless one is given; anything else is refused naming the models."""
-    from typevet_async._cli import serve_local
+    from typevet_async._apps.cli import serve_local
 
     def resolved(*argv: str) -> tuple[str, str | None, bool]:
         args = serve_local.build_parser().parse_args(list(argv))

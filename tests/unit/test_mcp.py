@@ -1,4 +1,4 @@
-"""``typevet-async mcp`` (`typevet_async._mcp`): the tools' schemas, every bad question and bad
+"""``typevet-async mcp`` (`typevet_async._apps.mcp`): the tools' schemas, every bad question and bad
 input as a tool error, backend failures, the session's lifecycle, the command's flags, and the
 process over real stdio: its exit on a closed stdin, Ctrl-C and SIGTERM.
 
@@ -30,10 +30,10 @@ import pytest
 from mcp.types import CallToolResult, TextContent
 
 import typevet_async as tv
-from typevet_async import _mcp
-from typevet_async._cli import main
-from typevet_async._core.decoding import DecodeBudget
-from typevet_async._core.systemone import request_from_system_one
+from typevet_async._apps import mcp as _mcp
+from typevet_async._apps.cli import main
+from typevet_async._core.wires.decoding import DecodeBudget
+from typevet_async._core.wires.system_one import request_from_system_one
 
 from .stubs import InMemoryStubBackend, ProbeRefusingStubBackend, failing_after, sleeping
 
@@ -381,9 +381,11 @@ def test_without_the_mcp_extra_it_says_which_to_install(
     # What an environment without the mcp package imports; and _mcp not imported yet.
     for name in [name for name in sys.modules if name.split(".")[0] == "mcp"]:
         monkeypatch.setitem(sys.modules, name, None)
-    for name in [name for name in sys.modules if name.startswith("typevet_async._mcp")]:
+    for name in [name for name in sys.modules if name.startswith("typevet_async._apps.mcp")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delattr(tv, "_mcp")
+    import typevet_async._apps as apps
+
+    monkeypatch.delattr(apps, "mcp")
     assert main(["mcp", "--base-url", NOWHERE]) == 2
     assert capsys.readouterr().err == (
         "typevet-async: typevet-async mcp needs the mcp extra: pip install 'typevet_async[mcp]'\n"

@@ -1,4 +1,5 @@
-"""typevet_async._core.metrics (and the losses, reliability, selective and bootstrap modules it
+"""typevet_async._core.statistics.metrics (and the losses, reliability, selective and bootstrap
+modules it
 gathers) against values worked out by hand on small fixed inputs."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from typevet_async._core import bootstrap, metrics
-from typevet_async._core.bootstrap import Interval
-from typevet_async._core.metrics import evaluate, order_sensitivity, per_label
-from typevet_async._core.reliability import Bin
-from typevet_async._core.selective import COVERAGES
+from typevet_async._core.statistics import bootstrap, metrics
+from typevet_async._core.statistics.bootstrap import Interval
+from typevet_async._core.statistics.metrics import evaluate, order_sensitivity, per_label
+from typevet_async._core.statistics.reliability import Bin
+from typevet_async._core.statistics.selective import COVERAGES
 
 # Case A: 4 items, 2 options.
 #   item  p            gold  prediction  correct  confidence  p[gold]

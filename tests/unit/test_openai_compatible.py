@@ -22,7 +22,10 @@ from typevet_async._backends.openai_compatible_wire import (
     decode_tokens,
     scoring_body,
 )
-from typevet_async._core.chat_reads import (
+from typevet_async._core.prompts.framing import TemplateFamily
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.chat_reads import (
     ChatEntry,
     ChatServer,
     after_refusal,
@@ -35,12 +38,9 @@ from typevet_async._core.chat_reads import (
     wider,
     window_limit,
 )
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.layouts import Message
-from typevet_async._core.read_keys import canonical, probe_digest
-from typevet_async._core.read_values import decode_read, encode_read
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._core.reading.read_keys import canonical, probe_digest
+from typevet_async._core.reading.read_values import decode_read, encode_read
+from typevet_async._core.reading.readings import CandidateRead
 
 #: OpenAI's refusal of a window above its cap (its API's wording, as its docs and errors
 #: show it; no OpenAI server can be run here).

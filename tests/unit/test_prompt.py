@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import typevet_async as tv
-from typevet_async._core.controls import ALPHABETS, DIGITS, bind_controls, control_token_ids
-from typevet_async._core.fields import render_field_block, render_user_content
-from typevet_async._core.framing import (
+from typevet_async._core.prompts.controls import ALPHABETS, DIGITS, bind_controls, control_token_ids
+from typevet_async._core.prompts.fields import render_field_block, render_user_content
+from typevet_async._core.prompts.framing import (
     EMPTY_THINK_BLOCK,
     PROBE_MESSAGE,
     SECOND_PROBE_MESSAGE,
@@ -24,8 +24,8 @@ from typevet_async._core.framing import (
     learn_trim,
     structural_markers,
 )
-from typevet_async._core.layouts import Layout
-from typevet_async._core.markers import (
+from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.prompts.markers import (
     CHECKED_RUNS_BYTES,
     MAX_CHECKED_RUNS,
     marker_runs,
@@ -34,8 +34,8 @@ from typevet_async._core.markers import (
     runs_to_check,
     special_runs_from_pieces,
 )
-from typevet_async._core.scoring import bind_question, plan_question
-from typevet_async._planning import Planner
+from typevet_async._core.prompts.scoring import bind_question, plan_question
+from typevet_async._session.planning import Planner
 
 from .stubs import InMemoryStubBackend
 

@@ -75,8 +75,8 @@ def test_py_typed_ships() -> None:
 
 
 def test_the_read_cache_is_public() -> None:
-    from typevet_async import _read_cache
     from typevet_async._backends import base
+    from typevet_async._session import read_cache as _read_cache
 
     assert tv.ReadCache is _read_cache.ReadCache
     assert tv.MemoryReadCache is _read_cache.MemoryReadCache

@@ -13,10 +13,10 @@ import pytest
 
 import typevet_async as tv
 from typevet_async._backends import vllm_wire
-from typevet_async._core.decisions import request_from_decisions
-from typevet_async._core.layouts import Message
-from typevet_async._core.read_keys import read_key
-from typevet_async._core.scoring import plan_question
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.prompts.scoring import plan_question
+from typevet_async._core.reading.read_keys import read_key
+from typevet_async._core.wires.decisions import request_from_decisions
 
 from .stubs import InMemoryStubBackend
 from .test_gateway import AUTH, start

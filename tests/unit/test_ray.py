@@ -26,9 +26,9 @@ import pytest
 
 import typevet_async as tv
 from benchmarks.client_cost.replay_server import RECORDED_SETTINGS, ReplayServerProcess
-from typevet_async._core.answers import build_answer
-from typevet_async._core.systemone import answer_to_system_one
-from typevet_async._ray import ERROR_COLUMN, RayJudge, answer_type
+from typevet_async._apps.ray import ERROR_COLUMN, RayJudge, answer_type
+from typevet_async._core.reading.answers import build_answer
+from typevet_async._core.wires.system_one import answer_to_system_one
 
 #: Ray 2.60 warns whenever a DataContext is built (its dataclass sets its deprecated fields).
 RAY_DATA_CONTEXT_WARNING = r"ignore::DeprecationWarning:ray\.data\.context"

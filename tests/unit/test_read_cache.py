@@ -25,9 +25,9 @@ import pytest
 
 import typevet_async as tv
 from typevet_async import _errors
-from typevet_async._core.read_values import encode_read
-from typevet_async._read_cache import CachedReads, copy_error
-from typevet_async._read_cache_sqlite import MAX_UNWRITTEN, TOUCH_BATCH
+from typevet_async._core.reading.read_values import encode_read
+from typevet_async._session.read_cache import CachedReads, copy_error
+from typevet_async._session.read_cache_sqlite import MAX_UNWRITTEN, TOUCH_BATCH
 
 from .stubs import InMemoryStubBackend, noul, sleeping
 from .test_read_keys import PROBE, read_of, request
@@ -732,7 +732,7 @@ async def test_stores_waiting_for_a_locked_file_are_bounded_in_memory(tmp_path: 
 
 
 async def test_eval_says_how_many_reads_its_cache_failed_to_store(tmp_path: Path) -> None:
-    from typevet_async._cli.evaluate import _reads_line
+    from typevet_async._apps.cli.evaluate import _reads_line
 
     cache = tv.SqliteReadCache(tmp_path / "reads.db")
     usage = tv.Usage(100, 0, 4, 2)

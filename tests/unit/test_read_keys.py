@@ -12,17 +12,17 @@ import pytest
 
 import typevet_async as tv
 from typevet_async._backends.base import server_of
-from typevet_async._core.controls import UPPERCASE
-from typevet_async._core.framing import PromptFrame
-from typevet_async._core.layouts import Message
-from typevet_async._core.read_keys import canonical, probe_digest, read_key
-from typevet_async._core.read_values import (
+from typevet_async._core.prompts.controls import UPPERCASE
+from typevet_async._core.prompts.framing import PromptFrame
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.prompts.scoring import plan_question
+from typevet_async._core.reading.read_keys import canonical, probe_digest, read_key
+from typevet_async._core.reading.read_values import (
     MAX_VALUE_BYTES,
     READ_VALUE_FORMAT,
     decode_read,
     encode_read,
 )
-from typevet_async._core.scoring import plan_question
 
 IDS = {letter: 100 + index for index, letter in enumerate(UPPERCASE)}
 PROBE = tv.Probe(tv.TemplateFamily.GEMMA3, "rendered", IDS, 262_144, ("gemma.gguf",))

@@ -5,7 +5,7 @@ import math
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.readings import (
+from typevet_async._core.reading.readings import (
     MASS_SLACK,
     TopLogprobs,
     clamp_missing,
@@ -125,8 +125,8 @@ def test_candidates_summing_past_one_are_refused_not_clamped(total: float) -> No
 
 
 def test_a_clamped_reads_off_menu_mass_is_unknown_not_a_sum_of_fill_ins() -> None:
-    from typevet_async._core.interpreting import interpret_read
-    from typevet_async._core.scoring import plan_question
+    from typevet_async._core.prompts.scoring import plan_question
+    from typevet_async._core.reading.interpreting import interpret_read
 
     request = plan_question(
         "q",

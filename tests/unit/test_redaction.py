@@ -21,7 +21,7 @@ import pytest_asyncio
 
 import typevet_async as tv
 from typevet_async._backends.http import HttpClient
-from typevet_async._core.kept_errors import error_chain
+from typevet_async._core.reading.kept_errors import error_chain
 from typevet_async._redaction import (
     MASK,
     excerpt,
@@ -327,7 +327,7 @@ async def test_an_echoed_key_is_not_on_the_command_lines_stderr(
 ) -> None:
     # The probe's first request meets the echo (HTTP 500 with the key): the command fails
     # with one line on stderr, which prints str(error).
-    from typevet_async._cli import main
+    from typevet_async._apps.cli import main
 
     argv = ["judge", "a ticket", "--noul", "q=Refund?", "--base-url", echo.url, "--api-key", KEY]
     code = await asyncio.to_thread(main, argv)

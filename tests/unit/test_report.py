@@ -1,4 +1,5 @@
-"""typevet_async._report: the PNG figures and the HTML page, written into tmp_path."""
+"""typevet_async._apps.evaluation.report: the PNG figures and the HTML page, written into
+tmp_path."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from typevet_async import _report
-from typevet_async._core.metrics import (
+from typevet_async._apps.evaluation import report as _report
+from typevet_async._apps.evaluation.evaluation import question_entry
+from typevet_async._core.statistics.metrics import (
     confidence_and_correct,
     evaluate,
     order_sensitivity,
     per_label,
 )
-from typevet_async._evaluation import question_entry
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SCRIPT_LABEL = "<script>alert(1)</script>"

@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 
 import typevet_async as tv
-from typevet_async._core.generation import interpret_output
-from typevet_async._core.jsonvalues import MAX_JSON_DEPTH, json_depth
-from typevet_async._core.schemas import MAX_SCHEMA_DEPTH, check_schema, validate_output
+from typevet_async._core.generation.records import interpret_output
+from typevet_async._core.generation.schemas import MAX_SCHEMA_DEPTH, check_schema, validate_output
+from typevet_async._core.wires.jsonvalues import MAX_JSON_DEPTH, json_depth
 
 
 @pytest.mark.parametrize(

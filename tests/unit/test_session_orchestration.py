@@ -508,7 +508,7 @@ async def test_a_one_question_judgment_reads_in_the_callers_own_task() -> None:
 async def test_each_question_is_bound_once_however_many_judgments_ask_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import typevet_async._planning as planning
+    import typevet_async._session.planning as planning
 
     bound: list[tv.Question] = []
     original = planning.bind_question

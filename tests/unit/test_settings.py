@@ -166,7 +166,7 @@ def test_unset_is_its_own_sentinel() -> None:
 )
 @pytest.mark.parametrize("time_slice", [None, 0.004])
 def test_the_time_slice_reaches_the_backends_http_client(factory: Any, time_slice: Any) -> None:
-    from typevet_async._slicing import SLICE
+    from typevet_async._concurrency.slicing import SLICE
 
     assert factory()._backend.http.settings.time_slice == SLICE  # the default: 1 ms
     http = tv.HttpSettings(time_slice=time_slice)

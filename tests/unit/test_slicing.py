@@ -1,4 +1,5 @@
-"""Cooperative time slices (`typevet_async._slicing`): the SDK's CPU work lets the loop breathe."""
+"""Cooperative time slices (`typevet_async._concurrency.slicing`): the SDK's CPU work lets the loop
+breathe."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import time
 
 import pytest
 
-from typevet_async import _slicing
-from typevet_async._slicing import SLICE, yield_if_busy
+from typevet_async._concurrency import slicing as _slicing
+from typevet_async._concurrency.slicing import SLICE, yield_if_busy
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,4 +1,5 @@
-"""The System One wire (`typevet_async._core.systemone`) against the official client's own models.
+"""The System One wire (`typevet_async._core.wires.system_one`) against the official client's own
+models.
 
 ``typesafe_sdk._schemas.models`` are the pydantic models the official client (``typesafe-sdk``
 on PyPI) builds its requests with and parses responses into: every request they build parses
@@ -17,7 +18,7 @@ from typesafe_sdk._schemas import models
 
 import typevet_async as tv
 from typevet_async._backends.system_one_wire import decode_judgment
-from typevet_async._core.systemone import (
+from typevet_async._core.wires.system_one import (
     EXAMPLES_FIELD,
     EXTENSION,
     NOUL_DEFAULT_INSTRUCTIONS,
@@ -215,8 +216,8 @@ def test_document_is_read_as_state_and_both_are_refused() -> None:
 
 
 def test_the_wire_confidence_is_the_reference_formula_and_the_entropy_in_the_extension() -> None:
-    from typevet_async._core.answers import build_answer, entropy_confidence
-    from typevet_async._gateway.responses import extension
+    from typevet_async._apps.gateway.responses import extension
+    from typevet_async._core.reading.answers import build_answer, entropy_confidence
 
     route = tv.Choice(["a", "b", "c"], instructions="q")
     urgency = tv.Score(["low", "mid", "high"], instructions="q")
@@ -286,12 +287,16 @@ def test_an_empty_asset_name_is_refused_not_matched_everywhere() -> None:
 
 def test_every_answer_shape_is_built_from_the_one_declared_schema() -> None:
     """The renderer, the backend's decoders, MCP's result types and Ray's Arrow types all
-    follow `typevet_async._core.systemone.schema`: change a field there, and each follows."""
+    follow `typevet_async._core.wires.system_one.schema`: change a field there, and each follows."""
+    from typevet_async._apps.mcp import tools
+    from typevet_async._apps.ray import answer_type
     from typevet_async._backends import system_one_wire
-    from typevet_async._core.answers import build_answer
-    from typevet_async._core.systemone import ANSWER_FIELDS, answer_to_system_one, wire_fields
-    from typevet_async._mcp import tools
-    from typevet_async._ray import answer_type
+    from typevet_async._core.reading.answers import build_answer
+    from typevet_async._core.wires.system_one import (
+        ANSWER_FIELDS,
+        answer_to_system_one,
+        wire_fields,
+    )
 
     questions = {
         "noul": tv.Noul(instructions="q"),

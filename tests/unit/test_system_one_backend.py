@@ -23,7 +23,7 @@ from aiohttp import web
 
 import typevet_async as tv
 from typevet_async._backends.system_one_wire import decode_judgment
-from typevet_async._core.systemone import questions_from_system_one
+from typevet_async._core.wires.system_one import questions_from_system_one
 
 REPLIES = Path(__file__).resolve().parents[1] / "fixtures" / "replies" / "system_one"
 RECORDED = (REPLIES / "judgment.json").read_bytes()
@@ -107,7 +107,7 @@ def test_x_typevet_is_read_before_an_old_typevet() -> None:
 
 
 def test_the_servers_confidence_is_read_and_the_entropy_one_is_computed() -> None:
-    from typevet_async._core.answers import entropy_confidence, score_confidence
+    from typevet_async._core.reading.answers import entropy_confidence, score_confidence
 
     body = current()
     body["answers"]["route"]["confidence"] = 0.123  # whatever the server's formula gives

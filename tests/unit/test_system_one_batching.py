@@ -5,7 +5,7 @@ back to one request per state where the route is not offered.
 The server is our gateway in-process over the in-memory stub backend (real HTTP on
 localhost), counted by its own metrics; an older server (no batch route) is a small aiohttp app
 that proxies ``/v1/systemone`` to it and answers 404 on the batch route: a stub, as no real
-older server exists here. The real model path is tests/live/test_systemone_batch_live.py.
+older server exists here. The real model path is tests/live/test_system_one_batch_live.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import pytest_asyncio
 from aiohttp import web
 
 import typevet_async as tv
+from typevet_async._apps.gateway import GatewayConfig, running
 from typevet_async._backends.system_one import AsyncSystemOne
 from typevet_async._backends.system_one_wire import ItemError, Listing, decode_batch, decode_models
-from typevet_async._core.framing import with_turns
-from typevet_async._gateway import GatewayConfig, running
+from typevet_async._core.prompts.framing import with_turns
 
 from ..live.faults import AdvertisingProxy, counting_tasks
 from .stubs import InMemoryStubBackend, sleeping
@@ -328,7 +328,7 @@ async def test_a_batch_past_the_request_timeout_is_not_sent_again_whole(
 # -- issue 43.4: an advertised batch size is capped, and workers are sized to the records ----
 
 ADVERTISED = 300_000
-WORKER = "typevet_async._batch._Engine._work"
+WORKER = "typevet_async._session.batch._Engine._work"
 
 
 @pytest.mark.asyncio

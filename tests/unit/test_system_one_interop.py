@@ -25,9 +25,9 @@ from typesafe_sdk._schemas import models
 
 import typevet_async as tv
 from typevet_async._backends.system_one_wire import decode_judgment
-from typevet_async._core.answers import build_answer, entropy_confidence
-from typevet_async._core.decisions import request_from_decisions
-from typevet_async._core.systemone import (
+from typevet_async._core.reading.answers import build_answer, entropy_confidence
+from typevet_async._core.wires.decisions import request_from_decisions
+from typevet_async._core.wires.system_one import (
     EXTENSION,
     SystemOneValidationError,
     batch_from_system_one,
@@ -200,7 +200,7 @@ def judged() -> tuple[tv.Judgment, dict[str, tv.Question], dict[str, list[Any]]]
 
 
 def gateway_body(judgment: tv.Judgment, criteria: dict[str, list[Any]]) -> dict[str, Any]:
-    from typevet_async._gateway.responses import extension
+    from typevet_async._apps.gateway.responses import extension
 
     return response_to_system_one(
         judgment, "m", score_criteria=criteria, extension=extension(judgment)

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import typevet_async as tv
 import typevet_async._telemetry as telemetry
 from tests.otel import Recorded, installed
-from typevet_async._cli.logs import configure_logging, logging_flags
+from typevet_async._apps.cli.logs import configure_logging, logging_flags
 from typevet_async._errors import ServerError
 
 

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 import typevet_async as tv
 from typevet_async._backends import llama_cpp_wire, system_one_wire, vllm_wire
 from typevet_async._backends.openai_chat import decode_chat_output
-from typevet_async._core.questions import Choice, Noul
-from typevet_async._core.readings import LOGPROB_SLACK, read_entries, validated_logprobs
-from typevet_async._core.systemone import SYSTEM_ONE_SLACK, questions_from_system_one
+from typevet_async._core.prompts.questions import Choice, Noul
+from typevet_async._core.reading.readings import LOGPROB_SLACK, read_entries, validated_logprobs
+from typevet_async._core.wires.system_one import SYSTEM_ONE_SLACK, questions_from_system_one
 
 REPLIES = Path(__file__).resolve().parents[1] / "fixtures" / "replies"
 VOCAB = 262_144

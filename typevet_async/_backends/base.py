@@ -14,12 +14,12 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from typevet_async._core.answers import Judgment
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe
-from typevet_async._core.questions import Question
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.questions import Question
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.answers import Judgment
+from typevet_async._core.reading.probe import Probe
+from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._errors import TypevetError
 from typevet_async._options import Unset, boolean, one_of, optional, positive_int
 
@@ -116,7 +116,7 @@ class Backend(Protocol):
         ...
 
     async def special_runs(self, runs: Sequence[str]) -> frozenset[str] | None:
-        """Which of ``runs`` (marker runs of caller text: `typevet_async._core.markers`) the
+        """Which of ``runs`` (marker runs of caller text: `typevet_async._core.prompts.markers`) the
         served tokenizer reads as special tokens; None if the backend cannot tell (every run is
         then neutralised).
 
@@ -159,7 +159,7 @@ class RemoteJudging(Protocol):
 class AnswerTokenizing(Protocol):
     """What a backend adds that can say how the served tokenizer writes an answer where a
     judgment's answer starts: what a question with more options than single-token controls
-    needs to bind two-token codes (`typevet_async._core.codes`). A backend without it keeps
+    needs to bind two-token codes (`typevet_async._core.prompts.codes`). A backend without it keeps
     the single controls' limit."""
 
     async def answer_tokens(self, answers: Sequence[str]) -> tuple[list[int], list[list[int]]]:
@@ -204,7 +204,7 @@ class BatchJudging(Protocol):
 @runtime_checkable
 class ReadIdentifying(Protocol):
     """What a backend adds whose reads a session's read cache may keep
-    (`typevet_async._read_cache`): a text naming everything about the backend that decides a
+    (`typevet_async._session.read_cache`): a text naming everything about the backend that decides a
     read's bytes. Two backends with the same identity, the same probe and the same request must
     be sent the same read; anything that could make them differ belongs in it (its kind, where
     the server is, the served model it is pinned to, every setting of how it reads: llama.cpp's

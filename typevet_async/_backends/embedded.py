@@ -91,7 +91,7 @@ class ServerOptions:
         args = [
             sys.executable,
             "-m",
-            "typevet_async._cli.serve_local",
+            "typevet_async._apps.cli.serve_local",
             "--model",
             str(model_path),
             "--port",

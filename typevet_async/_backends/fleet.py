@@ -63,14 +63,14 @@ from typevet_async._backends.retrying import (
     retrying,
     transient_but_no_timeout,
 )
-from typevet_async._core.answers import Judgment
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe
-from typevet_async._core.questions import Question
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._concurrency.fanout import gather_settled
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.questions import Question
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.answers import Judgment
+from typevet_async._core.reading.probe import Probe
+from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._errors import ConfigurationError, TransportError, TypevetError
-from typevet_async._fanout import gather_settled
 from typevet_async._options import UNSET, Unset, resolve
 
 __all__ = ["AsyncFleet"]

@@ -13,7 +13,7 @@ import time
 from typing import Literal
 
 from typevet_async._backends.base import Backend
-from typevet_async._core.probe import Probe
+from typevet_async._core.reading.probe import Probe
 
 __all__ = ["Endpoint", "differences"]
 

@@ -53,6 +53,7 @@ from typevet_async._backends.retrying import (
     retrying,
     transient_but_no_timeout,
 )
+from typevet_async._concurrency.slicing import SLICE, yield_if_busy
 from typevet_async._errors import ConfigurationError, ProtocolError, SessionStateError, TypevetError
 from typevet_async._options import (
     UNSET,
@@ -66,7 +67,6 @@ from typevet_async._options import (
     resolve,
 )
 from typevet_async._redaction import redact
-from typevet_async._slicing import SLICE, yield_if_busy
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
@@ -142,7 +142,8 @@ class HttpSettings:
     )
     verify_tls: bool = attrs.field(default=True, validator=boolean)
     #: Seconds of the SDK's own CPU work one event-loop iteration may run before its reads
-    #: yield to the loop's other tasks and timers (`typevet_async._slicing`); None: never
+    #: yield to the loop's other tasks and timers (`typevet_async._concurrency.slicing`); None:
+    # never
     #: yield, for a loop that runs nothing else (a batch pipeline saves the slices' little
     #: CPU).
     time_slice: float | None = attrs.field(default=SLICE, validator=optional(positive_number))
@@ -240,7 +241,7 @@ class HttpClient:
     ) -> bytes:
         """GET ``path``; the reply's body (a 2xx), retrying transient failures."""
         raw = await self._retrying("GET", path, None, max_retries, attempts, True)
-        await yield_if_busy(self._slice)  # before the caller decodes it (`_slicing`)
+        await yield_if_busy(self._slice)  # before the caller decodes it (`_concurrency.slicing`)
         return raw
 
     async def post(
@@ -268,7 +269,7 @@ class HttpClient:
         raw = await self._retrying(
             "POST", path, orjson.dumps(body), max_retries, attempts, retry_timeouts
         )
-        await yield_if_busy(self._slice)  # before the caller decodes it (`_slicing`)
+        await yield_if_busy(self._slice)  # before the caller decodes it (`_concurrency.slicing`)
         return raw
 
     async def _retrying(

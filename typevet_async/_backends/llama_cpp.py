@@ -41,8 +41,10 @@ from typevet_async._backends.llama_cpp_wire import (
     tokenize_body,
 )
 from typevet_async._backends.openai_chat import decode_chat_output
-from typevet_async._core.controls import PROBED_CONTROLS, controls_in_context
-from typevet_async._core.framing import (
+from typevet_async._concurrency.fanout import gather_in_order
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.controls import PROBED_CONTROLS, controls_in_context
+from typevet_async._core.prompts.framing import (
     GEMMA_FRAMES,
     PROBE_MESSAGE,
     SECOND_PROBE_MESSAGE,
@@ -55,28 +57,26 @@ from typevet_async._core.framing import (
     turn_markers,
     with_turns,
 )
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.markers import (
+from typevet_async._core.prompts.markers import (
     ALL_RUNS,
     RUN_SEPARATOR,
     Piece,
     special_runs_from_pieces,
 )
-from typevet_async._core.probe import Probe, check_served_model, model_identity
-from typevet_async._core.readings import (
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.probe import Probe, check_served_model, model_identity
+from typevet_async._core.reading.readings import (
     CandidateRead,
     missing_options,
     read_entries,
     settle_candidates,
 )
-from typevet_async._core.scoring import ScoringRequest
 from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
     ServerError,
     SessionStateError,
 )
-from typevet_async._fanout import gather_in_order
 from typevet_async._options import (
     Unset,
     boolean,
@@ -233,13 +233,22 @@ class AsyncLlamaCpp:
             return None
         else:
             where = {"embedded": self._server.read_identity}
-        rule = (ENTRIES_PER_OPTION, MIN_FIRST_TOP_K, ESCALATED_TOP_K, DEFAULT_CLAMP_TOP_K,
-                ESCALATION_FACTOR)  # fmt: skip
+        rule = (
+            ENTRIES_PER_OPTION,
+            MIN_FIRST_TOP_K,
+            ESCALATED_TOP_K,
+            DEFAULT_CLAMP_TOP_K,
+            ESCALATION_FACTOR,
+        )
         identity = {
-            "backend": "llama.cpp", **where, "model": config.model, "top_k": config.top_k,
-            "top_k_rule": rule, "on_missing": config.on_missing,
+            "backend": "llama.cpp",
+            **where,
+            "model": config.model,
+            "top_k": config.top_k,
+            "top_k_rule": rule,
+            "on_missing": config.on_missing,
             "reproducible": config.reproducible,
-        }  # fmt: skip
+        }
         return orjson.dumps(identity, option=orjson.OPT_SORT_KEYS).decode()
 
     async def open(self) -> None:
@@ -411,8 +420,10 @@ class AsyncLlamaCpp:
                 )
                 reply = decode_completion(raw, top_k)
             reads, prompt_tokens, cached_tokens = (
-                reads + 1, prompt_tokens + reply.prompt_tokens, cached_tokens + reply.cached_tokens
-            )  # fmt: skip
+                reads + 1,
+                prompt_tokens + reply.prompt_tokens,
+                cached_tokens + reply.cached_tokens,
+            )
             entries = read_entries(reply.top, vocab_size)
             missing = missing_options(entries, groups)
             if missing and policy == "exact":
@@ -453,9 +464,13 @@ class AsyncLlamaCpp:
         question's), in its read span (`typevet_async._telemetry`)."""
         model = self._telemetry_model(probe)
         with telemetry.read_span(
-            "text_completion", "llama.cpp", model, self.http.base_url,
-            top_k=top_k, escalation=escalation,
-        ) as span:  # fmt: skip
+            "text_completion",
+            "llama.cpp",
+            model,
+            self.http.base_url,
+            top_k=top_k,
+            escalation=escalation,
+        ) as span:
             raw = await self.http.post(
                 "/completion", body, max_retries=max_retries, attempts=attempts
             )

@@ -26,7 +26,7 @@ completions``          ``finish_reason``, ``usage``                  `openai_cha
 =====================  ============================================  ==========================
 
 The values' rules (entries asked for, ids below the vocabulary, repeated ids, finite logprobs
-at most 0) are `typevet_async._core.readings`' and are applied right after decoding.
+at most 0) are `typevet_async._core.reading.readings`' and are applied right after decoding.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from typevet_async._backends.wire import (
     decoder_for,
     protocol_error,
 )
-from typevet_async._core.framing import ANSWER_PROBE, PROBE_MESSAGE, SECOND_PROBE_MESSAGE
-from typevet_async._core.generation import GenerationRequest
-from typevet_async._core.layouts import ImagePart, Message
-from typevet_async._core.markers import Piece
-from typevet_async._core.readings import TopLogprobs
+from typevet_async._core.generation.records import GenerationRequest
+from typevet_async._core.prompts.framing import ANSWER_PROBE, PROBE_MESSAGE, SECOND_PROBE_MESSAGE
+from typevet_async._core.prompts.layouts import ImagePart, Message
+from typevet_async._core.prompts.markers import Piece
+from typevet_async._core.reading.readings import TopLogprobs
 
 __all__ = [
     "Completion",
@@ -136,7 +136,7 @@ def split_probe_body() -> dict[str, Any]:
 
 def history_probe_body() -> dict[str, Any]:
     """A conversation of two user turns and the assistant's answer between them, rendered as
-    a judgment's is (`typevet_async._core.framing.learn_turns`)."""
+    a judgment's is (`typevet_async._core.prompts.framing.learn_turns`)."""
     return {
         "messages": [
             {"role": "user", "content": PROBE_MESSAGE},

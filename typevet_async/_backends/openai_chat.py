@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from typevet_async._backends.wire import Count, Reply, decode, decoder_for, protocol_error
-from typevet_async._core.generation import ChatOutput
-from typevet_async._core.layouts import ImagePart, Message
+from typevet_async._core.generation.records import ChatOutput
+from typevet_async._core.prompts.layouts import ImagePart, Message
 
 __all__ = [
     "NO_THINKING",

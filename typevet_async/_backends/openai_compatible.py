@@ -3,7 +3,7 @@
 A scoring read is ``POST {base_url}/chat/completions`` with ``max_tokens: 1``,
 ``temperature: 0``, ``logprobs: true`` and ``top_logprobs: N``: the server renders the
 question's messages in its own chat template and returns its top ``N`` tokens at the answer
-position with their full-vocabulary logprobs (`typevet_async._core.chat_reads` says which
+position with their full-vocabulary logprobs (`typevet_async._core.reading.chat_reads` says which
 entry counts for which control). Ollama, LM Studio, SGLang, TGI, vLLM, llama.cpp's
 ``llama-server``, LiteLLM and hosted providers speak it.
 
@@ -36,7 +36,18 @@ from typevet_async._backends.openai_compatible_wire import (
     scoring_body,
     tokenize_body,
 )
-from typevet_async._core.chat_reads import (
+from typevet_async._concurrency.fanout import gather_in_order
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.controls import (
+    NOUL_WORDS,
+    REQUIRED_CONTROLS,
+    control_token_ids,
+    space_variant,
+)
+from typevet_async._core.prompts.framing import TemplateFamily
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.chat_reads import (
     DEFAULT_TOP_LOGPROBS,
     MAX_TOP_LOGPROBS,
     TOKENIZED_CONTROLS,
@@ -52,18 +63,8 @@ from typevet_async._core.chat_reads import (
     wider,
     window_limit,
 )
-from typevet_async._core.controls import (
-    NOUL_WORDS,
-    REQUIRED_CONTROLS,
-    control_token_ids,
-    space_variant,
-)
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.layouts import Message
-from typevet_async._core.probe import Probe, check_served_model
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._core.reading.probe import Probe, check_served_model
+from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._errors import (
     BackendError,
     ConfigurationError,
@@ -72,7 +73,6 @@ from typevet_async._errors import (
     ServerError,
     SessionStateError,
 )
-from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, non_empty_text, one_of, optional, positive_int, url
 from typevet_async._redaction import redact, redacted_repr
 

@@ -37,9 +37,9 @@ from typevet_async._backends.openai_chat import (
     json_schema_response_format,
     user_message,
 )
-from typevet_async._core.chat_reads import ChatEntry
-from typevet_async._core.generation import GenerationRequest
-from typevet_async._core.layouts import Message
+from typevet_async._core.generation.records import GenerationRequest
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.reading.chat_reads import ChatEntry
 
 __all__ = [
     "ChatScoring",

@@ -4,7 +4,7 @@ asks. Ours (``typevet-async serve``) or any other of the same wire.
 Like `typevet_async._backends.system_one`, its `Capabilities` say ``framing="remote"``: each
 judgment is one request with the state and every question (named by their ids), and the
 answers (a list in question order) are checked and rebuilt by the SDK's own rules
-(`typevet_async._core.decisions.answers_from_decisions`). What differs from System One:
+(`typevet_async._core.wires.decisions.answers_from_decisions`). What differs from System One:
 
 - a question the server refuses (an answer of type ``refusal``; our gateway refuses where its
   off-menu guard flags the answer) raises `RefusalError`, which names the refused questions
@@ -26,14 +26,14 @@ import msgspec
 
 from typevet_async._backends import wire
 from typevet_async._backends.remote import RemoteConfig, RemoteJudge, remote_capabilities
-from typevet_async._core.answers import Judgment, Usage
-from typevet_async._core.decisions import (
+from typevet_async._core.prompts.questions import Question
+from typevet_async._core.reading.answers import Judgment, Usage
+from typevet_async._core.reading.probe import Probe
+from typevet_async._core.wires.decisions import (
     DecisionsAnswer,
     answers_from_decisions,
     request_to_decisions,
 )
-from typevet_async._core.probe import Probe
-from typevet_async._core.questions import Question
 from typevet_async._errors import (
     InvalidInputError,
     QuestionError,
@@ -119,13 +119,20 @@ def _answer(sent: _Predicate | _Choice | _Score | _Refusal) -> DecisionsAnswer:
         return DecisionsAnswer("predicate", sent.name, probability=sent.probability)
     if isinstance(sent, _Choice):
         pairs = tuple((item.value, item.probability) for item in sent.probabilities)
-        return DecisionsAnswer("choice", sent.name, probabilities=pairs, choice=sent.choice,
-                               confidence=sent.confidence)  # fmt: skip
+        return DecisionsAnswer(
+            "choice", sent.name, probabilities=pairs, choice=sent.choice, confidence=sent.confidence
+        )
     if isinstance(sent, _Score):
         pairs = tuple((item.label, item.probability) for item in sent.probabilities)
         first = sent.probabilities[0].value if sent.probabilities else 0
-        return DecisionsAnswer("score", sent.name, probabilities=pairs, score=sent.score,
-                               confidence=sent.confidence, first_level=first)  # fmt: skip
+        return DecisionsAnswer(
+            "score",
+            sent.name,
+            probabilities=pairs,
+            score=sent.score,
+            confidence=sent.confidence,
+            first_level=first,
+        )
     return DecisionsAnswer("refusal", sent.name)
 
 

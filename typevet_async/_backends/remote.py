@@ -15,11 +15,11 @@ import attrs
 
 from typevet_async._backends.base import Capabilities
 from typevet_async._backends.http import HttpClient, HttpSettings
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe, check_served_model
-from typevet_async._core.readings import CandidateRead
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.framing import TemplateFamily
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.probe import Probe, check_served_model
+from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._errors import ConfigurationError
 from typevet_async._options import Unset, non_empty_text, optional, url
 from typevet_async._redaction import redact, redacted_repr
@@ -31,9 +31,12 @@ def remote_capabilities(server: str) -> Capabilities:
     """A remote server's capabilities: it frames and reads the questions itself, reuses no
     prefix the session could schedule for, and has no schema-bound generation."""
     return Capabilities(
-        server=server, framing="remote", prefix_reuse=False, generation_images=False,
+        server=server,
+        framing="remote",
+        prefix_reuse=False,
+        generation_images=False,
         generation=False,
-    )  # fmt: skip
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -6,7 +6,7 @@ answer position, a System One server takes a whole judgment (the state and every
 one request and answers with probabilities. So this backend's `Capabilities` say
 ``framing="remote"``: the session calls `AsyncSystemOne.judge`, never ``read``, and the answers
 are rebuilt from the server's probabilities by the SDK's own rules
-(`typevet_async._core.systemone.answers_from_system_one`), after checking them; each answer's
+(`typevet_async._core.wires.system_one.answers_from_system_one`), after checking them; each answer's
 ``confidence`` is the server's, as it sent it.
 
 What differs from a logprob backend, by design:
@@ -47,11 +47,11 @@ from typevet_async._backends.system_one_wire import (
     item_refusal,
     judgment_body,
 )
-from typevet_async._core.answers import Judgment
-from typevet_async._core.framing import TemplateFamily
-from typevet_async._core.probe import Probe
-from typevet_async._core.questions import Question
-from typevet_async._core.systemone import UnsupportedQuestionError
+from typevet_async._core.prompts.framing import TemplateFamily
+from typevet_async._core.prompts.questions import Question
+from typevet_async._core.reading.answers import Judgment
+from typevet_async._core.reading.probe import Probe
+from typevet_async._core.wires.system_one import UnsupportedQuestionError
 from typevet_async._errors import (
     InvalidInputError,
     QuestionError,
@@ -198,9 +198,11 @@ class AsyncSystemOne(RemoteJudge):
         model = self.request_model(probe)
         try:
             raw = await self.http.post(
-                BATCH_PATH, batch_body(model, states, questions), max_retries=max_retries,
+                BATCH_PATH,
+                batch_body(model, states, questions),
+                max_retries=max_retries,
                 retry_timeouts=False,
-            )  # fmt: skip
+            )
         except RequestTimeoutError:
             return [None] * len(states)
         except ServerError as error:

@@ -24,7 +24,7 @@ HTTP 422                    ``detail[0].loc``, ``.msg``                     (bes
 ==========================  ==============================================  ====================
 
 What the answers must say (exactly the questions asked, each a distribution over its options
-that agrees with itself) is `typevet_async._core.systemone.answers_from_system_one`'s rule.
+that agrees with itself) is `typevet_async._core.wires.system_one.answers_from_system_one`'s rule.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import attrs
 import msgspec
 
 from typevet_async._backends import wire
-from typevet_async._core.answers import Diagnostics, Judgment, Usage
-from typevet_async._core.questions import Question
-from typevet_async._core.systemone import (
+from typevet_async._core.prompts.questions import Question
+from typevet_async._core.reading.answers import Diagnostics, Judgment, Usage
+from typevet_async._core.wires.system_one import (
     ANSWER_FIELDS,
     BATCH_PATH,
     EXAMPLES_FIELD,
@@ -96,7 +96,7 @@ _DECODED_AS: Final[Mapping[Value, Any]] = {
 
 def _answer_struct(kind: str) -> type[_Answer]:
     """The decoder's shape of an answer type: its declared fields marked ``read``
-    (`typevet_async._core.systemone.schema`), the tag ``type`` their union's."""
+    (`typevet_async._core.wires.system_one.schema`), the tag ``type`` their union's."""
     fields = [
         (field.name, _DECODED_AS[field.value])
         for field in ANSWER_FIELDS[kind]
@@ -173,24 +173,32 @@ def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
     if not len(sent.controls) == len(sent.token_ids) == len(sent.logprobs):
         raise ValueError("controls, token ids and logprobs differ in length")
     return Diagnostics(
-        sent.prompt, tuple(sent.controls), tuple(sent.token_ids), tuple(sent.logprobs),
-        sent.off_menu_mass, sent.top_k, sent.reads,
+        sent.prompt,
+        tuple(sent.controls),
+        tuple(sent.token_ids),
+        tuple(sent.logprobs),
+        sent.off_menu_mass,
+        sent.top_k,
+        sent.reads,
         candidates=tuple((token, logprob) for token, logprob in sent.candidates),
-        policy=sent.policy, truncated=sent.truncated, off_menu_flagged=sent.off_menu_flagged,
-        attempts=sent.attempts, rotations=tuple(tuple(r) for r in sent.rotations),
+        policy=sent.policy,
+        truncated=sent.truncated,
+        off_menu_flagged=sent.off_menu_flagged,
+        attempts=sent.attempts,
+        rotations=tuple(tuple(r) for r in sent.rotations),
         raw_probabilities=None if sent.raw_probabilities is None else tuple(sent.raw_probabilities),
         calibration=sent.calibration,
         content_free_prior=None
         if sent.content_free_prior is None
         else tuple(sent.content_free_prior),
         content_free_off_menu_mass=sent.content_free_off_menu_mass,
-    )  # fmt: skip
+    )
 
 
 class _Judged(wire.Reply):
     answers: dict[str, _AnyAnswer]
     usage: _Usage
-    #: Our own gateway's richer record (`typevet_async._core.systemone.EXTENSION`).
+    #: Our own gateway's richer record (`typevet_async._core.wires.system_one.EXTENSION`).
     x_typevet: _Extension | None = None
     #: The same, as gateways before issue 33 named it (read when ``x_typevet`` is absent).
     typevet: _Extension | None = None
@@ -278,7 +286,7 @@ class _ExamplesField(wire.Reply):
 
 class _Models(wire.Reply):
     models: list[_Model]
-    #: The batch route, when the server offers it (`typevet_async._core.systemone.batch`).
+    #: The batch route, when the server offers it (`typevet_async._core.wires.system_one.batch`).
     x_systemone_batch: _BatchRoute | None = None
     #: The question field a server reads examples from, when it does (`EXAMPLES_ADVERTISEMENT`).
     x_question_examples: _ExamplesField | None = None

@@ -37,7 +37,9 @@ from typevet_async._backends.vllm_wire import (
     split_render_body,
     tokenize_body,
 )
-from typevet_async._core.controls import (
+from typevet_async._concurrency.fanout import gather_in_order
+from typevet_async._core.generation.records import ChatOutput, GenerationRequest
+from typevet_async._core.prompts.controls import (
     PROBED_CONTROLS,
     REQUIRED_CONTROLS,
     ControlsInContext,
@@ -45,17 +47,15 @@ from typevet_async._core.controls import (
     controls_in_context,
     with_bare_tokens,
 )
-from typevet_async._core.framing import classify_template
-from typevet_async._core.generation import ChatOutput, GenerationRequest
-from typevet_async._core.probe import Probe, check_served_model
-from typevet_async._core.readings import CandidateRead, missing_options, validated_logprobs
-from typevet_async._core.scoring import ScoringRequest
+from typevet_async._core.prompts.framing import classify_template
+from typevet_async._core.prompts.scoring import ScoringRequest
+from typevet_async._core.reading.probe import Probe, check_served_model
+from typevet_async._core.reading.readings import CandidateRead, missing_options, validated_logprobs
 from typevet_async._errors import (
     ConfigurationError,
     InvalidLogprobsError,
     ServerError,
 )
-from typevet_async._fanout import gather_in_order
 from typevet_async._options import Unset, one_of, url
 from typevet_async._redaction import redact, redacted_repr
 

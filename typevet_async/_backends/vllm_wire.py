@@ -31,7 +31,7 @@ completions`` (generation)  ``finish_reason``, ``usage``                    llam
 ==========================  ==============================================  ====================
 
 The values' rules (repeated ids, finite logprobs at most 0 in a ``*_logprobs`` mode, every
-candidate present) are `typevet_async._core.readings`' and are applied right after decoding.
+candidate present) are `typevet_async._core.reading.readings`' and are applied right after decoding.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ from typevet_async._backends.openai_chat import (
     chat_messages,
     user_message,
 )
-from typevet_async._core.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
-from typevet_async._core.generation import GenerationRequest
-from typevet_async._core.layouts import Message
-from typevet_async._core.readings import TopLogprobs
+from typevet_async._core.generation.records import GenerationRequest
+from typevet_async._core.prompts.framing import PROBE_MESSAGE, SECOND_PROBE_MESSAGE
+from typevet_async._core.prompts.layouts import Message
+from typevet_async._core.reading.readings import TopLogprobs
 from typevet_async._errors import InvalidLogprobsError
 
 __all__ = [

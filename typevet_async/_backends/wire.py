@@ -21,7 +21,7 @@ lists holding them, not the thousands of entries.
 Every failure is a typed error: `ProtocolError` for a reply that is not JSON or not the shape
 the protocol promises (the message names the JSON path, ``payload`` keeps at most
 `EXCERPT_BYTES` of the body, never the body), `InvalidLogprobsError` for bad logprob values
-(`typevet_async._core.readings` owns those rules).
+(`typevet_async._core.reading.readings` owns those rules).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ __all__ = [
 EXCERPT_BYTES = 2048
 
 #: A token id on the wire: a JSON integer, never negative. Whether it is below the vocabulary
-#: size is `typevet_async._core.readings.validated_entries`' rule (it knows the vocabulary).
+#: size is `typevet_async._core.reading.readings.validated_entries`' rule (it knows the vocabulary).
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 #: A token count (prompt tokens, cached tokens, ``n_probs``): a non-negative JSON integer.
 Count = Annotated[int, msgspec.Meta(ge=0)]

@@ -14,7 +14,7 @@ from typevet_async._telemetry.instruments import OTEL, active, instruments, read
 from typevet_async._telemetry.spans import error_type
 
 if TYPE_CHECKING:
-    from typevet_async._core.scoring import ScoringRequest
+    from typevet_async._core.prompts.scoring import ScoringRequest
 
 if OTEL:
     from opentelemetry import trace as _trace
@@ -83,9 +83,12 @@ def escalated(top_k: int, next_top_k: int, missing: int) -> None:
     if OTEL and active():
         _trace.get_current_span().add_event(
             "typevet.escalation",
-            {"typevet.read.top_k": top_k, "typevet.read.next_top_k": next_top_k,
-             "typevet.read.missing": missing},
-        )  # fmt: skip
+            {
+                "typevet.read.top_k": top_k,
+                "typevet.read.next_top_k": next_top_k,
+                "typevet.read.missing": missing,
+            },
+        )
         instruments().escalations.add(1)
     read_log.warning(
         "%d candidate(s) outside the top %d: reading again with the top %d",

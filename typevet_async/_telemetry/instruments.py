@@ -196,15 +196,27 @@ class Instruments:
 _COUNTERS: Final = (
     ("reads", "typevet.reads", "{read}", "Scoring reads sent (escalations included)"),
     ("retries", "typevet.retries", "{retry}", "Retries of transient failures"),
-    ("escalations", "typevet.escalations", "{escalation}",
-     "Reads sent again with a larger top-K because a candidate was missing"),
+    (
+        "escalations",
+        "typevet.escalations",
+        "{escalation}",
+        "Reads sent again with a larger top-K because a candidate was missing",
+    ),
     ("errors", "typevet.errors", "{error}", "Failed judgments and generations"),
-    ("off_menu", "typevet.off_menu.trips", "{answer}",
-     "Answers whose off-menu mass passed the judgment's threshold"),
+    (
+        "off_menu",
+        "typevet.off_menu.trips",
+        "{answer}",
+        "Answers whose off-menu mass passed the judgment's threshold",
+    ),
     ("cache", "typevet.cache.lookups", "{lookup}", "Read-cache lookups, by outcome (hit or miss)"),
-    ("cache_failures", "typevet.cache.store_failures", "{read}",
-     "Reads the read cache failed to store (a locked or full file, a store's own error)"),
-)  # fmt: skip
+    (
+        "cache_failures",
+        "typevet.cache.store_failures",
+        "{read}",
+        "Reads the read cache failed to store (a locked or full file, a store's own error)",
+    ),
+)
 
 
 _instruments: Instruments | None = None

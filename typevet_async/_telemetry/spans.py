@@ -23,8 +23,8 @@ from typevet_async._telemetry.instruments import (
 )
 
 if TYPE_CHECKING:
-    from typevet_async._core.answers import Diagnostics, Judgment
-    from typevet_async._core.scoring import ScoringRequest
+    from typevet_async._core.prompts.scoring import ScoringRequest
+    from typevet_async._core.reading.answers import Diagnostics, Judgment
 
 if OTEL:
     from opentelemetry.trace import SpanKind as _SpanKind
@@ -243,7 +243,7 @@ def answered(span: Span, request: ScoringRequest, diagnostics: Diagnostics) -> N
     span.set("typevet.read.attempts", diagnostics.attempts)
     span.attributes["typevet.read.reads"] = diagnostics.reads
     # Every read past the first is an escalation, but a code question's reads after each
-    # distinct first token (`typevet_async._core.codes`).
+    # distinct first token (`typevet_async._core.prompts.codes`).
     after = len({first for first, _ in diagnostics.codes})
     span.set("typevet.read.escalations", max(diagnostics.reads - 1 - after, 0))
     span.attributes["typevet.read.attempts"] = diagnostics.attempts

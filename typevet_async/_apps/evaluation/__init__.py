@@ -1,0 +1,1 @@
+"""Evaluation on labelled records, fitting calibration maps, and the report files."""

@@ -1,0 +1,1 @@
+"""Schema-bound generation: the request, the server's output, the JSON Schema checks."""
