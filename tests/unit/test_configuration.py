@@ -1,4 +1,4 @@
-"""One configuration, three doors: every setting declared once (`_configuration.SETTINGS`)
+"""One configuration, three doors: every setting declared once (`_session/configuration.SETTINGS`)
 reaches a session by the same name from Python (``top_k=``), the environment
 (``TYPEVET_TOP_K``) and the command line (``--top-k``), on every backend it applies to.
 
@@ -22,14 +22,6 @@ from typevet_async._apps.cli import inputs
 from typevet_async._apps.cli.exits import CommandLineError
 from typevet_async._apps.cli.parser import build_parser
 from typevet_async._backends.system_one import SESSION_SETTINGS_REFUSED
-from typevet_async._configuration import (
-    BACKENDS,
-    BY_NAME,
-    FRAMING,
-    SETTINGS,
-    read_settings,
-    settings_table,
-)
 from typevet_async._core.statistics.calibration import (
     CalibrationMap,
     Pins,
@@ -38,6 +30,14 @@ from typevet_async._core.statistics.calibration import (
     Temperature,
     question_hash,
     question_set_hash,
+)
+from typevet_async._session.configuration import (
+    BACKENDS,
+    BY_NAME,
+    FRAMING,
+    SETTINGS,
+    read_settings,
+    settings_table,
 )
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ def test_the_guide_lists_every_setting_as_declared() -> None:
     start = guide.index("-->\n", guide.index("<!-- settings-table")) + len("-->\n")
     end = guide.index("<!-- /settings-table -->")
     assert guide[start:end] == settings_table(), (
-        "regenerate the table: python -c 'from typevet_async._configuration import "
+        "regenerate the table: python -c 'from typevet_async._session.configuration import "
         "settings_table; print(settings_table())'"
     )
     assert all(f"`{setting.keyword}`" in guide for setting in SETTINGS)

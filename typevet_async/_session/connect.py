@@ -1,7 +1,7 @@
 """Building what a `Session` talks to: `connect` turns one constructor's keywords into a
 backend (one endpoint, or a fleet over one model's replicas) and the session's settings, and
 `from_env` does the same from the ``TYPEVET_*`` variables and a command line's flags (read
-by `typevet_async._configuration`, which declares every setting). `Session`'s constructors
+by `typevet_async._session.configuration`, which declares every setting). `Session`'s constructors
 are thin over these two.
 """
 
@@ -30,10 +30,10 @@ from typevet_async._backends.system_one import (
     SystemOneConfig,
 )
 from typevet_async._backends.vllm import AsyncVllm, VllmConfig
-from typevet_async._configuration import BY_NAME, FRAMING, read_settings
 from typevet_async._errors import ConfigurationError
 from typevet_async._options import check_argument, instance_of, optional, positive_int
 from typevet_async._redaction import redact
+from typevet_async._session.configuration import BY_NAME, FRAMING, read_settings
 from typevet_async._session.settings import SessionSettings
 
 __all__ = ["connect", "from_env", "local_server"]

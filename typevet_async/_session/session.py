@@ -16,7 +16,6 @@ from typing import Any, Literal, Self, Unpack, overload
 
 import anyio
 
-from typevet_async import _configuration as keywords
 from typevet_async._backends.base import Backend
 from typevet_async._concurrency.resources import AsyncResource
 from typevet_async._core.generation.records import Generation
@@ -29,6 +28,7 @@ from typevet_async._core.statistics.calibration import CalibrationMap, ReadPlan
 from typevet_async._core.wires.jsonvalues import render_state
 from typevet_async._errors import ConfigurationError, SessionStateError, TypevetError
 from typevet_async._options import UNSET, Unset, check_argument, optional, positive_number
+from typevet_async._session import configuration as keywords
 from typevet_async._session.batch import BatchStream, judge_stream
 from typevet_async._session.coalescing import Coalescer, batch_options
 from typevet_async._session.connect import connect, from_env, local_server

@@ -10,7 +10,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 import typevet_async as tv
 from typevet_async._apps.cli.exits import PROG, CommandLineError
-from typevet_async._configuration import BACKENDS, SETTINGS, Setting
+from typevet_async._session.configuration import BACKENDS, SETTINGS, Setting
 
 __all__ = [
     "AddCommand",
