@@ -9,6 +9,8 @@ the new providers (`typevet_async._telemetry._get`).
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -74,6 +76,21 @@ class Recorded:
 def total(points: Sequence[Any]) -> float:
     """A counter's points summed (sums) or a histogram's counts summed."""
     return sum(getattr(point, "value", None) or getattr(point, "count", 0) for point in points)
+
+
+def everything_recorded(otel: Recorded, records: Sequence[logging.LogRecord]) -> str:
+    """Every span's name, attributes, events and status, every metric point's attributes and
+    every log record's message and fields, as one text (to search for what must not be
+    there, a secret or caller text)."""
+    parts: list[Any] = []
+    for span in otel.spans():
+        parts += [span.name, dict(span.attributes or {}), span.status.description]
+        parts += [(event.name, dict(event.attributes or {})) for event in span.events]
+    for points in otel.metrics().values():
+        parts += [dict(point.attributes or {}) for point in points]
+    for record in records:
+        parts += [record.getMessage(), {k: v for k, v in vars(record).items() if k != "msg"}]
+    return json.dumps(parts, default=str)
 
 
 def _reset_globals() -> None:

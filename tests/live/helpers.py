@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import time
+import traceback
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -262,3 +263,13 @@ async def ready_gateway_state(
         yield url, app[STATE]
     finally:
         await runner.cleanup()
+
+
+def shown(error: BaseException) -> str:
+    """Everything a caller, a log or a traceback gets out of ``error`` and its chain."""
+    texts = ["".join(traceback.format_exception(error))]
+    current: BaseException | None = error
+    while current is not None:
+        texts += [str(current), repr(current), repr(vars(current))]
+        current = current.__cause__ or current.__context__
+    return "\n".join(texts)

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
 import typevet_async as tv
-from tests.otel import Recorded, installed
+from tests.otel import Recorded, everything_recorded, installed
 
 from .faults import FaultInjectingProxy, OpenAIShapedProxy
-from .helpers import TICKET, questions, wait_until_ready
+from .helpers import TICKET, questions, shown, wait_until_ready
 from .test_gateway_live import GatewayProcess
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
@@ -126,20 +125,6 @@ async def test_the_mcp_server_in_front_of_it_answers_with_probabilities(
 # -- OpenTelemetry --------------------------------------------------------------------------
 
 
-def _everything_recorded(otel: Recorded, records: list[logging.LogRecord]) -> str:
-    """Every span's name, attributes, events and status, every metric point's attributes and
-    every log record's message and fields, as one text."""
-    parts: list[Any] = []
-    for span in otel.spans():
-        parts += [span.name, dict(span.attributes or {}), span.status.description]
-        parts += [(event.name, dict(event.attributes or {})) for event in span.events]
-    for points in otel.metrics().values():
-        parts += [dict(point.attributes or {}) for point in points]
-    for record in records:
-        parts += [record.getMessage(), {k: v for k, v in vars(record).items() if k != "msg"}]
-    return json.dumps(parts, default=str)
-
-
 def _read_spans(otel: Recorded, question: ReadableSpan) -> list[ReadableSpan]:
     return sorted(otel.children(question), key=lambda span: span.start_time or 0)
 
@@ -225,7 +210,7 @@ async def test_its_spans_are_the_llama_cpp_sessions_tree_named_for_it(
     assert len(chats) == len(reads) == generic_judgment.usage.reads
     sent = {headers["traceparent"].split("-")[2] for headers in chats}
     assert sent == {format(read.context.span_id, "016x") for read in reads}
-    assert KEY not in _everything_recorded(otel, caplog.records)
+    assert KEY not in everything_recorded(otel, caplog.records)
 
 
 # -- Retries and Retry-After ----------------------------------------------------------------
@@ -340,16 +325,6 @@ async def test_a_fleet_reads_elsewhere_while_an_endpoint_says_retry_after(
 # -- The API key ----------------------------------------------------------------------------
 
 
-def shown(error: BaseException) -> str:
-    """Everything a caller, a log or a traceback gets out of ``error`` and its chain."""
-    texts = ["".join(traceback.format_exception(error))]
-    current: BaseException | None = error
-    while current is not None:
-        texts += [str(current), repr(current), repr(vars(current))]
-        current = current.__cause__ or current.__context__
-    return "\n".join(texts)
-
-
 def stored(folder: Path, pattern: str) -> str:
     """The bytes of the files ``pattern`` matches (a SQLite file and its journals), as text."""
     return b"".join(path.read_bytes() for path in folder.glob(pattern)).decode("latin-1")
@@ -410,7 +385,7 @@ async def test_the_api_key_is_a_bearer_token_and_shown_nowhere_else(
         "the probe": repr(probe) + str(probe),
         "the session": repr(session) + str(session) + repr(session.backend) + other_shown,
         "the judgment": repr(judgment) + repr(judgment.diagnostics),
-        "the telemetry": _everything_recorded(otel, []),
+        "the telemetry": everything_recorded(otel, []),
         "the read identity": identity,
         "the cache file": stored(tmp_path, "reads.sqlite*"),
     }

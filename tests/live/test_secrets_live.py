@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-import traceback
 from typing import Any
 
 import pytest
 
 import typevet_async as tv
 
-from .helpers import TICKET, InFlightCounter, questions
+from .helpers import TICKET, InFlightCounter, questions, shown
 
 pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 
@@ -25,16 +24,6 @@ USER, PASSWORD = "alice-live", "pw-L1ve-s3cret"
 #: About 3,000 prompt tokens: more than one slot's 2,048-token context (n_ctx 8,192 over 4
 #: slots), which the server refuses with HTTP 400.
 TOO_LONG = " ".join(f"sentence {n} about a delayed refund." for n in range(350))
-
-
-def shown(error: BaseException) -> str:
-    """Everything a caller, a log or a traceback gets out of ``error`` and its chain."""
-    texts = ["".join(traceback.format_exception(error))]
-    current: BaseException | None = error
-    while current is not None:
-        texts += [str(current), repr(current), repr(vars(current))]
-        current = current.__cause__ or current.__context__
-    return "\n".join(texts)
 
 
 async def test_url_credentials_show_in_no_real_error_or_repr(gemma3_url: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -21,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 import typevet_async as tv
-from tests.otel import Recorded, installed, total
+from tests.otel import Recorded, everything_recorded, installed, total
 
 from .faults import FaultInjectingProxy
 from .helpers import LETTERED, TICKET
@@ -59,20 +58,6 @@ def _traceparent_parent(header: str | None) -> tuple[str, str]:
     assert version == "00", header
     assert int(flags, 16) & 1, header  # sampled
     return trace_id, span_id
-
-
-def _everything_recorded(otel: Recorded, records: list[logging.LogRecord]) -> str:
-    """Every attribute value, event, status description and metric attribute recorded, and
-    every log record's message and fields, as one text."""
-    parts: list[Any] = []
-    for span in otel.spans():
-        parts += [span.name, dict(span.attributes or {}), span.status.description]
-        parts += [(event.name, dict(event.attributes or {})) for event in span.events]
-    for points in otel.metrics().values():
-        parts += [dict(point.attributes or {}) for point in points]
-    for record in records:
-        parts += [record.getMessage(), {k: v for k, v in vars(record).items() if k != "msg"}]
-    return json.dumps(parts, default=str)
 
 
 async def test_a_three_question_judgment_is_one_span_tree_down_to_each_read(
@@ -151,7 +136,7 @@ async def test_a_three_question_judgment_is_one_span_tree_down_to_each_read(
     assert len(http_reads) == judgment.usage.reads
     assert sum(r.input_tokens for r in http_reads) == judgment.usage.prompt_tokens  # type: ignore[attr-defined]
     # No state text anywhere by default.
-    recorded = _everything_recorded(otel, caplog.records)
+    recorded = everything_recorded(otel, caplog.records)
     assert SECRET not in recorded
     assert "charged twice" not in recorded
 
@@ -260,7 +245,7 @@ async def test_a_failed_judgment_marks_its_spans_failed_by_error_type_only(
     assert failed.value == 1
     assert failed.attributes["error.type"] == kind
     assert failed.attributes["typevet.operation"] == "judge"
-    assert SECRET not in _everything_recorded(otel, [])
+    assert SECRET not in everything_recorded(otel, [])
 
 
 async def test_with_no_provider_nothing_is_recorded_and_no_traceparent_is_sent(
@@ -339,7 +324,7 @@ async def test_the_gateway_joins_the_callers_trace_down_to_the_model_servers_rea
         h for h, path in zip(proxy.traceparents, proxy.paths, strict=True) if path == "/completion"
     ]
     assert {_traceparent_parent(h) for h in scored} == read_ids
-    assert SECRET not in _everything_recorded(otel, [])
+    assert SECRET not in everything_recorded(otel, [])
 
 
 @pytest.mark.parametrize("forward", [False, True])
@@ -398,7 +383,7 @@ async def test_an_mcp_tool_call_joins_the_agents_trace(gemma3_url: str, otel: Re
     assert judge.parent.span_id == server.context.span_id
     [question_span] = otel.children(judge)
     assert otel.children(question_span)
-    assert SECRET not in _everything_recorded(otel, [])
+    assert SECRET not in everything_recorded(otel, [])
 
 
 async def test_vllms_own_read_span_joins_the_callers_trace_under_the_sdks_read(
