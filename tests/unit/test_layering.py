@@ -34,39 +34,35 @@ def test_contracts_hold() -> None:
     assert "Contracts: 6 kept, 0 broken." in result.stdout
 
 
-def test_an_injected_io_import_breaks_the_contract(tmp_path: Path) -> None:
+def lint_with(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """The contracts checked on a copy of the package whose ``module`` (a path under it) has
+    ``line`` added at its end."""
     shutil.copytree(ROOT / "typevet_async", tmp_path / "typevet_async")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    answers = tmp_path / "typevet_async" / "_core" / "reading" / "answers.py"
-    answers.write_text("import aiohttp  # injected\n" + answers.read_text())
-    result = lint_imports(tmp_path)
+    path = tmp_path / "typevet_async" / module
+    path.write_text(f"{path.read_text()}\n{line}  # injected\n")
+    return lint_imports(tmp_path)
+
+
+def test_an_injected_io_import_breaks_the_contract(tmp_path: Path) -> None:
+    result = lint_with(tmp_path, "_core/reading/answers.py", "import aiohttp")
     assert result.returncode != 0
     assert "typevet_async._core.reading.answers -> aiohttp" in result.stdout
 
 
 def test_an_application_reaching_under_the_session_breaks_the_contract(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "typevet_async", tmp_path / "typevet_async")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    judge = tmp_path / "typevet_async" / "_apps" / "cli" / "judge.py"
-    judge.write_text(
-        judge.read_text() + "\nfrom typevet_async._session.judging import judge  # injected\n"
-    )
-    result = lint_imports(tmp_path)
+    line = "from typevet_async._session.judging import judge"
+    result = lint_with(tmp_path, "_apps/cli/judge.py", line)
     assert result.returncode != 0
     assert "The applications use the public API" in result.stdout
     assert "typevet_async._apps.cli.judge -> typevet_async._session.judging" in result.stdout
 
 
 def test_a_core_module_importing_the_session_breaks_the_layers(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "typevet_async", tmp_path / "typevet_async")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    questions = tmp_path / "typevet_async" / "_core" / "prompts" / "questions.py"
-    questions.write_text(
-        questions.read_text() + "\nfrom typevet_async._session import settings  # injected\n"
-    )
-    result = lint_imports(tmp_path)
+    line = "from typevet_async._session import settings"
+    result = lint_with(tmp_path, "_core/prompts/questions.py", line)
     assert result.returncode != 0
     assert "The layers: the applications over the public API" in result.stdout
-    assert (
-        "typevet_async._core.prompts.questions -> typevet_async._session.settings" in result.stdout
+    assert "typevet_async._core.prompts.questions -> typevet_async._session.settings" in (
+        result.stdout
     )
