@@ -147,4 +147,5 @@ def apply_batch_prior(
         raw_probabilities=diagnostics.raw_probabilities or probabilities,
         batch_prior=prior.probabilities,
         batch_prior_items=prior.items,
+        batch_prior_skipped=None,  # divided now, whatever an earlier step said
     )
