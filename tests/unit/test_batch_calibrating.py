@@ -9,10 +9,12 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import aiohttp
 import anyio
 import pytest
 
 import typevet_async as tv
+from typevet_async._apps.gateway import GatewayConfig, running
 from typevet_async._core.reading.answers import Judgment
 from typevet_async._core.statistics.batch_judgments import ALONE, StreamCalibration
 from typevet_async._core.statistics.calibration import (
@@ -24,6 +26,7 @@ from typevet_async._core.statistics.calibration import (
     question_hash,
     question_set_hash,
 )
+from typevet_async._core.wires.system_one import BATCH_PATH
 
 from .stubs import InMemoryStubBackend, failing_after, state_of
 
@@ -364,3 +367,95 @@ def test_the_stream_calibration_releases_a_warm_up_of_records_errors_included() 
     assert [item.index for item in released[7]] == list(range(8))
     assert calibration.take(tv.BatchItem(8, 8, error=error)) == [tv.BatchItem(8, 8, error=error)]
     assert calibration.finish() == []
+
+
+# -- the gateway's batch route ---------------------------------------------------------------
+
+KEY = "calibrating-key-0123456789"
+ROUTE_WIRE = {
+    "route": {
+        "type": "choice",
+        "instructions": "Route it.",
+        "criteria": {"billing": None, "bug": None, "other": None},
+    }
+}
+
+
+def gateway(backend: InMemoryStubBackend, **settings: Any) -> Any:
+    session = tv.Session(backend, tv.SessionSettings(**settings))
+    return running(session, GatewayConfig(keys=(KEY,)))
+
+
+async def post(url: str, path: str, body: dict[str, Any]) -> Any:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url + path, json=body, headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+@pytest.mark.asyncio
+async def test_the_gateways_batch_route_divides_its_states_answers_and_reports_it() -> None:
+    async with gateway(leaning(), batch_calibration="on") as url:
+        body = await post(url, BATCH_PATH, {"states": STATES, "questions": ROUTE_WIRE})
+        async with aiohttp.ClientSession() as http:
+            listing = await (
+                await http.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+            ).json()
+        single = await post(url, "/v1/systemone", {"state": "s3", "questions": ROUTE_WIRE})
+    expected = by_hand(LEANING, mean(LEANING))
+    got = [
+        tuple(result["answers"]["route"]["probabilities"].values()) for result in body["results"]
+    ]
+    assert close(got, expected)
+    for result, as_read in zip(body["results"], LEANING, strict=True):
+        diagnostics = result["x_typevet"]["diagnostics"]["route"]
+        assert diagnostics["raw_probabilities"] == pytest.approx(as_read)
+        assert diagnostics["batch_prior"] == pytest.approx(mean(LEANING))
+        assert (diagnostics["batch_prior_items"], diagnostics["batch_prior_skipped"]) == (12, None)
+    assert listing["x_batch_calibration"] == {"mode": "on", "min_states": 8}
+    # a single judgment is a batch of one: as read, and said so
+    alone = single["x_typevet"]["diagnostics"]["route"]
+    assert tuple(single["answers"]["route"]["probabilities"].values()) == pytest.approx(LEANING[3])
+    assert (alone["batch_prior_items"], alone["batch_prior_skipped"]) == (1, ALONE)
+
+
+@pytest.mark.asyncio
+async def test_a_batch_below_the_floor_and_a_gateway_without_the_setting_answer_as_read() -> None:
+    async with gateway(leaning(), batch_calibration="on") as url:
+        small = await post(url, BATCH_PATH, {"states": STATES[:3], "questions": ROUTE_WIRE})
+    for result, as_read in zip(small["results"], LEANING, strict=False):
+        assert tuple(result["answers"]["route"]["probabilities"].values()) == pytest.approx(as_read)
+        skipped = result["x_typevet"]["diagnostics"]["route"]["batch_prior_skipped"]
+        assert skipped == "a batch of 3 answers (fewer than 8)"
+    async with gateway(leaning()) as url:
+        plain = await post(url, BATCH_PATH, {"states": STATES, "questions": ROUTE_WIRE})
+        async with aiohttp.ClientSession() as http:
+            listing = await (
+                await http.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+            ).json()
+    got = [
+        tuple(result["answers"]["route"]["probabilities"].values()) for result in plain["results"]
+    ]
+    assert close(got, LEANING, 1e-9)
+    assert listing["x_batch_calibration"] == {"mode": "off", "min_states": 8}
+
+
+@pytest.mark.asyncio
+async def test_a_system_one_session_reads_the_divided_answers_and_their_diagnostics() -> None:
+    async with (
+        gateway(leaning(), batch_calibration="on") as url,
+        tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as client,
+    ):
+        items = [item async for item in client.judge_many(STATES, QUESTIONS)]
+    expected = by_hand(LEANING, mean(LEANING))
+    # the wire's probabilities are the server's floats, read back exactly
+    assert close([probabilities(item.judgment) for item in items], expected, 1e-9)
+    for item, as_read in zip(items, LEANING, strict=True):
+        assert item.judgment is not None
+        diagnostics = item.judgment.diagnostics["route"]
+        assert diagnostics.raw_probabilities == pytest.approx(as_read)
+        assert diagnostics.batch_prior == pytest.approx(mean(LEANING))
+        assert diagnostics.batch_prior_items == 12
