@@ -374,9 +374,9 @@ class Session(AsyncResource):
             ``raise_off_menu``, ``max_retries``, ``permutations``, ``label_prior`` and
             ``calibration`` (a map that does not fit is raised once, from the first ``anext``).
         :param batch_calibration: ``"on"``: divide each question's batch prior out of its
-            answers (`UNSET`: the session's ``batch_calibration``; the calibration guide). A
-            list or tuple of records (any input with a length) is held until every record is
-            judged, then divided whole; any other input holds its first
+            answers (`UNSET`: the session's ``batch_calibration``; see the batch calibration
+            guide). A list or tuple of records (any input with a length) is held until every
+            record is judged, then divided whole; any other input holds its first
             ``batch_calibration_window`` records, then divides each later answer by the
             running prior. Error items pass through untouched and count for nothing.
         :raises InvalidInputError: bad questions, options or ``records`` (a string, bytes, a
