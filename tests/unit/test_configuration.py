@@ -61,6 +61,8 @@ SAMPLES = {
     "score_controls": "scale",
     "content_free": "scores",
     "prefix_reuse": "off",
+    "batch_calibration": "on",
+    "batch_calibration_window": "16",
 }
 #: The commands that open a session, and the settings each one's own flags take over.
 SESSION_COMMANDS = {

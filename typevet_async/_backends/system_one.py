@@ -70,8 +70,17 @@ __all__ = [
 ]
 
 #: Session settings a System One session refuses: the server frames and reads the questions
-#: itself, so they could not apply.
-SESSION_SETTINGS_REFUSED: Final = frozenset({"layout", "prefix_reuse", "off_menu_threshold"})
+#: itself, so they could not apply (a server of ours divides its batch route's answers by its
+#: own ``batch_calibration``).
+SESSION_SETTINGS_REFUSED: Final = frozenset(
+    {
+        "layout",
+        "prefix_reuse",
+        "off_menu_threshold",
+        "batch_calibration",
+        "batch_calibration_window",
+    }
+)
 
 
 #: The most states one batch request carries, whatever the server advertises: the

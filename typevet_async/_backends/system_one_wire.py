@@ -154,6 +154,9 @@ class _ExtensionDiagnostics(wire.Reply):
     calibration: str | None = None
     content_free_prior: list[Probability] | None = None
     content_free_off_menu_mass: Probability | None = None
+    batch_prior: list[Probability] | None = None
+    batch_prior_items: wire.Count = 0
+    batch_prior_skipped: str | None = None
 
 
 class _ExtensionAnswer(wire.Reply):
@@ -192,6 +195,9 @@ def _diagnostics(sent: _ExtensionDiagnostics) -> Diagnostics:
         if sent.content_free_prior is None
         else tuple(sent.content_free_prior),
         content_free_off_menu_mass=sent.content_free_off_menu_mass,
+        batch_prior=None if sent.batch_prior is None else tuple(sent.batch_prior),
+        batch_prior_items=sent.batch_prior_items,
+        batch_prior_skipped=sent.batch_prior_skipped,
     )
 
 

@@ -22,6 +22,11 @@ batch's task group, so it may stop at any moment:
 With ``ordered=True`` items come out in input order (the window is the reorder buffer); with
 ``ordered=False`` as they complete.
 
+Under batch calibration (``questions`` given) the items pass, in that order, through a
+`StreamCalibration`, which holds them until it can divide them (a finite input whole, a
+stream its warm-up): a record's window slot is given back as its item enters it, so the
+window keeps bounding the records judged ahead, and the warm-up the items held.
+
 Any exception while judging a record becomes that record's item and the batch goes on: an SDK
 error (`TypevetError`) as itself, any other exception (a bug) as a `BatchRecordError` whose
 ``__cause__`` it is. Cancellation is never an item. With ``fail_fast=True`` the first error
@@ -56,6 +61,7 @@ from collections.abc import (
     Callable,
     Iterable,
     Iterator,
+    Sequence,
     Sized,
 )
 from typing import Any, Final, Literal
@@ -64,6 +70,7 @@ import anyio
 import anyio.abc
 import attrs
 
+from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.answers import Judgment
 from typevet_async._core.reading.batch_records import (
     BatchItem,
@@ -72,6 +79,7 @@ from typevet_async._core.reading.batch_records import (
     split_record,
 )
 from typevet_async._core.reading.kept_errors import kept_error
+from typevet_async._core.statistics.batch_judgments import StreamCalibration
 from typevet_async._errors import (
     ConfigurationError,
     QuestionError,
@@ -320,8 +328,10 @@ class BatchStream(AsyncIterator[BatchItem]):
         on_progress: Callable[[Progress], None] | None,
         prepare: Prepare | None,
         total: int | None,
+        calibration: StreamCalibration | None = None,
     ) -> None:
         self._records: Iterable[Record] | AsyncIterable[Record] | None = records
+        self._calibration = calibration
         self._judge = judge
         self._options = options
         self._ordered = ordered
@@ -403,6 +413,10 @@ class BatchStream(AsyncIterator[BatchItem]):
                     raise
                 continue
             if not outcomes:  # every record pulled is out
+                if self._calibration is not None:
+                    self._ready.extend(self._calibration.finish())  # once: then it holds none
+                    if self._ready:
+                        break
                 await self._finish()
                 error = engine.failure or engine.input_error
                 if error is not None:
@@ -419,12 +433,21 @@ class BatchStream(AsyncIterator[BatchItem]):
             if self._ordered:  # hold it back until every earlier record is out
                 self._waiting[outcome.index] = outcome
                 while self._next_index in self._waiting:
-                    self._ready.append(self._waiting.pop(self._next_index))
+                    self._out(engine, self._waiting.pop(self._next_index))
                     self._next_index += 1
             else:
-                self._ready.append(outcome)
-        engine.slots.release()
+                self._out(engine, outcome)
+        if self._calibration is None:  # else given back as it entered the calibration
+            engine.slots.release()
         return self._ready.popleft()
+
+    def _out(self, engine: _Engine, item: BatchItem) -> None:
+        """``item`` ready to yield, or into the batch calibration (its slot given back)."""
+        if self._calibration is None:
+            self._ready.append(item)
+            return
+        engine.slots.release()
+        self._ready.extend(self._calibration.take(item))
 
     async def _finish(self) -> None:
         """Cancel the batch's tasks, wait until they have ended, drop what was not yielded."""
@@ -432,6 +455,8 @@ class BatchStream(AsyncIterator[BatchItem]):
         self._records = None
         self._waiting.clear()
         self._ready.clear()
+        if self._calibration is not None:
+            self._calibration.held.clear()
         engine, runner = self._engine, self._runner
         if engine is None or runner is None:
             return
@@ -451,11 +476,13 @@ def judge_stream(
     fail_fast: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
     prepare: Prepare | None = None,
+    questions: Sequence[tuple[str, Question]] | None = None,
 ) -> BatchStream:
     """The batch engine behind `Session.judge_many`: ``judge`` judges one state; ``prepare``
     (the session's probe) is awaited once, on the first ``anext``, before any record is pulled,
     and its exception is raised from there (a `BatchOptions` it returns replaces
-    ``options``).
+    ``options``). ``questions``: the items are batch calibrated over them (an input with a
+    length whole, any other after ``options.batch_calibration_window`` records).
 
     :raises InvalidInputError: ``records`` is a string, bytes, a mapping or not iterable (at
         the call).
@@ -471,4 +498,9 @@ def judge_stream(
         on_progress=on_progress,
         prepare=prepare,
         total=total,
+        calibration=None
+        if questions is None
+        else StreamCalibration(
+            questions, None if total is not None else options.batch_calibration_window
+        ),
     )

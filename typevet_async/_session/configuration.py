@@ -37,6 +37,8 @@ from typevet_async._core.prompts.controls import (
     ScoreControls,
 )
 from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS
+from typevet_async._core.statistics.batch_judgments import BatchCalibration, calibration_window
 from typevet_async._core.statistics.calibration import CalibrationMap
 from typevet_async._core.statistics.content_free import ContentFree
 from typevet_async._errors import ConfigurationError
@@ -53,6 +55,8 @@ from typevet_async._options import (
 from typevet_async._session.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES
 from typevet_async._session.read_cache import ReadCache
 from typevet_async._session.settings import (
+    DEFAULT_BATCH_CALIBRATION,
+    DEFAULT_BATCH_CALIBRATION_WINDOW,
     DEFAULT_CONTENT_FREE,
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_TOKENS,
@@ -272,6 +276,11 @@ _HELP: Final = {
     "calibration": "a calibration map (typevet-async calibrate) applied to every answer; as "
     "text, its file",
     "cache": "a read cache (tv.MemoryReadCache, tv.SqliteReadCache; evaluate: --cache PATH)",
+    "batch_calibration": "judge_many divides out each question's batch prior (the mean of its "
+    "answers over the batch): a list whole, a stream after a warm-up; not with content_free "
+    "or calibration",
+    "batch_calibration_window": "a stream's warm-up under batch_calibration, in records (at "
+    f"least {MIN_BATCH_ITEMS})",
 }
 _LLAMA: Final = frozenset({"llama_cpp"})
 _ON_MISSING: Final = frozenset({"llama_cpp", "openai_compatible"})
@@ -363,6 +372,17 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _setting("label_prior", "session", False, _boolean),
     _setting("calibration", "session", None, _calibration, metavar="FILE"),
     _setting("cache", "session", None, None),
+    _chosen(
+        "batch_calibration", "session", DEFAULT_BATCH_CALIBRATION, ("off", "on"), backends=FRAMING
+    ),
+    _setting(
+        "batch_calibration_window",
+        "session",
+        DEFAULT_BATCH_CALIBRATION_WINDOW,
+        _number(int, f"an integer >= {MIN_BATCH_ITEMS}", calibration_window),
+        backends=FRAMING,
+        metavar="N",
+    ),
 )
 
 #: `SETTINGS` by name.
@@ -452,6 +472,8 @@ class Common(TypedDict, total=False):
     label_prior: bool
     calibration: CalibrationMap | None
     cache: ReadCache | None
+    batch_calibration: BatchCalibration | bool
+    batch_calibration_window: int
 
 
 class Local(Common, total=False):

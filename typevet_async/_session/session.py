@@ -24,6 +24,7 @@ from typevet_async._core.prompts.questions import Question, check_questions
 from typevet_async._core.reading.answers import Judgment
 from typevet_async._core.reading.batch_records import Progress
 from typevet_async._core.reading.probe import Probe, check_requested_model
+from typevet_async._core.statistics.batch_judgments import BatchCalibration, alone
 from typevet_async._core.statistics.calibration import CalibrationMap, ReadPlan
 from typevet_async._core.wires.jsonvalues import render_state
 from typevet_async._errors import ConfigurationError, SessionStateError, TypevetError
@@ -51,6 +52,7 @@ from typevet_async._session.settings import (
     Permutations,
     ReadOptions,
     SessionSettings,
+    refuse_batch_calibration_with,
 )
 
 __all__ = ["Session"]
@@ -274,6 +276,9 @@ class Session(AsyncResource):
             framed.
         :raises DeadlineExceededError: ``timeout`` passed; every read was cancelled.
         :raises BackendError: the first failing question's error, in question order.
+
+        Under ``batch_calibration`` a judgment is a batch of one, left as read (its
+        diagnostics' ``batch_prior_skipped`` says so): `judge_many` divides a batch.
         """
         self._require_open()
         check_requested_model(self._backend.model, model)
@@ -297,7 +302,8 @@ class Session(AsyncResource):
             label_prior=label_prior,
             calibration=calibration,
         )
-        return await self._judge_checked(state, state_text, checked, shown, options)
+        judgment = await self._judge_checked(state, state_text, checked, shown, options)
+        return judgment if settings.batch_calibration == "off" else alone(judgment)
 
     async def _judge_checked(
         self,
@@ -335,6 +341,7 @@ class Session(AsyncResource):
         permutations: Permutations | Unset = UNSET,
         label_prior: bool | Unset = UNSET,
         calibration: CalibrationMap | Unset | None = UNSET,
+        batch_calibration: BatchCalibration | bool | Unset = UNSET,
     ) -> BatchStream:
         """Judge every record, streaming `BatchItem`s: an async iterator (`BatchStream`).
 
@@ -366,8 +373,16 @@ class Session(AsyncResource):
         :param model: as `judge` (checked once, at the call); so are ``off_menu_threshold``,
             ``raise_off_menu``, ``max_retries``, ``permutations``, ``label_prior`` and
             ``calibration`` (a map that does not fit is raised once, from the first ``anext``).
+        :param batch_calibration: ``"on"``: divide each question's batch prior out of its
+            answers (`UNSET`: the session's ``batch_calibration``; see the batch calibration
+            guide). A list or tuple of records (any input with a length) is held until every
+            record is judged, then divided whole; any other input holds its first
+            ``batch_calibration_window`` records, then divides each later answer by the
+            running prior. Error items pass through untouched and count for nothing.
         :raises InvalidInputError: bad questions, options or ``records`` (a string, bytes, a
             mapping, not iterable), at the call (nothing was sent).
+        :raises ConfigurationError: batch calibration with ``content_free`` or a calibration
+            map, or on a session whose server judges (System One, Decisions), at the call.
         """
         self._require_open(in_loop=False)
         check_requested_model(self._backend.model, model)
@@ -379,6 +394,7 @@ class Session(AsyncResource):
             ordered=ordered,
             fail_fast=fail_fast,
             on_progress=on_progress,
+            batch_calibration=batch_calibration,
         )
         check_argument("record_timeout", record_timeout, optional(positive_number))
         # Resolved here, at the call, once: not at the first record, nor for every record.
@@ -392,8 +408,22 @@ class Session(AsyncResource):
             label_prior=label_prior,
             calibration=calibration,
         )
+        self._check_batch_calibration(batch, options)
         given = (max_in_flight is not UNSET, window is not UNSET)
         return self._stream(records, checked, batch, options, given)
+
+    def _check_batch_calibration(self, batch: BatchOptions, options: ReadOptions) -> None:
+        """:raises ConfigurationError: batch calibration where it cannot apply: with a
+        content-free prior or a calibration map, or on a session whose server judges."""
+        refuse_batch_calibration_with(
+            batch.batch_calibration, self._settings.content_free, options.calibration
+        )
+        if batch.batch_calibration == "on" and self._backend.capabilities.framing == "remote":
+            raise ConfigurationError(
+                f"batch_calibration='on' on {type(self._backend).__name__}: its server reads the "
+                "questions itself (start a gateway with --batch-calibration to divide its batch "
+                "route's answers); nothing was sent"
+            )
 
     def _stream(
         self,
@@ -429,6 +459,7 @@ class Session(AsyncResource):
             fail_fast=batch.fail_fast,
             on_progress=batch.on_progress,
             prepare=probe_once,
+            questions=checked if batch.batch_calibration == "on" else None,
         )
 
     def _checked_questions(

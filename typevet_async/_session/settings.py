@@ -18,6 +18,13 @@ from typevet_async._core.prompts.controls import (
     ScoreControls,
 )
 from typevet_async._core.prompts.layouts import Layout
+from typevet_async._core.statistics.batch_judgments import (
+    DEFAULT_BATCH_CALIBRATION,
+    DEFAULT_WINDOW,
+    BatchCalibration,
+    batch_calibration_setting,
+    calibration_window,
+)
 from typevet_async._core.statistics.calibration import CalibrationMap
 from typevet_async._core.statistics.content_free import ContentFree, content_free_setting
 from typevet_async._errors import ConfigurationError
@@ -63,6 +70,8 @@ def _calibration(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 
 __all__ = [
+    "DEFAULT_BATCH_CALIBRATION",
+    "DEFAULT_BATCH_CALIBRATION_WINDOW",
     "DEFAULT_CONTENT_FREE",
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_MAX_TOKENS",
@@ -76,6 +85,7 @@ __all__ = [
     "PrefixReuse",
     "ReadOptions",
     "SessionSettings",
+    "refuse_batch_calibration_with",
 ]
 
 DEFAULT_MAX_CONCURRENCY = 4
@@ -93,6 +103,30 @@ PrefixReuse = Literal["auto", "first", "sequential", "off"]
 DEFAULT_NOUL_CONTROLS: NoulControls = "words"
 DEFAULT_SCORE_CONTROLS: ScoreControls = "letters"
 DEFAULT_CONTENT_FREE: ContentFree = "off"
+#: A stream's warm-up under batch calibration (`typevet_async._core.statistics.batch_judgments`).
+DEFAULT_BATCH_CALIBRATION_WINDOW = DEFAULT_WINDOW
+
+
+def refuse_batch_calibration_with(
+    batch_calibration: BatchCalibration, content_free: ContentFree, calibration: Any
+) -> None:
+    """Batch calibration divides the answers as read: a content-free prior or a calibration
+    map would have changed them first, and which to undo for which would be a guess.
+
+    :raises ConfigurationError: batch calibration on with either, naming both.
+    """
+    if batch_calibration == "off":
+        return
+    if content_free != "off":
+        raise ConfigurationError(
+            f"batch_calibration='on' and content_free={content_free!r} both divide out a prior: "
+            "choose one (content_free='off', or batch_calibration='off')"
+        )
+    if calibration is not None:
+        raise ConfigurationError(
+            "batch_calibration='on' and a calibration map (calibration=) both recalibrate the "
+            "answers: choose one (calibration=None, or batch_calibration='off')"
+        )
 
 
 def _layout(value: Any) -> Layout:
@@ -144,6 +178,14 @@ class SessionSettings:
         rotations, before averaging (a question read under rotations needs all of them).
     :param calibration: a fitted `CalibrationMap` applied to every judgment's answers (it
         must have been fitted for this model, template family, server kind and questions).
+    :param batch_calibration: ``"on"`` (or True): `Session.judge_many` divides each
+        question's batch prior (the mean of its answers over the batch, Zhou et al., ICLR
+        2024) out of every answer, with no extra read; a list or tuple of records is divided
+        whole once judged, any other input after a warm-up of ``batch_calibration_window``
+        records by the running prior. ``"off"`` (or False; the default) leaves the answers as
+        read. Not with ``content_free`` or ``calibration`` (refused here and at the call).
+    :param batch_calibration_window: a stream's warm-up, in records (at least
+        `MIN_BATCH_ITEMS`): held until it fills, then divided by its own prior.
     :param cache: a read cache (`MemoryReadCache`, `SqliteReadCache` or any `ReadCache`):
         each read is looked up by everything that decides its bytes before it is sent, and
         stored once validated; identical reads in flight at once are sent once. None (the
@@ -172,6 +214,15 @@ class SessionSettings:
     label_prior: bool = attrs.field(default=False, validator=boolean)
     calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
     cache: ReadCache | None = attrs.field(default=None, validator=check_cache)
+    batch_calibration: BatchCalibration = attrs.field(
+        default=DEFAULT_BATCH_CALIBRATION, converter=batch_calibration_setting
+    )
+    batch_calibration_window: int = attrs.field(
+        default=DEFAULT_BATCH_CALIBRATION_WINDOW, validator=calibration_window
+    )
+
+    def __attrs_post_init__(self) -> None:
+        refuse_batch_calibration_with(self.batch_calibration, self.content_free, self.calibration)
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> SessionSettings:
@@ -302,6 +353,13 @@ class BatchOptions:
     on_progress: Callable[[Any], None] | None = attrs.field(
         default=None, validator=callable_or_none
     )
+    #: Divide out each question's batch prior, and a stream's warm-up (in records).
+    batch_calibration: BatchCalibration = attrs.field(
+        default=DEFAULT_BATCH_CALIBRATION, converter=batch_calibration_setting
+    )
+    batch_calibration_window: int = attrs.field(
+        default=DEFAULT_BATCH_CALIBRATION_WINDOW, validator=calibration_window
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.window < self.max_in_flight:
@@ -316,9 +374,16 @@ class BatchOptions:
         *,
         max_in_flight: int | Unset,
         window: int | Unset,
+        batch_calibration: BatchCalibration | bool | Unset = UNSET,
         **flags: Any,
     ) -> BatchOptions:
         """The call's bounds (``flags``: ``ordered``, ``fail_fast``, ``on_progress``)."""
         in_flight = resolve(max_in_flight, settings.max_concurrency)
         default_window = 4 * in_flight if isinstance(in_flight, int) else in_flight
-        return cls(max_in_flight=in_flight, window=resolve(window, default_window), **flags)
+        return cls(
+            max_in_flight=in_flight,
+            window=resolve(window, default_window),
+            batch_calibration=resolve(batch_calibration, settings.batch_calibration),
+            batch_calibration_window=settings.batch_calibration_window,
+            **flags,
+        )

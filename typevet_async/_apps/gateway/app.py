@@ -46,9 +46,11 @@ from typevet_async._core.wires.decisions import DecisionsCall
 from typevet_async._core.wires.system_one import (
     ADVERTISEMENT,
     BATCH_PATH,
+    CALIBRATION_ADVERTISEMENT,
     EXAMPLES_ADVERTISEMENT,
     SystemOneCall,
     advertisement,
+    calibration_advertisement,
     examples_advertisement,
     response_to_system_one,
 )
@@ -316,6 +318,9 @@ async def _models(request: web.Request) -> web.StreamResponse:
                 }
             ],
             ADVERTISEMENT: advertisement(state.config.batch_cap()),
+            CALIBRATION_ADVERTISEMENT: calibration_advertisement(
+                session.settings.batch_calibration
+            ),
             EXAMPLES_ADVERTISEMENT: examples_advertisement(),
             VERSION_FIELD: tv.__version__,
         },

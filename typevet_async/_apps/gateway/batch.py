@@ -21,6 +21,12 @@ How a batch is served, and why:
 - **An item's error never fails the batch**: a state that is not one, a prompt past the
   context, an upstream failure: each is the error ``/v1/systemone`` would have answered that
   state with, in its place.
+- **Batch calibration**, when the gateway's session has it on (``--batch-calibration on``):
+  once every state is judged, each question's batch prior over the request's answered states
+  is divided out of their answers (no extra read; the floor of fewer than 8 answers, or a batch
+  that does not vary them, leaves them as read). Each result's ``x_typevet`` diagnostics keep
+  the probabilities as read, the prior, its count and why it was skipped; ``GET /v1/models``
+  says whether the route divides (`CALIBRATION_ADVERTISEMENT`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from typevet_async._apps.gateway.responses import (
 )
 from typevet_async._apps.gateway.state import SESSION, STATE, GatewayState
 from typevet_async._apps.presenting import present_error, served_model
+from typevet_async._core.statistics.batch_judgments import divide_batch
 from typevet_async._core.wires.decoding import CpuClock
 from typevet_async._core.wires.system_one import (
     SystemOneBatch,
@@ -76,7 +83,8 @@ async def system_one_batch(request: web.Request) -> web.StreamResponse:
     if shed is not None:
         return shed
     model = state.served_model or served_model(session) or batch.model
-    results, missing = await _judged(state, session, batch, indices, model)
+    judged, missing = await _judged(state, session, batch, indices)
+    results = _bodies(session, batch, judged, model)
     for index, entry in batch.refused.items():
         loc = entry["loc"]
         results[index] = batch_item_error(422, entry["type"], f"state: {entry['msg']}", loc)
@@ -127,13 +135,34 @@ def decode_batch(
     return batch
 
 
+def _bodies(
+    session: tv.Session,
+    batch: SystemOneBatch,
+    judged: dict[int, tv.Judgment | dict[str, Any]],
+    model: str,
+) -> dict[int, dict[str, Any]]:
+    """Each judged state's result: its judgment as ``/v1/systemone`` answers it (divided by
+    the batch's prior under the session's batch calibration), or its item error."""
+    answered = {index: one for index, one in judged.items() if isinstance(one, tv.Judgment)}
+    indices = sorted(answered)
+    judgments = [answered[index] for index in indices]
+    if session.settings.batch_calibration == "on":
+        judgments = divide_batch(tuple(batch.questions.items()), judgments)
+    results = {index: one for index, one in judged.items() if not isinstance(one, tv.Judgment)}
+    for index, judgment in zip(indices, judgments, strict=True):
+        results[index] = response_to_system_one(
+            judgment, model, score_criteria=batch.score_criteria, extension=extension(judgment)
+        )
+    return results
+
+
 async def _judged(
-    state: GatewayState, session: tv.Session, batch: SystemOneBatch, indices: list[int], model: str
-) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """Each admitted state's result (those judged before the deadline or the shutdown's
-    cut-off), and the item error every other state gets."""
+    state: GatewayState, session: tv.Session, batch: SystemOneBatch, indices: list[int]
+) -> tuple[dict[int, tv.Judgment | dict[str, Any]], dict[str, Any]]:
+    """Each admitted state's judgment or item error (those judged before the deadline or the
+    shutdown's cut-off), and the item error every other state gets."""
     config = state.config
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, tv.Judgment | dict[str, Any]] = {}
     started: set[int] = set()
     # states given a slot, and when; one that never started gives it back here
     handed: dict[int, float] = {}
@@ -154,7 +183,7 @@ async def _judged(
     async def judge_one(index: int, held: float) -> None:
         started.add(index)  # before any await: from here on this task releases its slot
         try:
-            results[index], worked = await _result(state, session, batch, index, model)
+            results[index], worked = await _result(state, session, batch, index)
             if worked:
                 state.held_since(held)
         except asyncio.CancelledError:
@@ -198,10 +227,10 @@ async def _judged(
 
 
 async def _result(
-    state: GatewayState, session: tv.Session, batch: SystemOneBatch, index: int, model: str
-) -> tuple[dict[str, Any], bool]:
-    """One state's result: the body ``/v1/systemone`` would answer, or its error as an item;
-    and whether it did the work (answered, or cut by the SDK's timeout), for admission."""
+    state: GatewayState, session: tv.Session, batch: SystemOneBatch, index: int
+) -> tuple[tv.Judgment | dict[str, Any], bool]:
+    """One state's judgment, or its error as an item; and whether it did the work
+    (answered, or cut by the SDK's timeout), for admission."""
     metrics = state.metrics
     if metrics is not None:
         metrics.in_flight.inc()
@@ -214,10 +243,7 @@ async def _result(
             metrics.in_flight.dec()
     if metrics is not None:
         metrics.reads.inc(judgment.usage.reads)
-    body = response_to_system_one(
-        judgment, model, score_criteria=batch.score_criteria, extension=extension(judgment)
-    )
-    return body, True
+    return judgment, True
 
 
 def _item_error(state: GatewayState, error: Exception) -> dict[str, Any]:

@@ -223,6 +223,15 @@ class Diagnostics:
     #: prior, or a read's mass is unknown). Reported only: the off-menu guard
     #: (``off_menu_threshold``, ``raise_off_menu``) judges this answer's own read.
     content_free_off_menu_mass: float | None = None
+    #: The batch prior divided out of this answer, in option order (``batch_calibration``:
+    #: `typevet_async._core.statistics.batch_calibration`); None: not divided.
+    batch_prior: tuple[float, ...] | None = None
+    #: How many answers the batch prior was (or would have been) estimated from (0: batch
+    #: calibration was off).
+    batch_prior_items: int = 0
+    #: Why batch calibration left this answer as read (too small a batch, a batch that does
+    #: not vary the answers); None: divided, or off.
+    batch_prior_skipped: str | None = None
 
 
 @attrs.frozen

@@ -53,12 +53,14 @@ from typevet_async._core.wires.system_one.answers import (
 from typevet_async._core.wires.system_one.batch import (
     ADVERTISEMENT,
     BATCH_PATH,
+    CALIBRATION_ADVERTISEMENT,
     SystemOneBatch,
     advertisement,
     batch_from_system_one,
     batch_item_error,
     batch_response,
     batch_to_system_one,
+    calibration_advertisement,
 )
 from typevet_async._core.wires.system_one.questions import (
     EXAMPLES_ADVERTISEMENT,
@@ -97,6 +99,7 @@ __all__ = [
     "ADVERTISEMENT",
     "ANSWER_FIELDS",
     "BATCH_PATH",
+    "CALIBRATION_ADVERTISEMENT",
     "EXAMPLES_ADVERTISEMENT",
     "EXAMPLES_FIELD",
     "EXTENSION",
@@ -118,6 +121,7 @@ __all__ = [
     "batch_item_error",
     "batch_response",
     "batch_to_system_one",
+    "calibration_advertisement",
     "examples_advertisement",
     "question_from_system_one",
     "question_to_system_one",

@@ -18,6 +18,12 @@ its shape where we could read it), so it is the obvious extension of ``/v1/syste
 - the server says it offers the route in ``GET /v1/models``: a top-level `ADVERTISEMENT`
   field ``{"path": "/v1/systemone/batch", "max_states": N}``; no field (or a 404/405 on the
   route) means not offered.
+- whether the route divides each question's batch prior out of its results' answers (batch
+  calibration) is the `CALIBRATION_ADVERTISEMENT` field of ``GET /v1/models``:
+  ``{"mode": "on" | "off", "min_states": 8}`` (fewer answered states than ``min_states``
+  are left as read); each result's ``x_typevet`` diagnostics report the prior it was divided
+  by (``batch_prior``, option order), from how many answers (``batch_prior_items``) and why
+  an answer was left as read (``batch_prior_skipped``), beside ``raw_probabilities``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any, Final
 import attrs
 
 from typevet_async._core.prompts.questions import Question
+from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS
 from typevet_async._core.wires.system_one.questions import question_to_system_one
 from typevet_async._core.wires.system_one.requests import (
     request_from_system_one,
@@ -39,17 +46,22 @@ from typevet_async._errors import SystemOneValidationError
 __all__ = [
     "ADVERTISEMENT",
     "BATCH_PATH",
+    "CALIBRATION_ADVERTISEMENT",
     "SystemOneBatch",
     "advertisement",
     "batch_from_system_one",
     "batch_item_error",
     "batch_response",
     "batch_to_system_one",
+    "calibration_advertisement",
 ]
 
 BATCH_PATH: Final = "/v1/systemone/batch"
 #: The ``GET /v1/models`` field that advertises the batch route (``x_``: an extension).
 ADVERTISEMENT: Final = "x_systemone_batch"
+#: The ``GET /v1/models`` field that says whether the batch route divides out each question's
+#: batch prior (``x_``: an extension).
+CALIBRATION_ADVERTISEMENT: Final = "x_batch_calibration"
 
 
 @attrs.frozen
@@ -187,3 +199,9 @@ def batch_response(model: str, results: Sequence[dict[str, Any]]) -> dict[str, A
 def advertisement(max_states: int) -> dict[str, Any]:
     """The `ADVERTISEMENT` field's value: where the route is, and its cap."""
     return {"path": BATCH_PATH, "max_states": max_states}
+
+
+def calibration_advertisement(mode: str) -> dict[str, Any]:
+    """The `CALIBRATION_ADVERTISEMENT` field's value: the route's batch calibration (``"on"``
+    or ``"off"``), and the fewest answered states it divides."""
+    return {"mode": mode, "min_states": MIN_BATCH_ITEMS}
