@@ -36,7 +36,7 @@ the docs page (``python scripts/benchmark_pages.py``).
 
     python -m benchmarks.bench_openai_compatible [--tickets 80] [--every 4] [--cap 20 --cap 5]
 
-The defaults read 420 questions, six reads each, in about 35 minutes on 2 shared cores.
+The defaults read 420 questions, five reads each, in about 35 minutes on 2 shared cores.
 """
 
 from __future__ import annotations
