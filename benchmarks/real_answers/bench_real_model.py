@@ -62,6 +62,7 @@ from typevet_async._apps.cli.exits import CommandLineError
 from typevet_async._apps.cli.inputs import read_json_file
 from typevet_async._core.statistics import fitting
 from typevet_async._core.statistics.metrics import evaluate
+from typevet_async._session.images import NO_IMAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "bench_real_model"
@@ -409,7 +410,7 @@ async def identity_check(
         _, planner = await session._ready_planner()  # the SDK's own rendering, no read
         for ticket in tickets:
             for qid, question in questions.items():
-                (request,) = planner.plan(ticket["state"], [(qid, question)], ())
+                (request,) = planner.plan(ticket["state"], [(qid, question)], NO_IMAGES)
                 plain = plain_prompt(ticket["state"], question, range(len(question.options())))
                 if request.prompt == plain:
                     same += 1
