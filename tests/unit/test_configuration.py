@@ -68,11 +68,16 @@ SESSION_COMMANDS = {
     "judge": ["judge", "x", "--noul", "q=Is it?"],
     "batch": ["batch", "in.jsonl", "--noul", "q=Is it?", "--out", "o.jsonl"],
     "eval": ["eval", "in.jsonl", "--noul", "q=Is it?", "--out", "o"],
+    "fit-prior": ["fit-prior", "in.jsonl", "--noul", "q=Is it?", "--out", "p.json"],
     "generate": ["generate", "p", "--schema", "s.json"],
     "serve": ["serve"],
     "mcp": ["mcp"],
 }
-TAKEN_OVER = {"serve": {"max_connections", "max_batch_states"}}
+TAKEN_OVER = {
+    "serve": {"max_connections", "max_batch_states"},
+    # It reads the states as they are answered: no map or prior applies.
+    "fit-prior": {"calibration", "prior"},
+}
 
 pytestmark = pytest.mark.usefixtures("no_typevet_variables")
 

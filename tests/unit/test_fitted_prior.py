@@ -5,14 +5,20 @@ with the state, as a real model's do)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import attrs
 import orjson
 import pytest
 
 import typevet_async as tv
+from typevet_async._apps.cli import main
+from typevet_async._configuration import read_settings
 from typevet_async._core.statistics.calibration import (
     CalibrationMap,
     Pins,
@@ -334,3 +340,97 @@ def test_a_prior_of_another_option_count_is_refused() -> None:
     wrong = attrs.evolve(prior, questions={"refund": three})
     with pytest.raises(tv.CalibrationError, match="3 options, the question 2"):
         wrong.check(served, [("refund", REFUND)], {"refund": Reading()})
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def leaning(monkeypatch: pytest.MonkeyPatch) -> StateLeaningStub:
+    """Every session the CLI builds judges on this stub, with the ``--prior`` its flags give
+    (read by the setting's own rule)."""
+    backend = StateLeaningStub()
+
+    def from_env(
+        cls: type[tv.Session], environ: Any = None, *, flags: Any = None, **settings: Any
+    ) -> tv.Session:
+        given = {"prior": flags["prior"]} if (flags or {}).get("prior") else {}
+        prior = read_settings({}, given).get("prior", (None, ""))[0]
+        return tv.Session(backend, tv.SessionSettings(prior=prior))
+
+    monkeypatch.setattr(tv.Session, "from_env", classmethod(from_env))
+    return backend
+
+
+CLI_QUESTIONS = ["--choice", "route=Team?:billing,shipping,technical", "--noul", "refund=Refund?"]
+
+
+def _records(path: Path) -> Path:
+    # Records of every shape it takes: eval's (labels unread), batch's, and a bare state.
+    lines = [{"id": 0, "state": STATES[0], "labels": {"refund": True}}]
+    lines += [{"id": k, "state": state} for k, state in enumerate(STATES[1:11], start=1)]
+    path.write_text("\n".join(map(json.dumps, [*lines, STATES[11]])) + "\n\n")
+    return path
+
+
+@pytest.mark.asyncio
+async def test_fit_prior_writes_the_prior_and_batch_divides_by_it(
+    leaning: StateLeaningStub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records, out = _records(tmp_path / "states.jsonl"), tmp_path / "prior.json"
+    argv = ["fit-prior", str(records), *CLI_QUESTIONS, "--out", str(out), "--no-progress"]
+    assert await anyio.to_thread.run_sync(main, argv) == 0
+    printed = capsys.readouterr().out
+    prior = tv.FittedPrior.from_json(out.read_bytes())
+    assert f"prior: {out} ({prior.sha256})" in printed
+    assert "route" in printed
+    assert "billing=0." in printed
+    questions = {"route": ROUTE, "refund": REFUND}
+    async with tv.Session(StateLeaningStub()) as session:
+        expected = await session.fit_prior(STATES, questions)
+        judged = await session.judge(LATER, questions, prior=expected)
+    assert prior.questions == expected.questions
+    assert prior.pins == expected.pins
+    later, answered = jsonl_file(tmp_path / "later.jsonl", LATER), tmp_path / "answers.jsonl"
+    argv = ["batch", str(later), *CLI_QUESTIONS, "--out", str(answered), "--no-progress"]
+    assert await anyio.to_thread.run_sync(main, [*argv, "--prior", str(out)]) == 0
+    [line] = [json.loads(text) for text in answered.read_text().splitlines()]
+    assert line["answers"]["route"]["probabilities"] == pytest.approx(
+        judged["route"].probabilities, abs=1e-12
+    )
+
+
+def jsonl_file(path: Path, *states: str) -> Path:
+    path.write_text("".join(json.dumps(state) + "\n" for state in states))
+    return path
+
+
+def test_fit_prior_refuses_a_bad_line_or_its_own_input_before_any_read(
+    leaning: StateLeaningStub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = tmp_path / "states.jsonl"
+    records.write_text('"a"\n{"id": 2, "state": "b"\n')
+    out = tmp_path / "prior.json"
+    code = main(["fit-prior", str(records), *CLI_QUESTIONS, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{records} line 2: not valid JSON" in err
+    code = main(["fit-prior", str(records), *CLI_QUESTIONS, "--out", str(records)])
+    assert code == 2
+    assert "is the input" in capsys.readouterr().err
+    assert leaning.reads == []
+    assert not out.exists()
+
+
+def test_a_prior_file_that_was_edited_is_one_line_and_exit_2(
+    leaning: StateLeaningStub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edited = tmp_path / "prior.json"
+    edited.write_bytes(_edited(lambda b: _route(b).update(probabilities=[0.6, 0.2, 0.2])))
+    code = main(["judge", LATER, *CLI_QUESTIONS, "--prior", str(edited)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("typevet-async: ")
+    assert "sha256" in err
+    assert err.count("\n") == 1
+    assert leaning.reads == []
