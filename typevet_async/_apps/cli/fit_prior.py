@@ -75,12 +75,16 @@ async def run_fit_prior(args: argparse.Namespace, out: TextIO) -> int:
     total = sum(1 for _ in _states(args.input))  # every line checked before any read
     session = session_from_args(args, os.environ)
     bar = tqdm(total=total, unit="rec", disable=True if args.no_progress else None, file=sys.stderr)
+
+    def judged(_: tv.Progress) -> None:
+        bar.update(1)
+
     with bar:
         async with session:
             prior = await session.fit_prior(
                 (state for _, state in _states(args.input)),
                 questions,
-                on_progress=lambda progress: bar.update(1),
+                on_progress=judged,
             )
     try:
         args.out.write_bytes(prior.to_json())
