@@ -434,3 +434,23 @@ def test_a_prior_file_that_was_edited_is_one_line_and_exit_2(
     assert "sha256" in err
     assert err.count("\n") == 1
     assert leaning.reads == []
+
+
+@pytest.mark.asyncio
+async def test_an_eval_run_with_a_prior_measures_divided_answers_and_resumes_only_with_it(
+    tmp_path: Path,
+) -> None:
+    prior = await _fitted()
+    records = [{"id": k, "state": s, "labels": {"refund": True}} for k, s in enumerate(STATES)]
+    out = tmp_path / "reads.jsonl"
+    async with tv.Session(StateLeaningStub()) as session:
+        evaluation = await tv.evaluate(session, records[:6], QUESTIONS, out=out, prior=prior)
+        judged = await session.judge(STATES[0], QUESTIONS, prior=prior)
+        first = json.loads(out.read_text().splitlines()[0])["answers"]["route"]
+        assert first["probabilities"] == pytest.approx(_probabilities(judged["route"]), abs=1e-12)
+        assert first["raw"] == pytest.approx(judged.diagnostics["route"].raw_probabilities)
+        with pytest.raises(tv.InvalidInputError, match="calibration or prior"):
+            await tv.evaluate(session, records, QUESTIONS, out=out, resume=True)
+        resumed = await tv.evaluate(session, records, QUESTIONS, out=out, resume=True, prior=prior)
+    assert evaluation.facts()["prior"] == prior.sha256
+    assert resumed.records == 12

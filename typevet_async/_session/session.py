@@ -207,9 +207,10 @@ class Session(AsyncResource):
         permutations: Permutations | Unset = UNSET,
         label_prior: bool | Unset = UNSET,
         calibration: CalibrationMap | Unset | None = UNSET,
+        prior: FittedPrior | Unset | None = UNSET,
     ) -> ReadPlan:
         """How `judge` reads ``questions`` under these options (as `judge` takes them), and
-        what a calibration map fitted on those reads is pinned to. Probes the server (once
+        what a calibration map or prior fitted on those reads is pinned to. Probes the server (once
         per session); reads nothing.
 
         :raises QuestionError: bad questions, or options they cannot be read under.
@@ -223,12 +224,18 @@ class Session(AsyncResource):
             permutations=permutations,
             label_prior=label_prior,
             calibration=calibration,
+            prior=prior,
         )
         readings = question_readings(checked, options, self._settings)
         probe = await self.probe()
         pins = served_pins(self._backend, probe, checked, self._settings)
         return ReadPlan(
-            readings, pins, options.permutations, options.label_prior, options.calibration
+            readings,
+            pins,
+            options.permutations,
+            options.label_prior,
+            options.calibration,
+            options.prior,
         )
 
     async def _ready_planner(self) -> tuple[Probe, Planner]:

@@ -29,7 +29,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attrs
 import orjson
@@ -37,6 +37,9 @@ import orjson
 from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.readings import softmax
 from typevet_async._errors import CalibrationError
+
+if TYPE_CHECKING:  # it is pinned by this module's pins
+    from typevet_async._core.statistics.fitted_prior import FittedPrior
 
 __all__ = [
     "CALIBRATION_FORMAT",
@@ -264,7 +267,8 @@ class Pins:
 @attrs.frozen
 class ReadPlan:
     """How a session reads a set of questions under a call's options, and what a calibration
-    map fitted on those reads is pinned to (`Session.read_plan`; what ``evaluate`` records)."""
+    map (or a fitted prior) fitted on those reads is pinned to (`Session.read_plan`; what
+    ``evaluate`` records)."""
 
     #: How each question's probabilities are read, by question id.
     readings: Mapping[str, Reading]
@@ -274,6 +278,7 @@ class ReadPlan:
     permutations: int | Mapping[str, int]
     label_prior: bool
     calibration: CalibrationMap | None
+    prior: FittedPrior | None = None
 
 
 @attrs.frozen
