@@ -62,7 +62,9 @@ from typevet_async._core.reading.batch_records import BatchItem, Progress
 from typevet_async._core.reading.chat_reads import ChatServer
 from typevet_async._core.reading.probe import Probe
 from typevet_async._core.reading.readings import CandidateRead
+from typevet_async._core.statistics.batch_calibration import BatchPrior
 from typevet_async._core.statistics.calibration import CalibrationMap, Pins, Reading, ReadPlan
+from typevet_async._core.statistics.fitted_prior import FittedPrior
 from typevet_async._errors import (
     BackendError,
     BadEncodingError,
@@ -153,6 +155,7 @@ __all__ = [
     "BadEncodingError",
     "BatchItem",
     "BatchJudging",
+    "BatchPrior",
     "BatchRecordError",
     "BatchStream",
     "BodyTooLargeError",
@@ -173,6 +176,7 @@ __all__ = [
     "DecodeError",
     "Diagnostics",
     "EmbeddedServer",
+    "FittedPrior",
     "Framing",
     "Generation",
     "GenerationError",

@@ -31,6 +31,7 @@ from typevet_async._core.statistics.calibration import (
     question_hash,
     question_set_hash,
 )
+from typevet_async._core.statistics.fitted_prior import QuestionPrior
 from typevet_async._session.configuration import (
     BACKENDS,
     BY_NAME,
@@ -69,11 +70,16 @@ SESSION_COMMANDS = {
     "judge": ["judge", "x", "--noul", "q=Is it?"],
     "batch": ["batch", "in.jsonl", "--noul", "q=Is it?", "--out", "o.jsonl"],
     "eval": ["eval", "in.jsonl", "--noul", "q=Is it?", "--out", "o"],
+    "fit-prior": ["fit-prior", "in.jsonl", "--noul", "q=Is it?", "--out", "p.json"],
     "generate": ["generate", "p", "--schema", "s.json"],
     "serve": ["serve"],
     "mcp": ["mcp"],
 }
-TAKEN_OVER = {"serve": {"max_connections", "max_batch_states"}}
+TAKEN_OVER = {
+    "serve": {"max_connections", "max_batch_states"},
+    # It reads the states as they are answered: no map or prior applies.
+    "fit-prior": {"calibration", "prior"},
+}
 
 pytestmark = pytest.mark.usefixtures("no_typevet_variables")
 
@@ -82,12 +88,15 @@ def sample(name: str, calibration: Path) -> str:
     setting = BY_NAME[name]
     if setting.switch:
         return "true"
+    if name == "prior":
+        return str(calibration.with_name("prior.json"))
     return str(calibration) if name == "calibration" else SAMPLES.get(name, "3")
 
 
 @pytest.fixture
 def calibration(tmp_path: Path) -> Path:
-    """A calibration map's file (a map of one question: what a setting's text names)."""
+    """A calibration map's file (a map of one question: what a setting's text names), and
+    beside it a fitted prior's (``prior.json``) pinned alike."""
     question = tv.Noul(instructions="Is it?")
     pins = Pins(
         questions=question_set_hash([("q", question)]),
@@ -99,6 +108,8 @@ def calibration(tmp_path: Path) -> Path:
     entry = QuestionMap(question_hash(question), Reading(), Temperature(2.0), "question")
     path = tmp_path / "map.json"
     path.write_bytes(CalibrationMap(pins, {"q": entry}, "2026-12-01T00:00:00+00:00").to_json())
+    prior = QuestionPrior(question_hash(question), Reading(), tv.BatchPrior((0.7, 0.3), 12))
+    path.with_name("prior.json").write_bytes(tv.FittedPrior(pins, {"q": prior}).to_json())
     return path
 
 
@@ -427,6 +438,7 @@ def test_the_flags_reach_the_session_and_win_over_the_variables() -> None:
         (["--request-timeout", "soon"], "argument --request-timeout: must be a positive number"),
         (["--layout", "wide"], "argument --layout: invalid choice: 'wide'"),
         (["--calibration", "/no/such/map.json"], "/no/such/map.json: cannot read it"),
+        (["--prior", "/no/such/prior.json"], "/no/such/prior.json: cannot read it"),
     ],
 )
 def test_a_bad_flag_is_a_command_line_error_naming_it(flags: list[str], message: str) -> None:

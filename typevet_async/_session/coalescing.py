@@ -96,7 +96,9 @@ class Coalescer:
         self._alone = alone
         # Permutations and calibration maps are refused for a server that reads the questions
         # itself: the single path says so, per record.
-        self._batchable = options.permutations == 1 and options.calibration is None
+        self._batchable = (
+            options.permutations == 1 and options.calibration is None and options.prior is None
+        )
         self._pending: list[_Waiting] = []
         #: Records that ever joined a pending batch: a pass that adds none sends it.
         self._joined = 0

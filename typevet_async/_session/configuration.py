@@ -41,6 +41,7 @@ from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS
 from typevet_async._core.statistics.batch_judgments import BatchCalibration, calibration_window
 from typevet_async._core.statistics.calibration import CalibrationMap
 from typevet_async._core.statistics.content_free import ContentFree
+from typevet_async._core.statistics.fitted_prior import FittedPrior
 from typevet_async._errors import ConfigurationError
 from typevet_async._options import (
     Validator,
@@ -158,15 +159,24 @@ def _urls(text: str, source: str) -> str | list[str]:
     return urls[0] if len(urls) == 1 else urls
 
 
-def _calibration(text: str, source: str) -> CalibrationMap:
-    """A calibration map's file, read whole."""
+def _file(source: str, text: str) -> bytes:
+    """A file a setting's text names, read whole."""
     try:
-        data = Path(text).read_bytes()
+        return Path(text).read_bytes()
     except OSError as error:
         raise ConfigurationError(
             f"{source} {text}: cannot read it: {error.strerror or error}"
         ) from None
-    return CalibrationMap.from_json(data)
+
+
+def _calibration(text: str, source: str) -> CalibrationMap:
+    """A calibration map's file."""
+    return CalibrationMap.from_json(_file(source, text))
+
+
+def _prior(text: str, source: str) -> FittedPrior:
+    """A fitted prior's file."""
+    return FittedPrior.from_json(_file(source, text))
 
 
 _positive_int = _number(int, "a positive integer", positive_int)
@@ -275,6 +285,8 @@ _HELP: Final = {
     "label_prior": "with permutations: divide out the positions' prior first",
     "calibration": "a calibration map (typevet-async calibrate) applied to every answer; as "
     "text, its file",
+    "prior": "a fitted prior (typevet-async fit-prior) divided out of every answer; as text, "
+    "its file",
     "cache": "a read cache (tv.MemoryReadCache, tv.SqliteReadCache; evaluate: --cache PATH)",
     "batch_calibration": "judge_many divides out each question's batch prior (the mean of its "
     "answers over the batch): a list whole, a stream after a warm-up; not with content_free "
@@ -371,6 +383,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _setting("permutations", "session", 1, _positive_int, metavar="K"),
     _setting("label_prior", "session", False, _boolean),
     _setting("calibration", "session", None, _calibration, metavar="FILE"),
+    _setting("prior", "session", None, _prior, metavar="FILE"),
     _setting("cache", "session", None, None),
     _chosen(
         "batch_calibration", "session", DEFAULT_BATCH_CALIBRATION, ("off", "on"), backends=FRAMING
@@ -471,6 +484,7 @@ class Common(TypedDict, total=False):
     permutations: Permutations
     label_prior: bool
     calibration: CalibrationMap | None
+    prior: FittedPrior | None
     cache: ReadCache | None
     batch_calibration: BatchCalibration | bool
     batch_calibration_window: int

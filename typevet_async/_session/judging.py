@@ -35,6 +35,7 @@ from typevet_async._core.statistics.calibration import (
     question_set_hash,
 )
 from typevet_async._core.statistics.content_free import ContentFreePrior, content_free_applies
+from typevet_async._core.statistics.fitted_prior import FittedPrior
 from typevet_async._errors import (
     ConfigurationError,
     InvalidInputError,
@@ -112,6 +113,39 @@ def check_calibration(
     """:raises CalibrationError: the map was not fitted for this judgment (nothing sent)."""
     served = served_pins(planner.backend, planner.probe, questions, planner.settings)
     calibration.check(served, questions, readings)
+
+
+def check_prior(
+    planner: Planner,
+    questions: Sequence[tuple[str, Question]],
+    readings: Mapping[str, Reading],
+    prior: FittedPrior,
+) -> None:
+    """:raises ConfigurationError: the session's content-free calibration divides a question
+        the prior would divide too (nothing sent).
+    :raises CalibrationError: the prior was not fitted for this judgment (nothing sent)."""
+    refuse_content_free(questions, planner.settings, "a fitted prior")
+    served = served_pins(planner.backend, planner.probe, questions, planner.settings)
+    prior.check(served, questions, readings)
+
+
+def refuse_content_free(
+    questions: Sequence[tuple[str, Question]], settings: SessionSettings, what: str
+) -> None:
+    """A batch prior (``what``: fitted, or fitted on the batch) is not divided out of a
+    question the content-free prior divides: both estimate the same lean, and the second would
+    divide it out again.
+
+    :raises ConfigurationError: the first such question, named.
+    """
+    for question_id, question in questions:
+        if content_free_applies(question, settings.content_free):
+            error = ConfigurationError(
+                f"{what} and content_free={settings.content_free!r} would both divide this "
+                "question's lean out; use one (a session without content_free, or no prior)"
+            )
+            error.question_id = question_id
+            raise error
 
 
 def served_pins(
@@ -197,10 +231,13 @@ async def _judge(
     backend, probe = planner.backend, planner.probe
     if backend.capabilities.framing != "remote":
         readings = None
-        if options.permutations != 1 or options.calibration is not None:
+        fitted = options.calibration is not None or options.prior is not None
+        if options.permutations != 1 or fitted:
             readings = question_readings(questions, options, planner.settings)
             if options.calibration is not None:
                 check_calibration(planner, questions, readings, options.calibration)
+            if options.prior is not None:
+                check_prior(planner, questions, readings, options.prior)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
         priors, spent = await _content_free_priors(planner, slots, questions, strategy, options)
@@ -222,10 +259,11 @@ async def _judge(
     rotated = (
         max(permutations.values(), default=1) if isinstance(permutations, Mapping) else permutations
     ) > 1
-    if options.calibration is not None or rotated:
+    if options.calibration is not None or options.prior is not None or rotated:
         raise ConfigurationError(
-            f"{type(backend).__name__}'s server reads the questions itself: permutations and "
-            "calibration maps apply where the SDK reads the logprobs; nothing was sent"
+            f"{type(backend).__name__}'s server reads the questions itself: permutations, "
+            "calibration maps and fitted priors apply where the SDK reads the logprobs; "
+            "nothing was sent"
         )
     if not isinstance(backend, RemoteJudging):
         raise ConfigurationError(
@@ -440,7 +478,8 @@ async def read_judgment(
     """Read every request (under ``strategy`` where the backend reuses prefixes; through
     ``cached``, the session's read cache, if any) and gather the answers in request order: a
     question read under rotations is settled from all its reads (`settle_question`), divided
-    by its content-free prior (``priors``, by question id), and a calibration map applied."""
+    by its content-free prior (``priors``, by question id), and a calibration map applied or
+    a fitted prior divided out."""
     if len(requests) == 1:  # one read (the common case): no closures, schedule or fan-out
         try:
             scored = [await _score(backend, probe, slots, requests[0], options, cached)]
@@ -454,7 +493,7 @@ async def read_judgment(
             strategy if backend.capabilities.prefix_reuse and requests else "off",
             lambda request: _score(backend, probe, slots, request, options, cached),
         )
-    if readings is None and options.calibration is None and not priors:  # as read
+    if readings is None and options.calibration is None and options.prior is None and not priors:
         return Judgment(
             {r.question_id: s.answer for r, s in zip(requests, scored, strict=True)},
             usage,
@@ -490,6 +529,10 @@ def _settled(
             else functools.partial(calibration.apply, question_id),
             calibration=None if calibration is None else calibration.describe(question_id),
         )
+        if options.prior is not None:  # never with a map or a content-free prior (refused)
+            answers[question_id], diagnostics[question_id] = options.prior.apply(
+                question_id, reads[0][0].question, answers[question_id], diagnostics[question_id]
+            )
     return Judgment(answers, usage, diagnostics)
 
 

@@ -26,6 +26,7 @@ from typevet_async._core.reading.batch_records import Progress
 from typevet_async._core.reading.probe import Probe, check_requested_model
 from typevet_async._core.statistics.batch_judgments import BatchCalibration, alone
 from typevet_async._core.statistics.calibration import CalibrationMap, ReadPlan
+from typevet_async._core.statistics.fitted_prior import FittedPrior
 from typevet_async._core.wires.jsonvalues import render_state
 from typevet_async._errors import ConfigurationError, SessionStateError, TypevetError
 from typevet_async._options import UNSET, Unset, check_argument, optional, positive_number
@@ -42,8 +43,14 @@ from typevet_async._session.generating import (
     plan_generations,
 )
 from typevet_async._session.images import NO_IMAGES, Image, JudgmentImages, check_judgment_images
-from typevet_async._session.judging import judge, question_readings, served_pins
+from typevet_async._session.judging import (
+    judge,
+    question_readings,
+    refuse_content_free,
+    served_pins,
+)
 from typevet_async._session.planning import Planner
+from typevet_async._session.prior_fitting import fitted_prior
 from typevet_async._session.settings import (
     BatchOptions,
     GenerateKeywords,
@@ -202,9 +209,10 @@ class Session(AsyncResource):
         permutations: Permutations | Unset = UNSET,
         label_prior: bool | Unset = UNSET,
         calibration: CalibrationMap | Unset | None = UNSET,
+        prior: FittedPrior | Unset | None = UNSET,
     ) -> ReadPlan:
         """How `judge` reads ``questions`` under these options (as `judge` takes them), and
-        what a calibration map fitted on those reads is pinned to. Probes the server (once
+        what a calibration map or prior fitted on those reads is pinned to. Probes the server (once
         per session); reads nothing.
 
         :raises QuestionError: bad questions, or options they cannot be read under.
@@ -218,12 +226,18 @@ class Session(AsyncResource):
             permutations=permutations,
             label_prior=label_prior,
             calibration=calibration,
+            prior=prior,
         )
         readings = question_readings(checked, options, self._settings)
         probe = await self.probe()
         pins = served_pins(self._backend, probe, checked, self._settings)
         return ReadPlan(
-            readings, pins, options.permutations, options.label_prior, options.calibration
+            readings,
+            pins,
+            options.permutations,
+            options.label_prior,
+            options.calibration,
+            options.prior,
         )
 
     async def _ready_planner(self) -> tuple[Probe, Planner]:
@@ -248,6 +262,7 @@ class Session(AsyncResource):
         permutations: Permutations | Unset = UNSET,
         label_prior: bool | Unset = UNSET,
         calibration: CalibrationMap | Unset | None = UNSET,
+        prior: FittedPrior | Unset | None = UNSET,
     ) -> Judgment:
         """Ask every question about ``state``; answers come back in request order.
 
@@ -267,10 +282,13 @@ class Session(AsyncResource):
             session's). Each rotation is a read.
         :param calibration: a `CalibrationMap` for these answers (None: none; `UNSET`: the
             session's); the diagnostics keep the raw probabilities.
+        :param prior: a `FittedPrior` (`fit_prior`) divided out of these answers (None: none;
+            `UNSET`: the session's); the diagnostics keep the raw probabilities and the prior.
+            Not with a calibration map, nor on a question ``content_free`` divides.
         :raises InvalidInputError: bad questions, state, images, model or option; nothing was
             sent.
-        :raises CalibrationError: the map was not fitted for this model, template family,
-            server kind, question or reading; nothing was sent.
+        :raises CalibrationError: the map (or prior) was not fitted for this model, template
+            family, server kind, prompt framing, question or reading; nothing was sent.
         :raises UnsupportedTemplateError: the SDK frames prompts and the server's template is
             degraded (its turn markers are not the model's special tokens) or cannot be
             framed.
@@ -301,6 +319,7 @@ class Session(AsyncResource):
             permutations=permutations,
             label_prior=label_prior,
             calibration=calibration,
+            prior=prior,
         )
         judgment = await self._judge_checked(state, state_text, checked, shown, options)
         return judgment if settings.batch_calibration == "off" else alone(judgment)
@@ -342,6 +361,7 @@ class Session(AsyncResource):
         label_prior: bool | Unset = UNSET,
         calibration: CalibrationMap | Unset | None = UNSET,
         batch_calibration: BatchCalibration | bool | Unset = UNSET,
+        prior: FittedPrior | Unset | None = UNSET,
     ) -> BatchStream:
         """Judge every record, streaming `BatchItem`s: an async iterator (`BatchStream`).
 
@@ -371,8 +391,9 @@ class Session(AsyncResource):
         :param record_timeout: seconds for each record's judgment, and for the probe the
             batch starts with (None: no deadline).
         :param model: as `judge` (checked once, at the call); so are ``off_menu_threshold``,
-            ``raise_off_menu``, ``max_retries``, ``permutations``, ``label_prior`` and
-            ``calibration`` (a map that does not fit is raised once, from the first ``anext``).
+            ``raise_off_menu``, ``max_retries``, ``permutations``, ``label_prior``,
+            ``calibration`` and ``prior`` (a map or prior that does not fit is raised once,
+            from the first ``anext``).
         :param batch_calibration: ``"on"``: divide each question's batch prior out of its
             answers (`UNSET`: the session's ``batch_calibration``; see the batch calibration
             guide). A list or tuple of records (any input with a length) is held until every
@@ -407,6 +428,7 @@ class Session(AsyncResource):
             permutations=permutations,
             label_prior=label_prior,
             calibration=calibration,
+            prior=prior,
         )
         self._check_batch_calibration(batch, options)
         given = (max_in_flight is not UNSET, window is not UNSET)
@@ -424,6 +446,69 @@ class Session(AsyncResource):
                 "questions itself (start a gateway with --batch-calibration to divide its batch "
                 "route's answers); nothing was sent"
             )
+
+    async def fit_prior(
+        self,
+        states: Iterable[Any] | AsyncIterable[Any],
+        questions: Mapping[str, Question],
+        *,
+        max_in_flight: int | Unset = UNSET,
+        on_progress: Callable[[Progress], None] | None = None,
+        record_timeout: float | None = None,
+        max_retries: int | Unset = UNSET,
+        permutations: Permutations | Unset = UNSET,
+        label_prior: bool | Unset = UNSET,
+    ) -> FittedPrior:
+        """A prior for ``questions`` fitted on unlabelled ``states`` (batch calibration's, kept
+        for later judgments: give it as ``prior=``): each question's mean answer over the
+        states, judged as `judge_many` judges them (``states`` as its ``records``) without a
+        calibration map, a prior or the off-menu guard, under the session's framing and these
+        rotations. A question the states do not vary, or fewer than 8 states, gets no prior:
+        its entry says why, and its answers are later left as read. Pinned as a map is (model,
+        template family, server kind, framing, each question and its reading).
+
+        :raises InvalidInputError: bad questions, options or ``states``; a question the
+            session's ``content_free`` divides, or a server that judges itself (nothing sent).
+        :raises TypevetError: the first state that failed (the rest are cancelled).
+        """
+        self._require_open()
+        checked = self._checked_questions(questions)
+        if self._backend.capabilities.framing == "remote":
+            raise ConfigurationError(
+                f"{type(self._backend).__name__}'s server reads the questions itself: a prior "
+                "is fitted and applied where the SDK reads the logprobs; nothing was sent"
+            )
+        refuse_content_free(checked, self._settings, "a fitted prior")
+        options = ReadOptions.for_call(
+            self._settings,
+            off_menu_threshold=None,
+            raise_off_menu=False,
+            permutations=permutations,
+            label_prior=label_prior,
+            calibration=None,
+            prior=None,
+        )
+        readings = question_readings(checked, options, self._settings)
+        with call_deadline(record_timeout, "the prior's probe"):
+            probe = await self.probe()
+        stream = self.judge_many(
+            states,
+            questions,
+            fail_fast=True,
+            max_in_flight=max_in_flight,
+            on_progress=on_progress,
+            record_timeout=record_timeout,
+            max_retries=max_retries,
+            off_menu_threshold=None,
+            raise_off_menu=False,
+            permutations=options.permutations,
+            label_prior=options.label_prior,
+            calibration=None,
+            prior=None,
+            batch_calibration="off",  # the prior is fitted on the answers as read
+        )
+        pins = served_pins(self._backend, probe, checked, self._settings)
+        return await fitted_prior(stream, checked, readings, pins)
 
     def _stream(
         self,

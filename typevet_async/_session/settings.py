@@ -27,6 +27,7 @@ from typevet_async._core.statistics.batch_judgments import (
 )
 from typevet_async._core.statistics.calibration import CalibrationMap
 from typevet_async._core.statistics.content_free import ContentFree, content_free_setting
+from typevet_async._core.statistics.fitted_prior import FittedPrior
 from typevet_async._errors import ConfigurationError
 from typevet_async._options import (
     UNSET,
@@ -69,6 +70,28 @@ def _calibration(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
+def _prior(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, FittedPrior):
+        raise ConfigurationError(
+            f"{attribute.name} must be a FittedPrior or None (fit one with Session.fit_prior, "
+            f"or read its file with tv.FittedPrior.from_json), got {type(value).__name__}"
+        )
+
+
+def refuse_prior_and_map(prior: FittedPrior | None, calibration: CalibrationMap | None) -> None:
+    """A fitted prior and a calibration map are not applied together: each was fitted on the
+    answers as read, so neither is fitted on what the other leaves.
+
+    :raises ConfigurationError: both are given.
+    """
+    if prior is not None and calibration is not None:
+        raise ConfigurationError(
+            "prior and calibration are both given: a fitted prior and a calibration map are "
+            "each fitted on the answers as read, so one cannot follow the other; give one (a "
+            "call's calibration=None or prior=None turns the session's off)"
+        )
+
+
 __all__ = [
     "DEFAULT_BATCH_CALIBRATION",
     "DEFAULT_BATCH_CALIBRATION_WINDOW",
@@ -86,6 +109,7 @@ __all__ = [
     "ReadOptions",
     "SessionSettings",
     "refuse_batch_calibration_with",
+    "refuse_prior_and_map",
 ]
 
 DEFAULT_MAX_CONCURRENCY = 4
@@ -186,6 +210,9 @@ class SessionSettings:
         read. Not with ``content_free`` or ``calibration`` (refused here and at the call).
     :param batch_calibration_window: a stream's warm-up, in records (at least
         `MIN_BATCH_ITEMS`): held until it fills, then divided by its own prior.
+    :param prior: a `FittedPrior` (`Session.fit_prior`) divided out of every judgment's
+        answers (pinned as a map is); not with ``calibration``, nor on a question that
+        ``content_free`` divides.
     :param cache: a read cache (`MemoryReadCache`, `SqliteReadCache` or any `ReadCache`):
         each read is looked up by everything that decides its bytes before it is sent, and
         stored once validated; identical reads in flight at once are sent once. None (the
@@ -213,6 +240,7 @@ class SessionSettings:
     permutations: Permutations = attrs.field(default=1, validator=_permutations)
     label_prior: bool = attrs.field(default=False, validator=boolean)
     calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
+    prior: FittedPrior | None = attrs.field(default=None, validator=_prior)
     cache: ReadCache | None = attrs.field(default=None, validator=check_cache)
     batch_calibration: BatchCalibration = attrs.field(
         default=DEFAULT_BATCH_CALIBRATION, converter=batch_calibration_setting
@@ -223,6 +251,12 @@ class SessionSettings:
 
     def __attrs_post_init__(self) -> None:
         refuse_batch_calibration_with(self.batch_calibration, self.content_free, self.calibration)
+        refuse_prior_and_map(self.prior, self.calibration)
+        if self.batch_calibration == "on" and self.prior is not None:
+            raise ConfigurationError(
+                "batch_calibration='on' with a prior: both divide a prior out of the answers "
+                "(a fitted prior is batch calibration kept); use one"
+            )
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> SessionSettings:
@@ -280,6 +314,7 @@ class ReadOptions(_CallOptions):
         "permutations": "permutations",
         "label_prior": "label_prior",
         "calibration": "calibration",
+        "prior": "prior",
     }
 
     off_menu_threshold: float | None = attrs.field(validator=probability_or_none)
@@ -287,12 +322,17 @@ class ReadOptions(_CallOptions):
     permutations: Permutations = attrs.field(default=1, validator=_permutations)
     label_prior: bool = attrs.field(default=False, validator=boolean)
     calibration: CalibrationMap | None = attrs.field(default=None, validator=_calibration)
+    prior: FittedPrior | None = attrs.field(default=None, validator=_prior)
+
+    def __attrs_post_init__(self) -> None:
+        refuse_prior_and_map(self.prior, self.calibration)
 
     def for_priors(self, question_ids: Collection[str]) -> ReadOptions:
         """The options the content-free priors of ``question_ids`` are read under: each
         question's rotations and label prior as here (the counts of the other questions left
-        out), no calibration map, and no off-menu guard, which judges the answer to the state
-        (a prior's off-menu mass is reported in that answer's diagnostics)."""
+        out), no calibration map or fitted prior, and no off-menu guard, which judges the
+        answer to the state (a prior's off-menu mass is reported in that answer's
+        diagnostics)."""
         permutations = self.permutations
         if isinstance(permutations, Mapping):
             permutations = {qid: n for qid, n in permutations.items() if qid in question_ids}
@@ -302,6 +342,7 @@ class ReadOptions(_CallOptions):
             raise_off_menu=False,
             permutations=permutations,
             calibration=None,
+            prior=None,
         )
 
 

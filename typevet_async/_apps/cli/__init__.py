@@ -1,5 +1,5 @@
-"""The ``typevet-async`` command line: judge, batch, eval, calibrate, generate, serve, mcp,
-serve-local; one module per command.
+"""The ``typevet-async`` command line: judge, batch, eval, calibrate, fit-prior, generate,
+serve, mcp, serve-local; one module per command.
 
 Backend, URL, model, API key and concurrency come from flags or the ``TYPEVET_*`` variables
 (flags win); with no URL the embedded llama.cpp server is started.
@@ -52,7 +52,16 @@ def _run(argv: list[str]) -> int:
 
     import asyncio
 
-    from typevet_async._apps.cli import batch, calibrate, evaluate, generate, judge, mcp, serve
+    from typevet_async._apps.cli import (
+        batch,
+        calibrate,
+        evaluate,
+        fit_prior,
+        generate,
+        judge,
+        mcp,
+        serve,
+    )
     from typevet_async._apps.cli.logs import configure_logging
     from typevet_async._apps.cli.parser import build_parser
 
@@ -66,6 +75,7 @@ def _run(argv: list[str]) -> int:
         "batch": batch.run_batch,
         "eval": evaluate.run_eval,
         "calibrate": calibrate.run_calibrate,
+        "fit-prior": fit_prior.run_fit_prior,
         "generate": generate.run_generate,
         "mcp": mcp.run_mcp,
     }

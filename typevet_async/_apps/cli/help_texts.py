@@ -80,6 +80,23 @@ server kind and reading (permutations, label prior) of the eval run: --calibrati
 anywhere else.
 
 {EXIT_CODES}""",
+    "fit-prior": f"""example (a batch's input, or eval's with its labels unread):
+  typevet-async fit-prior tickets.jsonl --questions questions.json --out prior.json
+  typevet-async batch more-tickets.jsonl --questions questions.json --out answers.jsonl \\
+      --prior prior.json
+
+input lines: {{"id": "t1", "state": "..."}} (other keys, such as "labels", are not read), or
+any other JSON value: a bare state. Blank lines are skipped; every line is checked before the
+first record is sent. Judges every state as batch does, without a map, a prior or the off-menu
+guard, and keeps each question's mean answer (batch calibration's prior): a question the
+states do not vary, or fewer than 8 states, gets none, and its answers are left as read. The
+prior is pinned to the question set, model, template family, server kind, prompt framing and
+reading (permutations, label prior) of this run: --prior refuses it anywhere else, and with
+--calibration or --content-free on the same question.
+
+{QUESTIONS_SHAPE}
+
+{EXIT_CODES}""",
     "generate": f"""example (examples/ticket.schema.json: a closed object of enums and a short
 string, which the bundled 270M model fills in; an open schema lets it invent keys until
 --max-tokens):

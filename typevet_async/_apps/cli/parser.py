@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 
 import typevet_async as tv
-from typevet_async._apps.cli import batch, calibrate, evaluate, generate, judge, mcp, serve
+from typevet_async._apps.cli import (
+    batch,
+    calibrate,
+    evaluate,
+    fit_prior,
+    generate,
+    judge,
+    mcp,
+    serve,
+)
 from typevet_async._apps.cli.arguments import CommandParser
 from typevet_async._apps.cli.exits import PROG
 from typevet_async._apps.cli.help_texts import EXAMPLES, EXIT_CODES
@@ -39,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             logging_flags(parser)
         return parser
 
-    for module in (judge, batch, evaluate, calibrate, generate, serve, mcp):
+    for module in (judge, batch, evaluate, calibrate, fit_prior, generate, serve, mcp):
         module.add_parser(command)
     # Its flags are the embedded server's own (serve_local.build_parser): listed here only.
     command("serve-local", "Run the embedded llama.cpp server in the foreground.").add_argument(

@@ -47,6 +47,7 @@ async def evaluate(
     permutations: int | Mapping[str, int] | tv.Unset = tv.UNSET,
     label_prior: bool | tv.Unset = tv.UNSET,
     calibration: tv.CalibrationMap | tv.Unset | None = tv.UNSET,
+    prior: tv.FittedPrior | tv.Unset | None = tv.UNSET,
     max_in_flight: int | tv.Unset = tv.UNSET,
     on_progress: Callable[[tv.Progress], None] | None = None,
 ) -> Evaluation:
@@ -58,15 +59,21 @@ async def evaluate(
     :param out: a JSONL file each record's reads are appended to as they come (flushed).
     :param resume: continue ``out``: its records are loaded, not judged again (a last line
         cut short is judged again); it must have been made with the same questions, model,
-        backend, template family, permutations and calibration.
-    :param permutations: as `Session.judge` (``label_prior`` and ``calibration`` too).
+        backend, template family, permutations, calibration and prior.
+    :param permutations: as `Session.judge` (``label_prior``, ``calibration`` and ``prior``
+        too: with a prior, the answers measured are divided by it, the raw ones kept).
     :raises InvalidInputError: a bad record or label (the records before it are judged and,
         with ``out``, kept), or an ``out`` that cannot be resumed.
-    :raises CalibrationError: ``calibration`` was not fitted for this session's reads.
+    :raises CalibrationError: ``calibration`` (or ``prior``) was not fitted for this
+        session's reads.
     """
     checked = check_questions(questions)
     plan = await session.read_plan(
-        questions, permutations=permutations, label_prior=label_prior, calibration=calibration
+        questions,
+        permutations=permutations,
+        label_prior=label_prior,
+        calibration=calibration,
+        prior=prior,
     )
     evaluation = Evaluation(
         checked,
@@ -74,6 +81,7 @@ async def evaluate(
         plan.readings,
         plan.calibration,
         {question_id: QuestionReads() for question_id, _ in checked},
+        prior=plan.prior,
     )
     path = None if out is None else Path(out)
     done: set[str] = set()
@@ -87,6 +95,7 @@ async def evaluate(
         permutations=plan.permutations,
         label_prior=plan.label_prior,
         calibration=plan.calibration,
+        prior=plan.prior,
     )
     sink = None if path is None else open_to_continue(path, resumable)
     with sink if sink is not None else contextlib.nullcontext():
@@ -125,7 +134,7 @@ def _prepare(evaluation: Evaluation, path: Path, resume: bool, done: set[str]) -
         if found != orjson.loads(orjson.dumps(facts)):
             raise tv.InvalidInputError(
                 f"{path} was made with other questions, model, backend, template family, "
-                f"permutations or calibration ({facts_path}); evaluate into a new file"
+                f"permutations, calibration or prior ({facts_path}); evaluate into a new file"
             )
     elif resume and path.exists() and path.stat().st_size:
         raise tv.InvalidInputError(
@@ -206,4 +215,6 @@ def run_facts(evaluation: Evaluation) -> dict[str, Any]:
         "readings": {qid: attrs.asdict(reading) for qid, reading in evaluation.readings.items()},
         "calibration": None if evaluation.calibration is None else evaluation.calibration.sha256,
         "questions": {qid: question_to_system_one(q) for qid, q in evaluation.questions},
+        # Only when there is one: a run made before priors existed resumes as it did.
+        **({} if evaluation.prior is None else {"prior": evaluation.prior.sha256}),
     }

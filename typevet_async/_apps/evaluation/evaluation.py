@@ -42,6 +42,7 @@ from typevet_async._core.statistics.calibration import (
     question_hash,
 )
 from typevet_async._core.statistics.eval_reads import reads_line
+from typevet_async._core.statistics.fitted_prior import FittedPrior
 from typevet_async._core.statistics.reliability import Bin
 from typevet_async._core.wires.jsonvalues import record_key
 from typevet_async._core.wires.system_one import questions_from_system_one
@@ -91,6 +92,9 @@ class Evaluation:
     #: What this run's judgments cost the server (none for records resumed from a file):
     #: ``reads`` sent, ``cache_hits`` answered by the session's read cache.
     usage: Usage = attrs.Factory(Usage)
+    #: The fitted prior the answers were divided by, if any (its SHA-256 is in the report;
+    #: None in an evaluation read back from its files).
+    prior: FittedPrior | None = None
 
     @classmethod
     def from_reads(cls, path: str | os.PathLike[str]) -> Evaluation:
@@ -160,6 +164,7 @@ class Evaluation:
             "permutations": ", ".join(map(str, rotations)),
             "label prior": any(reading.label_prior for reading in self.readings.values()),
             "calibration": "none" if self.calibration is None else self.calibration.sha256,
+            **({} if self.prior is None else {"prior": self.prior.sha256}),
         }
 
     def report(

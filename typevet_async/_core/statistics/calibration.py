@@ -28,8 +28,8 @@ import bisect
 import functools
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, TypeAlias
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attrs
 import orjson
@@ -38,9 +38,13 @@ from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.readings import softmax
 from typevet_async._errors import CalibrationError
 
+if TYPE_CHECKING:  # it is pinned by this module's pins
+    from typevet_async._core.statistics.fitted_prior import FittedPrior
+
 __all__ = [
     "CALIBRATION_FORMAT",
     "CALIBRATION_VERSION",
+    "MAP_REMEDY",
     "CalibrationMap",
     "Isotonic",
     "Pins",
@@ -50,7 +54,9 @@ __all__ = [
     "Reading",
     "Temperature",
     "Transform",
+    "check_pins",
     "question_hash",
+    "question_mismatch",
     "question_set_hash",
     "transform_probabilities",
 ]
@@ -252,17 +258,17 @@ class Pins:
     template_family: str
     #: The server kind (`Capabilities.server`): llama.cpp and vLLM normalise differently.
     backend: str
-    #: How the prompt was framed (`typevet_async._core.prompts.fields.framing_pin`: the layout, and
-    # for
-    #: the default layout its controls and field block): another prompt reads otherwise. Empty
-    #: in a map an SDK wrote before it pinned the framing.
+    #: How the prompt was framed (`typevet_async._core.prompts.fields.framing_pin`: the
+    #: layout, and for the default layout its controls and field block): another prompt reads
+    #: otherwise. Empty in a map an SDK wrote before it pinned the framing.
     framing: str = ""
 
 
 @attrs.frozen
 class ReadPlan:
     """How a session reads a set of questions under a call's options, and what a calibration
-    map fitted on those reads is pinned to (`Session.read_plan`; what ``evaluate`` records)."""
+    map (or a fitted prior) fitted on those reads is pinned to (`Session.read_plan`; what
+    ``evaluate`` records)."""
 
     #: How each question's probabilities are read, by question id.
     readings: Mapping[str, Reading]
@@ -272,6 +278,7 @@ class ReadPlan:
     permutations: int | Mapping[str, int]
     label_prior: bool
     calibration: CalibrationMap | None
+    prior: FittedPrior | None = None
 
 
 @attrs.frozen
@@ -290,11 +297,64 @@ class QuestionMap:
     report: Mapping[str, Any] = attrs.field(factory=dict)
 
 
-def _mismatch(what: str, fitted: Any, actual: Any) -> CalibrationError:
+#: What a calibration map's refusal tells the caller to do.
+MAP_REMEDY = "fit a map for this one (typevet-async eval, then calibrate)"
+
+
+def _mismatch(artefact: str, remedy: str, what: str, fitted: Any, actual: Any) -> CalibrationError:
     return CalibrationError(
-        f"the calibration map was fitted for {what} {fitted!r}, this judgment has {actual!r}; "
-        "fit a map for this one (typevet-async eval, then calibrate)"
+        f"the {artefact} was fitted for {what} {fitted!r}, this judgment has {actual!r}; {remedy}"
     )
+
+
+def check_pins(artefact: str, remedy: str, pins: Pins, served: Pins) -> None:
+    """Refuse a judgment whose own pins (``served``) are not those an artefact (a calibration
+    map, a fitted prior: ``artefact`` names it, ``remedy`` says what to do) was fitted with.
+
+    :raises CalibrationError: the model, template family, server kind or prompt framing
+        differ, naming which.
+    """
+    if pins.framing != served.framing and not pins.framing:
+        raise CalibrationError(
+            f"the {artefact} was fitted before the SDK pinned the prompt's framing (an "
+            f"earlier version, whose default prompt differs); this judgment's is "
+            f"{served.framing!r}: {remedy}"
+        )
+    for what, fitted, actual in (
+        ("model", pins.model, served.model),
+        ("template family", pins.template_family, served.template_family),
+        ("backend", pins.backend, served.backend),
+        ("prompt framing", pins.framing, served.framing),
+    ):
+        if fitted != actual:
+            raise _mismatch(artefact, remedy, what, fitted, actual)
+
+
+def question_mismatch(
+    artefact: str,
+    remedy: str,
+    fitted: tuple[str, Reading] | None,
+    known: Collection[str],
+    question: tuple[str, Question],
+    reading: Reading,
+) -> CalibrationError | None:
+    """Why an artefact's entry for a question (``fitted``: the question's hash and reading it
+    was fitted on; None: it has none, ``known`` the ids it has) does not fit the question as
+    this judgment reads it, or None when it fits."""
+    question_id, asked = question
+    if fitted is None:
+        return CalibrationError(
+            f"the {artefact} has no question {question_id!r} (it has {sorted(known)}); a "
+            "question without one would be left raw"
+        )
+    if fitted[0] != question_hash(asked):
+        return CalibrationError(
+            f"the question is not the one the {artefact} was fitted on (its instructions, "
+            "options or their order changed)"
+        )
+    if fitted[1] != reading:
+        return _mismatch(artefact, remedy, "reading", fitted[1], reading)
+    return None
 
 
 @attrs.frozen
@@ -384,47 +444,26 @@ class CalibrationMap:
         its question set may be a subset of the map's, each question checked by its hash).
 
         :raises CalibrationError: the model, template family, server kind or prompt framing
-            differ, or a
-            question is not in the map, was changed, or is read another way (rotations, label
-            prior); ``question_id`` names the question.
+            differ, or a question is not in the map, was changed, or is read another way
+            (rotations, label prior); ``question_id`` names the question.
         """
-        pins = self.pins
-        if pins.framing != served.framing and not pins.framing:
-            raise CalibrationError(
-                "the calibration map was fitted before the SDK pinned the prompt's framing (an "
-                f"earlier version, whose default prompt differs); this judgment's is "
-                f"{served.framing!r}: fit a map for this one (typevet-async eval, then calibrate)"
-            )
-        for what, fitted, actual in (
-            ("model", pins.model, served.model),
-            ("template family", pins.template_family, served.template_family),
-            ("backend", pins.backend, served.backend),
-            ("prompt framing", pins.framing, served.framing),
-        ):
-            if fitted != actual:
-                raise _mismatch(what, fitted, actual)
+        check_pins("calibration map", MAP_REMEDY, self.pins, served)
         for question_id, question in questions:
             entry = self.questions.get(question_id)
-            error: CalibrationError | None = None
-            if entry is None:
+            error = question_mismatch(
+                "calibration map",
+                MAP_REMEDY,
+                None if entry is None else (entry.question, entry.reading),
+                self.questions,
+                (question_id, question),
+                readings[question_id],
+            )
+            transform = None if entry is None else entry.transform
+            options = len(question.options())
+            if error is None and transform is not None and transform.options not in (None, options):
                 error = CalibrationError(
-                    f"the calibration map has no question {question_id!r} (it has "
-                    f"{sorted(self.questions)}); a question with no map would be left raw"
-                )
-            elif entry.question != question_hash(question):
-                error = CalibrationError(
-                    "the question is not the one the calibration map was fitted on (its "
-                    "instructions, options or their order changed)"
-                )
-            elif entry.reading != readings[question_id]:
-                error = _mismatch("reading", entry.reading, readings[question_id])
-            elif entry.transform is not None and entry.transform.options not in (
-                None,
-                len(question.options()),
-            ):
-                error = CalibrationError(
-                    f"the map's {entry.transform.kind} transform has "
-                    f"{entry.transform.options} options, the question {len(question.options())}"
+                    f"the map's {transform.kind} transform has {transform.options} options, "
+                    f"the question {options}"
                 )
             if error is not None:
                 error.question_id = question_id
