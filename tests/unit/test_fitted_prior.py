@@ -15,7 +15,6 @@ import anyio.to_thread
 import attrs
 import orjson
 import pytest
-from typevet_async._configuration import read_settings
 
 import typevet_async as tv
 from typevet_async._apps.cli import main
@@ -28,6 +27,7 @@ from typevet_async._core.statistics.calibration import (
     question_hash,
 )
 from typevet_async._core.statistics.fitted_prior import QuestionPrior
+from typevet_async._session.configuration import read_settings
 
 from .stubs import InMemoryStubBackend, failing_after, state_of
 
@@ -244,6 +244,21 @@ async def test_a_prior_with_a_map_or_content_free_calibration_is_refused_naming_
         assert refused.value.question_id == "route"
         with pytest.raises(tv.ConfigurationError, match="a fitted prior and content_free"):
             await session.fit_prior(STATES, QUESTIONS)
+
+
+@pytest.mark.asyncio
+async def test_a_prior_with_batch_calibration_is_refused_naming_both() -> None:
+    prior = await _fitted()
+    with pytest.raises(tv.ConfigurationError, match="batch_calibration='on' and a fitted prior"):
+        tv.SessionSettings(prior=prior, batch_calibration="on")
+    backend = StateLeaningStub()
+    async with tv.Session(backend, tv.SessionSettings(batch_calibration="on")) as session:
+        with pytest.raises(tv.ConfigurationError, match="and a fitted prior"):
+            session.judge_many(STATES, {"route": ROUTE}, prior=prior)
+    async with tv.Session(backend, tv.SessionSettings(prior=prior)) as session:
+        with pytest.raises(tv.ConfigurationError, match="and a fitted prior"):
+            session.judge_many(STATES, {"route": ROUTE}, batch_calibration="on")
+    assert backend.reads == []
 
 
 @pytest.mark.asyncio

@@ -436,9 +436,10 @@ class Session(AsyncResource):
 
     def _check_batch_calibration(self, batch: BatchOptions, options: ReadOptions) -> None:
         """:raises ConfigurationError: batch calibration where it cannot apply: with a
-        content-free prior or a calibration map, or on a session whose server judges."""
+        content-free prior, a calibration map or a fitted prior, or on a session whose server
+        judges."""
         refuse_batch_calibration_with(
-            batch.batch_calibration, self._settings.content_free, options.calibration
+            batch.batch_calibration, self._settings.content_free, options.calibration, options.prior
         )
         if batch.batch_calibration == "on" and self._backend.capabilities.framing == "remote":
             raise ConfigurationError(

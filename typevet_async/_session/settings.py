@@ -132,12 +132,13 @@ DEFAULT_BATCH_CALIBRATION_WINDOW = DEFAULT_WINDOW
 
 
 def refuse_batch_calibration_with(
-    batch_calibration: BatchCalibration, content_free: ContentFree, calibration: Any
+    batch_calibration: BatchCalibration, content_free: ContentFree, calibration: Any, prior: Any
 ) -> None:
-    """Batch calibration divides the answers as read: a content-free prior or a calibration
-    map would have changed them first, and which to undo for which would be a guess.
+    """Batch calibration divides the answers as read: a content-free prior, a calibration
+    map or a fitted prior would have changed them first, and which to undo for which would be
+    a guess.
 
-    :raises ConfigurationError: batch calibration on with either, naming both.
+    :raises ConfigurationError: batch calibration on with any of them, naming both.
     """
     if batch_calibration == "off":
         return
@@ -150,6 +151,12 @@ def refuse_batch_calibration_with(
         raise ConfigurationError(
             "batch_calibration='on' and a calibration map (calibration=) both recalibrate the "
             "answers: choose one (calibration=None, or batch_calibration='off')"
+        )
+    if prior is not None:
+        raise ConfigurationError(
+            "batch_calibration='on' and a fitted prior (prior=) both divide a prior out of the "
+            "answers (a fitted prior is batch calibration kept): choose one (prior=None, or "
+            "batch_calibration='off')"
         )
 
 
@@ -250,13 +257,10 @@ class SessionSettings:
     )
 
     def __attrs_post_init__(self) -> None:
-        refuse_batch_calibration_with(self.batch_calibration, self.content_free, self.calibration)
+        refuse_batch_calibration_with(
+            self.batch_calibration, self.content_free, self.calibration, self.prior
+        )
         refuse_prior_and_map(self.prior, self.calibration)
-        if self.batch_calibration == "on" and self.prior is not None:
-            raise ConfigurationError(
-                "batch_calibration='on' with a prior: both divide a prior out of the answers "
-                "(a fitted prior is batch calibration kept); use one"
-            )
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any]) -> SessionSettings:
