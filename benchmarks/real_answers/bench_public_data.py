@@ -11,7 +11,9 @@ each line
 
 - ``sst2`` (Noul): "Is the sentiment of this movie review positive?" (gold: the label);
 - ``agnews`` (Choice): the topic of a news article, World / Sports / Business / Sci/Tech;
-- ``sst5`` (Score): five levels, very negative .. very positive (gold: the level, 0..4).
+- ``sst5`` (Score): five levels, very negative .. very positive (gold: the level, 0..4);
+- ``dbpedia`` (Choice): the subject of an encyclopedia article, one of 14 classes;
+- ``rte`` (Noul): "Given the premise, is the hypothesis true?" (gold: entailment).
 
 Arms (each reads every item's question exactly; ``ARMS`` below holds their settings):
 
@@ -104,6 +106,23 @@ TOPICS = {
     "Business": "business, economy, companies",
     "Sci/Tech": "science and technology",
 }
+#: DBpedia's 14 classes, in the data's class-id order.
+DBPEDIA_CLASSES = (
+    "Artist",
+    "Company",
+    "Office holder",
+    "Building",
+    "Village",
+    "Plant",
+    "Educational institution",
+    "Animal",
+    "Album",
+    "Written work",
+    "Natural place",
+    "Means of transportation",
+    "Athlete",
+    "Film",
+)
 Examples = Sequence[tuple[str, Any]]
 
 
@@ -125,6 +144,15 @@ def agnews_question(examples: Examples = ()) -> tv.Question:
 def sst5_question(examples: Examples = ()) -> tv.Question:
     instructions = "How positive is the sentiment of this movie review?"
     return tv.Score(list(SENTIMENT_LEVELS), instructions=instructions, **with_examples(examples))
+
+
+def dbpedia_question(examples: Examples = ()) -> tv.Question:
+    instructions = "What is the subject of this encyclopedia article?"
+    return tv.Choice(list(DBPEDIA_CLASSES), instructions=instructions, **with_examples(examples))
+
+
+def rte_question(examples: Examples = ()) -> tv.Question:
+    return tv.Noul("Given the premise, is the hypothesis true?", **with_examples(examples))
 
 
 @attrs.frozen
@@ -152,6 +180,8 @@ TASKS: dict[str, Task] = {
     "sst2": Task("sst2", sst2_question, (False, True)),
     "agnews": Task("agnews", agnews_question, tuple(TOPICS)),
     "sst5": Task("sst5", sst5_question, tuple(range(len(SENTIMENT_LEVELS)))),
+    "dbpedia": Task("dbpedia", dbpedia_question, DBPEDIA_CLASSES),
+    "rte": Task("rte", rte_question, (False, True)),
 }
 
 # -- the arms -------------------------------------------------------------------------------
@@ -181,7 +211,7 @@ class Arm:
 
 ARMS: dict[str, Arm] = {
     "letters": Arm(LETTER_SETTINGS),
-    "words": Arm({**LETTER_SETTINGS, "noul_controls": "words"}, tasks=("sst2",)),
+    "words": Arm({**LETTER_SETTINGS, "noul_controls": "words"}, tasks=("sst2", "rte")),
     "scale": Arm({**LETTER_SETTINGS, "score_controls": "scale"}, tasks=("sst5",)),
     "ex2": Arm(LETTER_SETTINGS, examples=2),
     "ex4": Arm(LETTER_SETTINGS, examples=4),
