@@ -752,7 +752,7 @@ def summary_section(average: Mapping[str, Any]) -> str:
     header += ["Δ accuracy, held-out", "Δ NLL, held-out"]
     rows = []
     for name, halves in average.items():
-        if name == PLAIN:
+        if name == PLAIN or BC in name:  # the batch rows: `batch_overview`
             continue
         everything, held = halves.get("all", {}), halves.get("held_out", {})
         rows.append([
@@ -773,7 +773,7 @@ def held_out_section(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     names = dict.fromkeys(name for summary in summaries.values() for name in summary)
     rows = []
     for name in names:
-        if name == PLAIN:
+        if name == PLAIN or BC in name:  # the batch rows: `batch_overview`
             continue
         row = [f"`{name}`"]
         for task in tasks:
@@ -831,6 +831,31 @@ def batch_section(
         read = f"`defaults` = `{defaults[task.name]}`" if task.name in defaults else "no defaults"
         parts.append(f"**{task.name}** ({read}):\n\n" + markdown_table(header, rows))
     return "\n\n".join(parts)
+
+
+def batch_overview(summaries: Mapping[str, Mapping[str, Any]], average: Mapping[str, Any]) -> str:
+    """The batch rows of `plain` and `defaults`, one line each: per task their held-out
+    difference against `plain` and against `defaults`, and against `plain` on average."""
+    tasks = list(summaries)
+    names = [bc_name(row, size) for row in (PLAIN, DEFAULTS) for size in BATCH_SIZES]
+    rows = []
+    for name in names:
+        cells = []
+        for task in tasks:
+            entry = summaries[task].get(name, {}).get("held_out", {})
+            pair = [entry.get(key) for key in ("vs_plain", "vs_defaults")]
+            cells.append("; ".join(versus_cell(v) for v in pair if v) if any(pair) else "")
+        mean = average.get(name, {}).get("held_out")
+        cells.append(versus_cell(mean) if mean else "")
+        if any(cells):
+            rows.append([f"`{name}`", *cells])
+    lead = (
+        "Held-out half, per task: Δ accuracy / Δ NLL of each batch-calibrated row against "
+        "`plain`, then against `defaults`; * where the 95% interval excludes 0. The last "
+        "column: against `plain`, averaged over the tasks (items resampled within each)."
+    )
+    header = ["row", *(f"{task}: vs plain; vs defaults" for task in tasks), "average vs plain"]
+    return lead + "\n\n" + markdown_table(header, rows)
 
 
 def triple(versus: Mapping[str, Mapping[str, float]] | None) -> str:
@@ -1044,6 +1069,7 @@ def summarised(
         )
         tables["average over tasks"] = lead + ".\n\n" + summary_section(average)
         tables["held-out, per task"] = held_out_section(summaries)
+    tables["batch calibration, per task"] = batch_overview(summaries, average)
     tables["batch calibration, held-out half"] = batch_section(tasks, summaries, defaults)
     provenance = {name: entry.provenance for name, entry in data.items()}
     tables["data"] = data_section(provenance)
