@@ -1115,14 +1115,13 @@ def merge(results: dict[str, Any], other: Mapping[str, Any], source: str) -> Non
     for run, per_task in other["seconds"].items():
         results["seconds"].setdefault(run, {}).update(per_task)
     results["settings"].update(other["settings"])
-    runs = results.setdefault("runs", [run_record("first", results)])
-    runs.append(run_record(source, other))
+    results["runs"].append(run_record(other))
 
 
-def run_record(source: str, results: Mapping[str, Any]) -> dict[str, Any]:
+def run_record(results: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run read and how long it took (a merged file keeps one per run)."""
     keys = ("machine", "content_free", "run_seconds", "server_start_s")
     return {
-        "file": source,
         "tasks": list(results["items"]),
         "arms": list(results["settings"]),
         **{key: results.get(key) for key in keys},
@@ -1134,6 +1133,8 @@ def resummarise(path: Path, folder: Path, add: Sequence[Path] = ()) -> None:
     made): what a new derived row (``defaults``, the batch-calibrated rows) needs; with
     ``add``, after merging in those results files' reads (`merge`)."""
     results = json.loads(path.read_text())
+    if add:
+        results.setdefault("runs", [run_record(results)])
     for other in add:
         merge(results, json.loads(other.read_text()), other.name)
     tasks = [TASKS[name] for name in results["items"]]
