@@ -49,7 +49,8 @@ time per arm go to ``benchmarks/results/real_answers/bench_public_data.json``, i
 docs page (``python scripts/benchmark_pages.py``).
 
     python -m benchmarks.real_answers.bench_public_data [--every K] [--task sst2 --task ...] \
-        [--arm plain --arm letters ...] [--no-content-free] [--data DIR] [--out DIR]
+        [--arm plain --arm letters ...] [--no-content-free] [--half held-out] [--data DIR] \
+        [--out DIR]
 
 Batch calibration (Zhou et al., ICLR 2024) is exact arithmetic on the reads already made, so its
 rows are computed, never read: for every row read as it is, ``ROW+bc10``, ``ROW+bc50`` and
@@ -301,9 +302,10 @@ class TaskData:
     provenance: dict[str, Any]
 
 
-def load_task(task: Task, folder: Path, every: int) -> TaskData:
+def load_task(task: Task, folder: Path, every: int, half: str = "all") -> TaskData:
     """The task's eval items, every ``every``-th of each class (file order kept), each marked
-    held out when its rank within its class in the sample is odd; and its examples pool."""
+    held out when its rank within its class in the sample is odd (``half``: only the held-out
+    or only the dev ones); and its examples pool."""
     path = folder / f"{task.name}.jsonl"
     raw = path.read_bytes()
     rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
@@ -317,7 +319,8 @@ def load_task(task: Task, folder: Path, every: int) -> TaskData:
         rank[gold] = seen + 1
         if seen % every == 0:
             held_out = (seen // every) % 2 == 1
-            items.append(Item(str(row["id"]), row["text"], gold, held_out))
+            if half == "all" or held_out == (half == "held-out"):
+                items.append(Item(str(row["id"]), row["text"], gold, held_out))
     provenance = {
         "file": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
         "sha256": hashlib.sha256(raw).hexdigest(),
@@ -1091,9 +1094,9 @@ def merge(results: dict[str, Any], other: Mapping[str, Any], source: str) -> Non
     """Add ``other``'s reads (a results file of a later run, on the same model and items) to
     ``results``: its tasks, and its arms on tasks ``results`` already has (the same items
     read, no row read twice); each run's own figures are kept under ``runs``."""
-    for key in ("model", "every"):
-        if other[key] != results[key]:
-            raise SystemExit(f"{source}: {key} {other[key]!r} is not {results[key]!r}")
+    for key in ("model", "every", "half"):
+        if other.get(key, "all") != results.get(key, "all"):
+            raise SystemExit(f"{source}: {key} {other.get(key)!r} is not {results.get(key)!r}")
     for task, stored in other["items"].items():
         mine = results["items"].get(task)
         if mine is None:
@@ -1138,7 +1141,8 @@ def resummarise(path: Path, folder: Path, add: Sequence[Path] = ()) -> None:
     for other in add:
         merge(results, json.loads(other.read_text()), other.name)
     tasks = [TASKS[name] for name in results["items"]]
-    data = {task.name: load_task(task, folder, int(results["every"])) for task in tasks}
+    every, half = int(results["every"]), results.get("half", "all")
+    data = {task.name: load_task(task, folder, every, half) for task in tasks}
     records = {}
     for task in tasks:
         stored = results["items"][task.name]
@@ -1172,7 +1176,7 @@ async def main_async(args: argparse.Namespace) -> None:
             raise SystemExit(f"arm {name} applies to {list(ARMS[name].tasks)} only")
         session_settings(name, ARMS[name], args.content_free)
         check_examples(name, ARMS[name])
-    data = {task.name: load_task(task, args.data, args.every) for task in tasks}
+    data = {task.name: load_task(task, args.data, args.every, args.half) for task in tasks}
     options = tv.ServerOptions(model=MODEL, n_ctx=N_CTX, n_parallel=SLOTS)
     started = time.monotonic()
     records: dict[str, TaskRecord] = {}
@@ -1201,6 +1205,7 @@ async def main_async(args: argparse.Namespace) -> None:
         {
             "model": MODEL,
             "every": args.every,
+            "half": args.half,
             "slots": SLOTS,
             "n_ctx": N_CTX,
             "content_free": args.content_free,
@@ -1300,6 +1305,12 @@ def main() -> None:
         dest="content_free",
         action="store_false",
         help="run the SDK arms without content-free calibration (only the uncalibrated rows)",
+    )
+    parser.add_argument(
+        "--half",
+        choices=["all", "dev", "held-out"],
+        default="all",
+        help="read only one half of the sample (all)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="the task files' folder")
     parser.add_argument(
