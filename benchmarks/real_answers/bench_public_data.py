@@ -1092,11 +1092,11 @@ PER_TASK = ("priors", "paired_prompts", "first_prompts", "questions", "examples"
 
 def merge(results: dict[str, Any], other: Mapping[str, Any], source: str) -> None:
     """Add ``other``'s reads (a results file of a later run, on the same model and items) to
-    ``results``: its tasks, and its arms on tasks ``results`` already has (the same items
-    read, no row read twice); each run's own figures are kept under ``runs``."""
-    for key in ("model", "every", "half"):
-        if other.get(key, "all") != results.get(key, "all"):
-            raise SystemExit(f"{source}: {key} {other.get(key)!r} is not {results.get(key)!r}")
+    ``results``: its tasks, and its arms on tasks ``results`` already has (the same items, or a
+    sample that holds them: its reads of them; no row read twice); each run's own figures are
+    kept under ``runs``."""
+    if other["model"] != results["model"]:
+        raise SystemExit(f"{source}: model {other['model']!r} is not {results['model']!r}")
     for task, stored in other["items"].items():
         mine = results["items"].get(task)
         if mine is None:
@@ -1106,9 +1106,17 @@ def merge(results: dict[str, Any], other: Mapping[str, Any], source: str) -> Non
                 if task in other.get(key, {}):
                     results.setdefault(key, {})[task] = other[key][task]
             continue
-        if mine["ids"] != stored["ids"]:
-            raise SystemExit(f"{source}: {task}'s items are not the ones already read")
         rows = {k: v for k, v in stored["rows"].items() if not is_derived(k)}
+        if mine["ids"] != stored["ids"]:
+            # A run on more items (the whole sample, against one half): its reads of these.
+            where = {item: i for i, item in enumerate(stored["ids"])}
+            if not set(mine["ids"]) <= set(where):
+                raise SystemExit(f"{source}: {task}'s items are not the ones already read")
+            picked = [where[item] for item in mine["ids"]]
+            rows = {
+                name: {key: [row[key][i] for i in picked] for key in ("p", "off")}
+                for name, row in rows.items()
+            }
         twice = sorted(set(rows) & {k for k in mine["rows"] if not is_derived(k)})
         if twice:
             raise SystemExit(f"{source}: {task} rows {twice} are read already")

@@ -3,12 +3,15 @@ against a hand computation (the real-model figures live in benchmarks, not in CI
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from benchmarks.real_answers.bench_public_data import (
     batch_calibrated,
     bc_name,
+    merge,
     with_batch_calibration,
 )
 
@@ -47,3 +50,34 @@ def test_only_rows_read_as_they_are_get_batch_rows() -> None:
     }
     added = with_batch_calibration(rows, np.ones(8, dtype=bool))
     assert set(added) - set(rows) == {bc_name("plain", size) for size in (10, 50, None)}
+
+
+def results_of(ids: list[str], rows: dict[str, list[float]]) -> dict[str, Any]:
+    """A results file's skeleton: one task, ``rows`` of one-option reads by arm."""
+    items = {
+        "ids": ids,
+        "rows": {
+            name: {"p": [[p] for p in ps], "off": [0.0] * len(ps)} for name, ps in rows.items()
+        },
+    }
+    return {
+        "model": "m",
+        "items": {"t": items},
+        "data": {"tasks": {"t": {}}},
+        "priors": {"t": {}},
+        "first_prompts": {"t": {}},
+        "seconds": {},
+        "settings": {name: {} for name in rows},
+        "runs": [],
+    }
+
+
+def test_a_merged_run_on_more_items_gives_its_reads_of_these() -> None:
+    half = results_of(["b", "d"], {"hand": [0.2, 0.4]})
+    whole = results_of(["a", "b", "c", "d"], {"plain": [0.1, 0.2, 0.3, 0.4]})
+    merge(half, whole, "whole")
+    assert half["items"]["t"]["rows"]["plain"]["p"] == [[0.2], [0.4]]
+    with pytest.raises(SystemExit, match="read already"):
+        merge(half, whole, "whole")
+    with pytest.raises(SystemExit, match="not the ones already read"):
+        merge(whole, results_of(["a", "b"], {"hand": [0.5, 0.6]}), "half")
