@@ -1090,14 +1090,21 @@ def summarised(
 PER_TASK = ("priors", "paired_prompts", "first_prompts", "questions", "examples")
 
 
-def merge(results: dict[str, Any], other: Mapping[str, Any], source: str) -> None:
+def merge(
+    results: dict[str, Any],
+    other: Mapping[str, Any],
+    source: str,
+    tasks: Sequence[str] | None = None,
+) -> None:
     """Add ``other``'s reads (a results file of a later run, on the same model and items) to
     ``results``: its tasks, and its arms on tasks ``results`` already has (the same items, or a
     sample that holds them: its reads of them; no row read twice); each run's own figures are
-    kept under ``runs``."""
+    kept under ``runs``. ``tasks``: only those of ``other``'s tasks."""
     if other["model"] != results["model"]:
         raise SystemExit(f"{source}: model {other['model']!r} is not {results['model']!r}")
     for task, stored in other["items"].items():
+        if tasks is not None and task not in tasks:
+            continue
         mine = results["items"].get(task)
         if mine is None:
             results["items"][task] = stored
@@ -1139,15 +1146,18 @@ def run_record(results: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def resummarise(path: Path, folder: Path, add: Sequence[Path] = ()) -> None:
+def resummarise(
+    path: Path, folder: Path, add: Sequence[Path] = (), tasks: Sequence[str] | None = None
+) -> None:
     """Rebuild a results file's summaries and tables from the reads it holds (no read is
     made): what a new derived row (``defaults``, the batch-calibrated rows) needs; with
-    ``add``, after merging in those results files' reads (`merge`)."""
+    ``add``, after merging in those results files' reads (`merge`; of ``tasks`` only, if
+    given)."""
     results = json.loads(path.read_text())
     if add:
         results.setdefault("runs", [run_record(results)])
     for other in add:
-        merge(results, json.loads(other.read_text()), other.name)
+        merge(results, json.loads(other.read_text()), other.name, tasks)
     tasks = [TASKS[name] for name in results["items"]]
     every, half = int(results["every"]), results.get("half", "all")
     data = {task.name: load_task(task, folder, every, half) for task in tasks}
@@ -1338,14 +1348,15 @@ def main() -> None:
         action="append",
         type=Path,
         metavar="RESULTS",
-        help="with --resummarise: first merge in the reads of another run's results (repeated)",
+        help="with --resummarise: first merge in the reads of another run's results (repeated; "
+        "with --task, of those tasks only)",
     )
     args = parser.parse_args()
     if args.add and args.resummarise is None:
         parser.error("--add goes with --resummarise")
     if args.resummarise is not None:
         try:
-            resummarise(args.resummarise, args.data, args.add or ())
+            resummarise(args.resummarise, args.data, args.add or (), args.task)
         except (OSError, ValueError, KeyError, TypeError) as error:  # not a results file of ours
             parser.exit(2, f"--resummarise {args.resummarise}: {type(error).__name__}: {error}\n")
         return
