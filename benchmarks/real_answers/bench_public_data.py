@@ -11,7 +11,9 @@ each line
 
 - ``sst2`` (Noul): "Is the sentiment of this movie review positive?" (gold: the label);
 - ``agnews`` (Choice): the topic of a news article, World / Sports / Business / Sci/Tech;
-- ``sst5`` (Score): five levels, very negative .. very positive (gold: the level, 0..4).
+- ``sst5`` (Score): five levels, very negative .. very positive (gold: the level, 0..4);
+- ``dbpedia`` (Choice): the subject of an encyclopedia article, one of 14 classes;
+- ``rte`` (Noul): "Given the premise, is the hypothesis true?" (gold: entailment).
 
 Arms (each reads every item's question exactly; ``ARMS`` below holds their settings):
 
@@ -24,7 +26,11 @@ Arms (each reads every item's question exactly; ``ARMS`` below holds their setti
 - ``words`` (sst2): the Noul answered with the words Yes / No;
 - ``scale`` (sst5): the levels numbered 1..n, lowest first;
 - ``ex2``, ``ex4``: 2 and 4 examples per label in context (``examples=``, from the task's
-  "examples" rows, interleaved by label, the same for every item), on the letters settings.
+  "examples" rows, interleaved by label, the same for every item), on the letters settings;
+- ``hand-system``, ``hand-label``, ``hand`` (dbpedia; only when named with ``--arm``): ``plain``
+  with one difference of a hand-written prompt's frame at a time: the one-line system message
+  "Answer with one letter only." instead of the template's default one, the label "Article:"
+  before the text, and both.
 
 Every SDK arm but ``plain`` runs through ``session.judge_many`` arm by arm (its examples prefix
 stays in the slots' cache) on a session with ``content_free=True`` (content-free calibration,
@@ -43,12 +49,22 @@ time per arm go to ``benchmarks/results/real_answers/bench_public_data.json``, i
 docs page (``python scripts/benchmark_pages.py``).
 
     python -m benchmarks.real_answers.bench_public_data [--every K] [--task sst2 --task ...] \
-        [--arm plain --arm letters ...] [--no-content-free] [--data DIR] [--out DIR]
+        [--arm plain --arm letters ...] [--no-content-free] [--half held-out] [--data DIR] \
+        [--out DIR]
+
+Batch calibration (Zhou et al., ICLR 2024) is exact arithmetic on the reads already made, so its
+rows are computed, never read: for every row read as it is, ``ROW+bc10``, ``ROW+bc50`` and
+``ROW+bcall``, each half's items cut in sample order into consecutive batches of 10, 50 or all,
+each batch's mean probabilities divided out of its own items
+(``typevet_async._core.statistics.batch_calibration.batch_prior``, with its floor). Their section
+compares them on the held-out half with ``plain`` and ``defaults`` (accuracy, NLL, Brier with
+paired differences; ECE).
 
 The ``defaults`` row is the row the SDK's default settings read on each task (a copy, per task,
 of the ``words``/``scale``/``letters`` row, ``+cf`` where the default divides the content-free
 prior out). ``--resummarise RESULTS`` rebuilds a results file's summaries and tables from the
-reads it holds, reading nothing.
+reads it holds, reading nothing; ``--add OTHER`` (repeated) first merges in another run's reads
+(its tasks, or its arms on the same items).
 """
 
 from __future__ import annotations
@@ -73,12 +89,15 @@ import typevet_async as tv
 from benchmarks._shared import markdown_table, write_results
 from benchmarks.real_answers.bench_real_model import (
     LETTERS,
+    PLAIN_SYSTEM,
     PlainReader,
     plain_prompt,
     served_vocabulary,
     softmax,
 )
-from typevet_async._core.statistics.losses import item_nll
+from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS, batch_prior
+from typevet_async._core.statistics.content_free import divide_prior
+from typevet_async._core.statistics.losses import item_brier, item_nll
 from typevet_async._core.statistics.metrics import evaluate
 from typevet_async._session.settings import SessionSettings
 
@@ -104,6 +123,23 @@ TOPICS = {
     "Business": "business, economy, companies",
     "Sci/Tech": "science and technology",
 }
+#: DBpedia's 14 classes, in the data's class-id order.
+DBPEDIA_CLASSES = (
+    "Artist",
+    "Company",
+    "Office holder",
+    "Building",
+    "Village",
+    "Plant",
+    "Educational institution",
+    "Animal",
+    "Album",
+    "Written work",
+    "Natural place",
+    "Means of transportation",
+    "Athlete",
+    "Film",
+)
 Examples = Sequence[tuple[str, Any]]
 
 
@@ -125,6 +161,15 @@ def agnews_question(examples: Examples = ()) -> tv.Question:
 def sst5_question(examples: Examples = ()) -> tv.Question:
     instructions = "How positive is the sentiment of this movie review?"
     return tv.Score(list(SENTIMENT_LEVELS), instructions=instructions, **with_examples(examples))
+
+
+def dbpedia_question(examples: Examples = ()) -> tv.Question:
+    instructions = "What is the subject of this encyclopedia article?"
+    return tv.Choice(list(DBPEDIA_CLASSES), instructions=instructions, **with_examples(examples))
+
+
+def rte_question(examples: Examples = ()) -> tv.Question:
+    return tv.Noul("Given the premise, is the hypothesis true?", **with_examples(examples))
 
 
 @attrs.frozen
@@ -152,6 +197,8 @@ TASKS: dict[str, Task] = {
     "sst2": Task("sst2", sst2_question, (False, True)),
     "agnews": Task("agnews", agnews_question, tuple(TOPICS)),
     "sst5": Task("sst5", sst5_question, tuple(range(len(SENTIMENT_LEVELS)))),
+    "dbpedia": Task("dbpedia", dbpedia_question, DBPEDIA_CLASSES),
+    "rte": Task("rte", rte_question, (False, True)),
 }
 
 # -- the arms -------------------------------------------------------------------------------
@@ -181,10 +228,30 @@ class Arm:
 
 ARMS: dict[str, Arm] = {
     "letters": Arm(LETTER_SETTINGS),
-    "words": Arm({**LETTER_SETTINGS, "noul_controls": "words"}, tasks=("sst2",)),
+    "words": Arm({**LETTER_SETTINGS, "noul_controls": "words"}, tasks=("sst2", "rte")),
     "scale": Arm({**LETTER_SETTINGS, "score_controls": "scale"}, tasks=("sst5",)),
     "ex2": Arm(LETTER_SETTINGS, examples=2),
     "ex4": Arm(LETTER_SETTINGS, examples=4),
+}
+
+
+@attrs.frozen
+class Frame:
+    """A hand-written variant of ``plain``, read the same way (raw ``/completion``): its system
+    message (the template's default: ``PLAIN_SYSTEM``) and a label put before the text."""
+
+    system: str = PLAIN_SYSTEM
+    label: str = ""
+    tasks: tuple[str, ...] = ("dbpedia",)
+
+
+#: A hand prompt's frame, one difference from ``plain`` at a time: a one-line system message
+#: instead of the template's default, a label before the text, and both.
+HAND_SYSTEM = "Answer with one letter only."
+FRAMES: dict[str, Frame] = {
+    "hand-system": Frame(system=HAND_SYSTEM),
+    "hand-label": Frame(label="Article:"),
+    "hand": Frame(system=HAND_SYSTEM, label="Article:"),
 }
 
 
@@ -235,9 +302,10 @@ class TaskData:
     provenance: dict[str, Any]
 
 
-def load_task(task: Task, folder: Path, every: int) -> TaskData:
+def load_task(task: Task, folder: Path, every: int, half: str = "all") -> TaskData:
     """The task's eval items, every ``every``-th of each class (file order kept), each marked
-    held out when its rank within its class in the sample is odd; and its examples pool."""
+    held out when its rank within its class in the sample is odd (``half``: only the held-out
+    or only the dev ones); and its examples pool."""
     path = folder / f"{task.name}.jsonl"
     raw = path.read_bytes()
     rows = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
@@ -251,7 +319,8 @@ def load_task(task: Task, folder: Path, every: int) -> TaskData:
         rank[gold] = seen + 1
         if seen % every == 0:
             held_out = (seen // every) % 2 == 1
-            items.append(Item(str(row["id"]), row["text"], gold, held_out))
+            if half == "all" or held_out == (half == "held-out"):
+                items.append(Item(str(row["id"]), row["text"], gold, held_out))
     provenance = {
         "file": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
         "sha256": hashlib.sha256(raw).hexdigest(),
@@ -313,9 +382,16 @@ def sdk_read(judgment: Any, qid: str, content_free: bool) -> Read:
     return Read(str(diagnostics.prompt), p, off, raw, prior)
 
 
-async def plain_read(reader: PlainReader, text: str, question: tv.Question) -> Read:
+async def plain_read(
+    reader: PlainReader, text: str, question: tv.Question, frame: Frame | None = None
+) -> Read:
+    """The plain prompt's read, or a hand-written ``frame``'s (its system message and label)."""
     n = len(question.options())
-    prompt = plain_prompt(text, question, range(n))
+    frame = frame or Frame()
+    state = f"{frame.label} {text}" if frame.label else text
+    prompt = plain_prompt(state, question, range(n))
+    if frame.system != PLAIN_SYSTEM:
+        prompt = prompt.replace(PLAIN_SYSTEM, frame.system, 1)
     logprobs, off = await reader.read(prompt, LETTERS[:n])
     return Read(prompt, tuple(softmax(logprobs)), off)
 
@@ -373,6 +449,32 @@ async def run_paired(
     return {arm: [read for read in rows if read is not None] for arm, rows in reads.items()}
 
 
+async def run_frames(
+    url: str,
+    items: Sequence[Item],
+    question: tv.Question,
+    frames: Sequence[str],
+    progress: Progress,
+) -> dict[str, list[Read]]:
+    """The hand-written ``frames``, item by item, each worker reading an item every way."""
+    reads: dict[str, list[Read | None]] = {name: [None] * len(items) for name in frames}
+    queue = iter(range(len(items)))
+    async with aiohttp.ClientSession() as http:
+        reader = PlainReader(url, http, await served_vocabulary(url, http))
+
+        async def worker() -> None:
+            for index in queue:
+                for name in frames:
+                    frame = FRAMES[name]
+                    reads[name][index] = await plain_read(
+                        reader, items[index].text, question, frame
+                    )
+                progress.tick()
+
+        await asyncio.gather(*(worker() for _ in range(SLOTS)))
+    return {name: [read for read in rows if read is not None] for name, rows in reads.items()}
+
+
 async def run_arm(
     url: str, items: Sequence[Item], qid: str, question: tv.Question,
     settings: Mapping[str, Any], progress: Progress,
@@ -393,12 +495,70 @@ def rows_of(arm: str, reads: Sequence[Read], content_free: bool) -> dict[str, di
     """The table rows one arm's reads give: ``ARM`` (before the prior's division, when the
     calibration was on) and ``ARM+cf`` (after it)."""
     off = [read.off for read in reads]
-    if not content_free or arm == PLAIN:
+    if not content_free or arm == PLAIN or arm in FRAMES:
         return {arm: {"p": [list(read.p) for read in reads], "off": off}}
     return {
         arm: {"p": [list(read.raw or ()) for read in reads], "off": off},
         arm + CF: {"p": [list(read.p) for read in reads], "off": off},
     }
+
+
+# -- batch calibration ----------------------------------------------------------------------
+
+#: Batch calibration's batch sizes: ``None`` is the whole half as one batch.
+BATCH_SIZES: tuple[int | None, ...] = (10, 50, None)
+BC = "+bc"
+
+
+def bc_name(row: str, size: int | None) -> str:
+    return f"{row}{BC}{size or 'all'}"
+
+
+def is_derived(name: str) -> bool:
+    """A row computed from the others (no read of its own): rebuilt, never stored."""
+    return name == DEFAULTS or BC in name
+
+
+def batch_calibrated(
+    row: Mapping[str, Any], held_out: np.ndarray, size: int | None
+) -> dict[str, Any]:
+    """``row`` batch-calibrated: each half's items, in sample order, cut into consecutive
+    batches of ``size`` (the last one shorter; ``None``: the half in one batch), each batch's
+    prior the mean of its own items' probabilities (`batch_prior`, which leaves a batch of
+    fewer than `MIN_BATCH_ITEMS` or one that does not vary as read), divided out of its items
+    (`divide_prior`). The halves never share a batch, so the held-out figures use held-out
+    items only."""
+    p = [list(map(float, item)) for item in row["p"]]
+    calibrated = [list(item) for item in p]
+    batches: dict[str, dict[str, int]] = {}
+    for half, mask in (("dev", ~held_out), ("held_out", held_out)):
+        indices = [int(i) for i in np.flatnonzero(mask)]
+        step = size or len(indices) or 1
+        count = batches[half] = {"batches": 0, "skipped": 0}
+        for start in range(0, len(indices), step):
+            chunk = indices[start : start + step]
+            prior = batch_prior([p[i] for i in chunk])
+            count["batches"] += 1
+            if prior.probabilities is None:
+                count["skipped"] += 1
+                continue
+            for i in chunk:
+                calibrated[i] = list(divide_prior(p[i], prior.probabilities))
+    return {"p": calibrated, "off": row["off"], "batches": batches}
+
+
+def with_batch_calibration(
+    rows: dict[str, dict[str, Any]], held_out: np.ndarray
+) -> dict[str, dict[str, Any]]:
+    """``rows`` and, for each row read as it is (not ``+cf``, not derived), its batch-calibrated
+    rows at every `BATCH_SIZES`."""
+    added = {
+        bc_name(name, size): batch_calibrated(row, held_out, size)
+        for name, row in rows.items()
+        if not is_derived(name) and CF not in name
+        for size in BATCH_SIZES
+    }
+    return {**rows, **added}
 
 
 # -- the figures ----------------------------------------------------------------------------
@@ -464,8 +624,12 @@ def paired_differences(
     resample's mean (kept aside for the average over tasks)."""
     right, loss = item_losses(row, gold)
     plain_right, plain_loss = item_losses(plain, gold)
+    squared = item_brier(np.asarray(row["p"], dtype=np.float64), gold) - item_brier(
+        np.asarray(plain["p"], dtype=np.float64), gold
+    )
     figures: dict[str, Any] = {}
-    for key, difference in (("accuracy", right - plain_right), ("nll", loss - plain_loss)):
+    pairs = (("accuracy", right - plain_right), ("nll", loss - plain_loss), ("brier", squared))
+    for key, difference in pairs:
         values = difference[mask]
         means = values[draws].mean(axis=1)
         figures[key] = {**interval(values.mean(), means), "_draws": means}
@@ -493,6 +657,11 @@ def task_summary(
             figures = sample_metrics(row, gold, mask, task.ordinal, draws)
             if PLAIN in rows:
                 figures["vs_plain"] = paired_differences(row, rows[PLAIN], gold, mask, draws)
+            if DEFAULTS in rows:
+                versus = paired_differences(row, rows[DEFAULTS], gold, mask, draws)
+                figures["vs_defaults"] = versus
+            if "batches" in row and half == "held_out":
+                figures["batches"] = row["batches"]["held_out"]
             summary.setdefault(name, {})[half] = figures
     return summary
 
@@ -542,7 +711,7 @@ def task_table(summary: Mapping[str, Any], half: str, ordinal: bool) -> str:
     rows = []
     for name, halves in summary.items():
         entry = halves.get(half)
-        if entry is None:
+        if entry is None or BC in name:  # the batch rows have a section of their own
             continue
         versus = entry.get("vs_plain") if name != PLAIN else None
         versus = versus or {}
@@ -586,7 +755,7 @@ def summary_section(average: Mapping[str, Any]) -> str:
     header += ["Δ accuracy, held-out", "Δ NLL, held-out"]
     rows = []
     for name, halves in average.items():
-        if name == PLAIN:
+        if name == PLAIN or BC in name:  # the batch rows: `batch_overview`
             continue
         everything, held = halves.get("all", {}), halves.get("held_out", {})
         rows.append([
@@ -607,7 +776,7 @@ def held_out_section(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     names = dict.fromkeys(name for summary in summaries.values() for name in summary)
     rows = []
     for name in names:
-        if name == PLAIN:
+        if name == PLAIN or BC in name:  # the batch rows: `batch_overview`
             continue
         row = [f"`{name}`"]
         for task in tasks:
@@ -628,6 +797,74 @@ def versus_cell(versus: Mapping[str, Mapping[str, float]]) -> str:
 def difference_mark(stat: Mapping[str, float]) -> str:
     beyond = stat["low"] > 0 or stat["high"] < 0
     return f"{round(stat['value'], 3) + 0.0:+.3f}{'*' if beyond else ''}"
+
+
+def batch_section(
+    tasks: Sequence[Task], summaries: Mapping[str, Mapping[str, Any]], defaults: Mapping[str, str]
+) -> str:
+    """Per task, on the held-out half: `plain` and `defaults` as read and batch-calibrated at
+    every `BATCH_SIZES`, with their paired differences against both."""
+    header = ["row", "accuracy", "NLL", "Brier", "ECE", "Δ vs plain", "Δ vs defaults", "batches"]
+    parts = [
+        "Batch calibration (Zhou et al., ICLR 2024) computed from each row's stored reads, no "
+        "read of its own: the held-out items, in sample order, cut into consecutive batches of "
+        f"10, 50 or all of them (`+bc10`, `+bc50`, `+bcall`); each batch's prior is the mean of "
+        "its own items' probabilities, divided out of them (a batch of fewer than "
+        f"{MIN_BATCH_ITEMS} items, or one whose answers do not vary, is left as read: "
+        "*skipped*). Δ: the paired difference in accuracy / NLL / Brier (accuracy above 0, NLL "
+        "and Brier below 0 are better); * where its 95% bootstrap interval excludes 0. "
+        "Permutations on: no arm of these runs stores rotation reads (each read its options in "
+        "one order), so every row here is with permutations off."
+    ]
+    for task in tasks:
+        summary = summaries[task.name]
+        names = [PLAIN, *(bc_name(PLAIN, size) for size in BATCH_SIZES)]
+        if task.name in defaults:
+            names += [DEFAULTS, *(bc_name(DEFAULTS, size) for size in BATCH_SIZES)]
+        rows = []
+        for name in names:
+            entry = summary.get(name, {}).get("held_out")
+            if entry is None:
+                continue
+            batches = entry.get("batches")
+            figures = [cell(entry[key]) for key in ("accuracy", "nll", "brier", "ece")]
+            versus = [triple(entry.get(key)) for key in ("vs_plain", "vs_defaults")]
+            count = f"{batches['batches']} ({batches['skipped']} skipped)" if batches else ""
+            rows.append([f"`{name}`", *figures, *versus, count])
+        read = f"`defaults` = `{defaults[task.name]}`" if task.name in defaults else "no defaults"
+        parts.append(f"**{task.name}** ({read}):\n\n" + markdown_table(header, rows))
+    return "\n\n".join(parts)
+
+
+def batch_overview(summaries: Mapping[str, Mapping[str, Any]], average: Mapping[str, Any]) -> str:
+    """The batch rows of `plain` and `defaults`, one line each: per task their held-out
+    difference against `plain` and against `defaults`, and against `plain` on average."""
+    tasks = list(summaries)
+    names = [bc_name(row, size) for row in (PLAIN, DEFAULTS) for size in BATCH_SIZES]
+    rows = []
+    for name in names:
+        cells = []
+        for task in tasks:
+            entry = summaries[task].get(name, {}).get("held_out", {})
+            pair = [entry.get(key) for key in ("vs_plain", "vs_defaults")]
+            cells.append("; ".join(versus_cell(v) for v in pair if v) if any(pair) else "")
+        mean = average.get(name, {}).get("held_out")
+        cells.append(versus_cell(mean) if mean else "")
+        if any(cells):
+            rows.append([f"`{name}`", *cells])
+    lead = (
+        "Held-out half, per task: Δ accuracy / Δ NLL of each batch-calibrated row against "
+        "`plain`, then against `defaults`; * where the 95% interval excludes 0. The last "
+        "column: against `plain`, averaged over the tasks (items resampled within each)."
+    )
+    header = ["row", *(f"{task}: vs plain; vs defaults" for task in tasks), "average vs plain"]
+    return lead + "\n\n" + markdown_table(header, rows)
+
+
+def triple(versus: Mapping[str, Mapping[str, float]] | None) -> str:
+    if not versus:
+        return ""
+    return " / ".join(difference_mark(versus[key]) for key in ("accuracy", "nll", "brier"))
 
 
 def data_section(provenance: Mapping[str, Mapping[str, Any]]) -> str:
@@ -679,8 +916,15 @@ async def run_task(
             Progress(f"{task.name} {label}", len(items), started),
         )  # fmt: skip
         seconds.setdefault(label, {})[task.name] = time.monotonic() - began
+    frames = [arm for arm in arms if arm in FRAMES and task.name in FRAMES[arm].tasks]
+    if frames:
+        label = " + ".join(frames)
+        began = time.monotonic()
+        progress = Progress(f"{task.name} {label}", len(items), started)
+        reads.update(await run_frames(url, items, task.question(()), frames, progress))
+        seconds.setdefault(label, {})[task.name] = time.monotonic() - began
     for arm in arms:
-        if arm in (PLAIN, PAIRED) or task.name not in ARMS[arm].tasks:
+        if arm in (PLAIN, PAIRED, *FRAMES) or task.name not in ARMS[arm].tasks:
             continue
         spec = ARMS[arm]
         question = task.question(examples_pairs(task, data, spec.examples))
@@ -731,6 +975,14 @@ def examples_pairs(task: Task, data: TaskData, per_label: int) -> list[tuple[str
 def arm_record(name: str, content_free: bool) -> dict[str, Any]:
     if name == PLAIN:
         return {"prompt": "bench_real_model.plain_prompt through POST /completion"}
+    if name in FRAMES:
+        frame = FRAMES[name]
+        return {
+            "prompt": "bench_real_model.plain_prompt through POST /completion",
+            "system": frame.system,
+            "label": frame.label,
+            "tasks": list(frame.tasks),
+        }
     spec = ARMS[name]
     given = session_settings(name, spec, content_free)
     wanted = {**spec.settings, "content_free": content_free}
@@ -774,12 +1026,15 @@ def default_row(task: Task) -> str:
 
 def with_defaults(tasks: Sequence[Task], rows: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Add the `DEFAULTS` row to each task's rows (a copy of the row the defaults read, where
-    it was read), and say which row it is per task."""
+    it was read, and of its batch-calibrated rows), and say which row it is per task."""
     chosen: dict[str, str] = {}
     for task in tasks:
         name = default_row(task)
         if name in rows[task.name]:
             rows[task.name][DEFAULTS] = rows[task.name][name]
+            for size in BATCH_SIZES:
+                if bc_name(name, size) in rows[task.name]:
+                    rows[task.name][bc_name(DEFAULTS, size)] = rows[task.name][bc_name(name, size)]
             chosen[task.name] = name
     return chosen
 
@@ -792,7 +1047,13 @@ def summarised(
 ) -> dict[str, Any]:
     """The summaries, the average over tasks and the tables of the rows read (with the
     `DEFAULTS` row added)."""
-    rows = {name: dict(record.rows) for name, record in records.items()}
+    rows = {
+        task.name: with_batch_calibration(
+            dict(records[task.name].rows),
+            np.array([item.held_out for item in data[task.name].items]),
+        )
+        for task in tasks
+    }
     defaults = with_defaults(tasks, rows)
     summaries = {
         task.name: task_summary(task, position, data[task.name].items, rows[task.name])
@@ -811,6 +1072,8 @@ def summarised(
         )
         tables["average over tasks"] = lead + ".\n\n" + summary_section(average)
         tables["held-out, per task"] = held_out_section(summaries)
+    tables["batch calibration, per task"] = batch_overview(summaries, average)
+    tables["batch calibration, held-out half"] = batch_section(tasks, summaries, defaults)
     provenance = {name: entry.provenance for name, entry in data.items()}
     tables["data"] = data_section(provenance)
     tables["time per run"] = time_section(seconds)
@@ -823,18 +1086,87 @@ def summarised(
     }
 
 
-def resummarise(path: Path, folder: Path) -> None:
+#: What a results file keeps per task, each a mapping by task name.
+PER_TASK = ("priors", "paired_prompts", "first_prompts", "questions", "examples")
+
+
+def merge(
+    results: dict[str, Any],
+    other: Mapping[str, Any],
+    source: str,
+    tasks: Sequence[str] | None = None,
+) -> None:
+    """Add ``other``'s reads (a results file of a later run, on the same model and items) to
+    ``results``: its tasks, and its arms on tasks ``results`` already has (the same items, or a
+    sample that holds them: its reads of them; no row read twice); each run's own figures are
+    kept under ``runs``. ``tasks``: only those of ``other``'s tasks."""
+    if other["model"] != results["model"]:
+        raise SystemExit(f"{source}: model {other['model']!r} is not {results['model']!r}")
+    for task, stored in other["items"].items():
+        if tasks is not None and task not in tasks:
+            continue
+        mine = results["items"].get(task)
+        if mine is None:
+            results["items"][task] = stored
+            results["data"]["tasks"][task] = other["data"]["tasks"][task]
+            for key in PER_TASK:
+                if task in other.get(key, {}):
+                    results.setdefault(key, {})[task] = other[key][task]
+            continue
+        rows = {k: v for k, v in stored["rows"].items() if not is_derived(k)}
+        if mine["ids"] != stored["ids"]:
+            # A run on more items (the whole sample, against one half): its reads of these.
+            where = {item: i for i, item in enumerate(stored["ids"])}
+            if not set(mine["ids"]) <= set(where):
+                raise SystemExit(f"{source}: {task}'s items are not the ones already read")
+            picked = [where[item] for item in mine["ids"]]
+            rows = {
+                name: {key: [row[key][i] for i in picked] for key in ("p", "off")}
+                for name, row in rows.items()
+            }
+        twice = sorted(set(rows) & {k for k in mine["rows"] if not is_derived(k)})
+        if twice:
+            raise SystemExit(f"{source}: {task} rows {twice} are read already")
+        mine["rows"].update(rows)
+        for key in ("priors", "first_prompts"):
+            results[key][task].update(other[key].get(task, {}))
+    for run, per_task in other["seconds"].items():
+        results["seconds"].setdefault(run, {}).update(per_task)
+    results["settings"].update(other["settings"])
+    results["runs"].append(run_record(other))
+
+
+def run_record(results: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run read and how long it took (a merged file keeps one per run)."""
+    keys = ("machine", "content_free", "run_seconds", "server_start_s")
+    return {
+        "tasks": list(results["items"]),
+        "arms": list(results["settings"]),
+        **{key: results.get(key) for key in keys},
+    }
+
+
+def resummarise(
+    path: Path, folder: Path, add: Sequence[Path] = (), tasks: Sequence[str] | None = None
+) -> None:
     """Rebuild a results file's summaries and tables from the reads it holds (no read is
-    made): what a new derived row (``defaults``) needs."""
+    made): what a new derived row (``defaults``, the batch-calibrated rows) needs; with
+    ``add``, after merging in those results files' reads (`merge`; of ``tasks`` only, if
+    given)."""
     results = json.loads(path.read_text())
+    if add:
+        results.setdefault("runs", [run_record(results)])
+    for other in add:
+        merge(results, json.loads(other.read_text()), other.name, tasks)
     tasks = [TASKS[name] for name in results["items"]]
-    data = {task.name: load_task(task, folder, int(results["every"])) for task in tasks}
+    every, half = int(results["every"]), results.get("half", "all")
+    data = {task.name: load_task(task, folder, every, half) for task in tasks}
     records = {}
     for task in tasks:
         stored = results["items"][task.name]
         if stored["ids"] != [item.id for item in data[task.name].items]:
             raise SystemExit(f"{task.name}: the data's items are not the ones read")
-        rows = {k: v for k, v in stored["rows"].items() if k != DEFAULTS}
+        rows = {k: v for k, v in stored["rows"].items() if not is_derived(k)}
         paired = results["paired_prompts"].get(task.name)
         records[task.name] = TaskRecord(
             rows, results["priors"][task.name], results["first_prompts"][task.name], paired
@@ -854,11 +1186,15 @@ async def main_async(args: argparse.Namespace) -> None:
     for name in arms:
         if name == PLAIN:
             continue
+        if name in FRAMES:
+            if not set(FRAMES[name].tasks) & {task.name for task in tasks}:
+                raise SystemExit(f"arm {name} applies to {list(FRAMES[name].tasks)} only")
+            continue
         if not set(ARMS[name].tasks) & {task.name for task in tasks}:
             raise SystemExit(f"arm {name} applies to {list(ARMS[name].tasks)} only")
         session_settings(name, ARMS[name], args.content_free)
         check_examples(name, ARMS[name])
-    data = {task.name: load_task(task, args.data, args.every) for task in tasks}
+    data = {task.name: load_task(task, args.data, args.every, args.half) for task in tasks}
     options = tv.ServerOptions(model=MODEL, n_ctx=N_CTX, n_parallel=SLOTS)
     started = time.monotonic()
     records: dict[str, TaskRecord] = {}
@@ -887,6 +1223,7 @@ async def main_async(args: argparse.Namespace) -> None:
         {
             "model": MODEL,
             "every": args.every,
+            "half": args.half,
             "slots": SLOTS,
             "n_ctx": N_CTX,
             "content_free": args.content_free,
@@ -954,7 +1291,7 @@ def items_record(
             "ids": [item.id for item in data[task.name].items],
             "gold": [item.gold for item in data[task.name].items],
             "held_out": [item.held_out for item in data[task.name].items],
-            "rows": rows[task.name],
+            "rows": {k: v for k, v in rows[task.name].items() if BC not in k},
         }
         for task in tasks
     }
@@ -978,7 +1315,7 @@ def main() -> None:
     parser.add_argument(
         "--arm",
         action="append",
-        choices=[PLAIN, *ARMS],
+        choices=[PLAIN, *ARMS, *FRAMES],
         help="an arm, repeated (default: all; each applies to its own tasks)",
     )
     parser.add_argument(
@@ -986,6 +1323,12 @@ def main() -> None:
         dest="content_free",
         action="store_false",
         help="run the SDK arms without content-free calibration (only the uncalibrated rows)",
+    )
+    parser.add_argument(
+        "--half",
+        choices=["all", "dev", "held-out"],
+        default="all",
+        help="read only one half of the sample (all)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="the task files' folder")
     parser.add_argument(
@@ -1000,10 +1343,20 @@ def main() -> None:
         metavar="RESULTS",
         help="rebuild RESULTS' summaries and tables from the reads it holds, reading nothing",
     )
+    parser.add_argument(
+        "--add",
+        action="append",
+        type=Path,
+        metavar="RESULTS",
+        help="with --resummarise: first merge in the reads of another run's results (repeated; "
+        "with --task, of those tasks only)",
+    )
     args = parser.parse_args()
+    if args.add and args.resummarise is None:
+        parser.error("--add goes with --resummarise")
     if args.resummarise is not None:
         try:
-            resummarise(args.resummarise, args.data)
+            resummarise(args.resummarise, args.data, args.add or (), args.task)
         except (OSError, ValueError, KeyError, TypeError) as error:  # not a results file of ours
             parser.exit(2, f"--resummarise {args.resummarise}: {type(error).__name__}: {error}\n")
         return

@@ -1,10 +1,12 @@
-"""Draw the public benchmark samples (SST-2, AG News, SST-5) from the source files.
+"""Draw the public benchmark samples (SST-2, AG News, SST-5, DBpedia, RTE) from the source files.
 
 Usage (paths are the files named in README.md):
 
     python make_samples.py sst2 --test stsa.binary.test --train stsa.binary.train --out sst2.jsonl
     python make_samples.py sst5 --test stsa.fine.test --train stsa.fine.train --out sst5.jsonl
     python make_samples.py agnews --test test.csv --out agnews.jsonl
+    python make_samples.py dbpedia --test test.csv --train val.csv --out dbpedia.jsonl
+    python make_samples.py rte --test val.jsonl --train train.jsonl --out rte.jsonl
 
 One generator, numpy default_rng(44), per data set: the eval draw (class by class, in class order)
 comes first, then the few-shot examples (same order). Rows are written interleaved by class.
@@ -17,6 +19,7 @@ import csv
 import html
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +33,31 @@ SPECS: dict[str, tuple[list[object], int]] = {
     "sst2": ([False, True], 120),
     "agnews": (["World", "Sports", "Business", "Sci/Tech"], 60),
     "sst5": ([0, 1, 2, 3, 4], 48),
+    "dbpedia": (
+        [
+            "Artist",
+            "Company",
+            "Office holder",
+            "Building",
+            "Village",
+            "Plant",
+            "Educational institution",
+            "Animal",
+            "Album",
+            "Written work",
+            "Natural place",
+            "Means of transportation",
+            "Athlete",
+            "Film",
+        ],
+        10,
+    ),
+    "rte": ([True, False], 60),
 }
+#: The split name each data set's --test / --train file is, for the ids.
+SPLITS: dict[str, tuple[str, str]] = {"rte": ("val", "train"), "dbpedia": ("test", "val")}
+#: RTE's labels, in class-id order (entailment: the hypothesis follows, the Noul's true).
+RTE_LABELS = ("entailment", "not_entailment")
 Row = tuple[str, str, int]  # (id, text, class id)
 
 PTB = {"-lrb-": "(", "-rrb-": ")", "-lsb-": "[", "-rsb-": "]", "-lcb-": "{", "-rcb-": "}"}
@@ -77,6 +104,35 @@ def read_agnews(path: Path, split: str) -> list[Row]:
     return rows
 
 
+def read_dbpedia(path: Path, split: str) -> list[Row]:
+    """The two-column csv (class id 1..14, text) of the DHIM copy; no header."""
+    with path.open(encoding="utf-8", newline="") as f:
+        return [
+            (f"{split}-{i}", " ".join(text.split()), int(cls) - 1)
+            for i, (cls, text) in enumerate(csv.reader(f))
+        ]
+
+
+def read_rte(path: Path, split: str) -> list[Row]:
+    """SuperGLUE RTE jsonl: the state is the premise, then the hypothesis on its own line."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        premise, hypothesis = " ".join(rec["premise"].split()), " ".join(rec["hypothesis"].split())
+        text = f"Premise: {premise}\nHypothesis: {hypothesis}"
+        rows.append((f"{split}-{rec['idx']}", text, RTE_LABELS.index(rec["label"])))
+    return rows
+
+
+READERS: dict[str, Callable[[Path, str], list[Row]]] = {
+    "sst2": read_sst,
+    "sst5": read_sst,
+    "agnews": read_agnews,
+    "dbpedia": read_dbpedia,
+    "rte": read_rte,
+}
+
+
 def draw(rng: np.random.Generator, rows: list[Row], n: int, k: int, max_words: int) -> list[Row]:
     """n rows per class (classes 0..k-1), drawn in class order, returned interleaved by class."""
     seen: set[str] = set()
@@ -99,12 +155,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     labels, n_eval = SPECS[args.dataset]
-    read = read_agnews if args.dataset == "agnews" else read_sst
+    read = READERS[args.dataset]
+    test_split, train_split = SPLITS.get(args.dataset, ("test", "train"))
     rng = np.random.default_rng(SEED)
-    test = read(args.test, "test")
+    test = read(args.test, test_split)
     evals = draw(rng, test, n_eval, len(labels), EVAL_MAX_WORDS)
     used = {r[1] for r in evals}
-    rest = read(args.train, "train") if args.train else test
+    rest = read(args.train, train_split) if args.train else test
     rest = [r for r in rest if r[1] not in used]
     examples = draw(rng, rest, EXAMPLES_PER_CLASS, len(labels), EXAMPLE_MAX_WORDS)
     with args.out.open("w", encoding="utf-8") as f:
