@@ -194,6 +194,9 @@ def real_model_tables(data: Mapping[str, Any], images: str) -> Iterator[str]:
             "## Calibration maps, fitted on one half and scored on the other\n\n"
             + table(header, rows)
         )
+    batches = data.get("batch_calibration")
+    if isinstance(batches, Mapping) and isinstance(batches.get("table"), str):
+        yield "## Batch calibration, from the stored reads\n\n" + batches["table"]
     identity = data.get("identity")
     if isinstance(identity, Mapping):
         rows = [[key.replace("_", " "), number(value, 3)] for key, value in identity.items()]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import re
@@ -291,6 +292,70 @@ def summarise(
                     "high": float(np.quantile(diffs, 0.975)),
                 }
     return summary
+
+
+def batch_calibration(
+    reads: Mapping[str, Mapping[str, list[dict[str, Any]]]],
+    tickets: Sequence[Mapping[str, Any]],
+    questions: Mapping[str, tv.Question],
+) -> dict[str, Any]:
+    """Batch calibration computed from the stored reads of ``plain`` and ``sdk`` (the SDK's
+    defaults), no read of its own: per question, all the tickets (no held-out half: nothing is
+    fitted), in ticket order, cut into batches of 10, 50 or all, each batch's prior divided out
+    of its own items; the figures and table are bench_public_data's (`batch_section`)."""
+    # Imported here: bench_public_data imports this module's plain reader at its top.
+    from benchmarks.real_answers import bench_public_data as public
+
+    ordered = sorted(tickets, key=lambda t: str(t["id"]))
+    tasks, summaries = [], {}
+    for position, (qid, question) in enumerate(questions.items()):
+        labels = tuple(option.label for option in question.options())
+        task = public.Task(qid, functools.partial(asked, question), labels)
+        stored = {arm: reads[arm][qid] for arm in ("plain", "sdk")}
+        for arm, read in stored.items():
+            if [str(row["id"]) for row in read] != [str(t["id"]) for t in ordered]:
+                raise SystemExit(f"{arm} {qid}: the stored reads are not of these tickets")
+        items = [
+            public.Item(str(t["id"]), str(t["state"]), gold_index(question, t["labels"][qid]), True)
+            for t in ordered
+        ]
+        everything = np.ones(len(items), dtype=bool)
+        rows: dict[str, dict[str, Any]] = {}
+        for arm, name in (("plain", public.PLAIN), ("sdk", public.DEFAULTS)):
+            row = {"p": [r["p"] for r in stored[arm]], "off": [r["off"] for r in stored[arm]]}
+            rows[name] = row
+            for size in public.BATCH_SIZES:
+                rows[public.bc_name(name, size)] = public.batch_calibrated(row, everything, size)
+        tasks.append(task)
+        summaries[qid] = public.task_summary(task, position, items, rows)
+    lead = (
+        "Every ticket counts as held-out here (nothing is fitted: a batch's prior is its own "
+        "items' mean), so the batches cut all the tickets in ticket order."
+    )
+    table = public.batch_section(tasks, summaries, {task.name: "sdk" for task in tasks})
+    return {"summary": public.without_draws(summaries), "table": lead + "\n\n" + table}
+
+
+def asked(question: tv.Question, _examples: Any) -> tv.Question:
+    return question
+
+
+def with_batch_calibration(path: Path) -> None:
+    """Rewrite the results file ``path`` with its batch-calibration section, computed from the
+    per-item reads it stores (no read is made)."""
+    results = json.loads(path.read_text())
+    reads = results.get("reads")
+    if not isinstance(reads, Mapping) or not {"plain", "sdk"} <= set(reads):
+        raise SystemExit(
+            f"{path}: holds no per-item reads of both `plain` and `sdk` (a run before the reads "
+            "were stored keeps only its figures): run the benchmark with --arm plain --arm sdk"
+        )
+    tickets, questions = load_set(int(results["every"]), ROOT / results["questions_file"])
+    questions = {qid: q for qid, q in questions.items() if qid in reads["plain"]}
+    results["batch_calibration"] = batch_calibration(reads, tickets, questions)
+    print(results["batch_calibration"]["table"])
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nrewritten: {path}", file=sys.stderr)
 
 
 def calibration_study(
@@ -644,6 +709,10 @@ async def main_async(args: argparse.Namespace) -> None:
             "identity": identity,
             "diagrams": diagrams,
             "speed": speed,
+            "reads": arm_results,
+            "batch_calibration": batch_calibration(arm_results, tickets, questions)
+            if {"plain", "sdk"} <= set(arm_results)
+            else None,
         },
     )
 
@@ -738,7 +807,17 @@ def main() -> None:
         action="store_true",
         help="write the sdk arm's reliability diagrams (docs/images/real-QUESTION-reliability.png)",
     )
+    parser.add_argument(
+        "--batch-calibration-from",
+        type=Path,
+        metavar="RESULTS",
+        help="read nothing: add batch calibration of `plain` and `sdk`, computed from the "
+        "per-item reads the results file RESULTS stores, to that file",
+    )
     args = parser.parse_args()
+    if args.batch_calibration_from is not None:
+        with_batch_calibration(args.batch_calibration_from)
+        return
     _, questions = load_set(1, args.questions)
     unknown = sorted(set(args.question or ()) - set(questions))
     if unknown:
