@@ -95,6 +95,7 @@ from benchmarks.real_answers.bench_real_model import (
     served_vocabulary,
     softmax,
 )
+from benchmarks.real_answers.public_data.make_samples import SPECS
 from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS, batch_prior
 from typevet_async._core.statistics.content_free import divide_prior
 from typevet_async._core.statistics.losses import item_brier, item_nll
@@ -123,23 +124,8 @@ TOPICS = {
     "Business": "business, economy, companies",
     "Sci/Tech": "science and technology",
 }
-#: DBpedia's 14 classes, in the data's class-id order.
-DBPEDIA_CLASSES = (
-    "Artist",
-    "Company",
-    "Office holder",
-    "Building",
-    "Village",
-    "Plant",
-    "Educational institution",
-    "Animal",
-    "Album",
-    "Written work",
-    "Natural place",
-    "Means of transportation",
-    "Athlete",
-    "Film",
-)
+#: DBpedia's 14 classes, in the data's class-id order (as the samples were drawn).
+DBPEDIA_CLASSES = tuple(str(label) for label in SPECS["dbpedia"][0])
 Examples = Sequence[tuple[str, Any]]
 
 
@@ -1158,11 +1144,11 @@ def resummarise(
         results.setdefault("runs", [run_record(results)])
     for other in add:
         merge(results, json.loads(other.read_text()), other.name, tasks)
-    tasks = [TASKS[name] for name in results["items"]]
+    read_tasks = [TASKS[name] for name in results["items"]]
     every, half = int(results["every"]), results.get("half", "all")
-    data = {task.name: load_task(task, folder, every, half) for task in tasks}
+    data = {task.name: load_task(task, folder, every, half) for task in read_tasks}
     records = {}
-    for task in tasks:
+    for task in read_tasks:
         stored = results["items"][task.name]
         if stored["ids"] != [item.id for item in data[task.name].items]:
             raise SystemExit(f"{task.name}: the data's items are not the ones read")
@@ -1171,10 +1157,10 @@ def resummarise(
         records[task.name] = TaskRecord(
             rows, results["priors"][task.name], results["first_prompts"][task.name], paired
         )
-    rebuilt = summarised(tasks, data, records, results["seconds"])
+    rebuilt = summarised(read_tasks, data, records, results["seconds"])
     for heading, text in rebuilt["tables"].items():
         print(f"\n### {heading}\n\n{text}")
-    results["items"] = items_record(tasks, data, rebuilt["rows"])
+    results["items"] = items_record(read_tasks, data, rebuilt["rows"])
     results.update({key: rebuilt[key] for key in ("defaults", "summary", "average", "tables")})
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nrewritten: {path}", file=sys.stderr)
