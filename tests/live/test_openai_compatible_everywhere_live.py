@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.live, pytest.mark.asyncio]
 TOLERANCE = 1e-3
 ROUTE = {"route": questions()["route"]}
 #: An OpenAI-style key: what no log, error, repr, span or cache file may show.
+RETRY_TWICE = tv.HttpSettings(retry=tv.RetryPolicy(max_retries=2))
 KEY = "sk-proj-Xq7RmT2vLw9ZbN4kPd8sHf3J"
 CHAT = "/v1/chat/completions"
 TEAMS = ["billing", "shipping"]
@@ -175,7 +176,9 @@ async def test_its_spans_are_the_llama_cpp_sessions_tree_named_for_it(
     async with (
         OpenAIShapedProxy(gemma3_url, api_key=KEY) as proxy,
         tv.Session.llama_cpp(gemma3_url, max_concurrency=1) as exact,
-        tv.Session.openai_compatible(f"{proxy.url}/v1", api_key=KEY, max_concurrency=1) as generic,
+        tv.Session.openai_compatible(
+            f"{proxy.url}/v1", http=tv.HttpSettings(api_key=KEY), max_concurrency=1
+        ) as generic,
     ):
         await exact.probe()
         await generic.probe()
@@ -252,9 +255,9 @@ async def test_an_exhausted_retry_budget_is_the_typed_error_of_the_llama_cpp_ses
     for name, path in (("llama.cpp", "/completion"), ("openai-compatible", CHAT)):
         async with FaultInjectingProxy(gemma3_url, path=path) as proxy:
             session = (
-                tv.Session.llama_cpp(proxy.url, max_retries=2)
+                tv.Session.llama_cpp(proxy.url, http=RETRY_TWICE)
                 if name == "llama.cpp"
-                else tv.Session.openai_compatible(f"{proxy.url}/v1", max_retries=2)
+                else tv.Session.openai_compatible(f"{proxy.url}/v1", http=RETRY_TWICE)
             )
             async with session:
                 await session.probe()
@@ -350,7 +353,9 @@ async def test_the_api_key_is_a_bearer_token_and_shown_nowhere_else(
         tv.SqliteReadCache(cache_file) as cache,
     ):
         session = tv.Session.openai_compatible(
-            f"{proxy.url}/v1", api_key=KEY, cache=cache, max_retries=0
+            f"{proxy.url}/v1",
+            http=tv.HttpSettings(api_key=KEY, retry=tv.RetryPolicy(max_retries=0)),
+            cache=cache,
         )
         async with session:
             probe = await session.probe()
@@ -362,7 +367,9 @@ async def test_the_api_key_is_a_bearer_token_and_shown_nowhere_else(
             identity = session.backend.read_identity()  # type: ignore[attr-defined]
         # A wrong key: refused, the refusal quoting it whole.
         wrong = "sk-proj-WrongKey0000aaaaBBBBcccc"
-        async with tv.Session.openai_compatible(f"{proxy.url}/v1", api_key=wrong) as other:
+        async with tv.Session.openai_compatible(
+            f"{proxy.url}/v1", http=tv.HttpSettings(api_key=wrong)
+        ) as other:
             with pytest.raises(tv.ServerError) as refused:
                 await other.judge(TICKET, ROUTE)
         other_shown = repr(other) + repr(other.backend)
@@ -411,7 +418,9 @@ async def test_serve_from_the_command_line_in_front_of_it(gemma3_url: str) -> No
         gateway = await asyncio.to_thread(GatewayProcess, args, env)
         try:
             await wait_until_ready(gateway.url)  # it probed the upstream
-            async with tv.Session.system_one(gateway.url, api_key=gateway_key) as client:
+            async with tv.Session.system_one(
+                gateway.url, http=tv.HttpSettings(api_key=gateway_key)
+            ) as client:
                 judgment = await client.judge(TICKET, questions())
         finally:
             await asyncio.to_thread(gateway.stop)
