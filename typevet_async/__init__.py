@@ -63,8 +63,9 @@ from typevet_async._core.reading.chat_reads import ChatServer
 from typevet_async._core.reading.probe import Probe
 from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._core.statistics.batch_calibration import BatchPrior
-from typevet_async._core.statistics.calibration import CalibrationMap, Pins, Reading, ReadPlan
+from typevet_async._core.statistics.calibration import CalibrationMap, Pins, Reading
 from typevet_async._core.statistics.fitted_prior import FittedPrior
+from typevet_async._core.statistics.read_plan import ReadPlan
 from typevet_async._errors import (
     BackendError,
     BadEncodingError,

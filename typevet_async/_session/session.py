@@ -25,8 +25,9 @@ from typevet_async._core.reading.answers import Judgment
 from typevet_async._core.reading.batch_records import Progress
 from typevet_async._core.reading.probe import Probe, check_requested_model
 from typevet_async._core.statistics.batch_judgments import BatchCalibration, alone
-from typevet_async._core.statistics.calibration import CalibrationMap, ReadPlan
+from typevet_async._core.statistics.calibration import CalibrationMap
 from typevet_async._core.statistics.fitted_prior import FittedPrior
+from typevet_async._core.statistics.read_plan import ReadPlan
 from typevet_async._core.wires.jsonvalues import render_state
 from typevet_async._errors import ConfigurationError, SessionStateError, TypevetError
 from typevet_async._options import UNSET, Unset, check_argument, optional, positive_number

@@ -29,7 +29,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 import attrs
 import orjson
@@ -37,9 +37,6 @@ import orjson
 from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.readings import softmax
 from typevet_async._errors import CalibrationError
-
-if TYPE_CHECKING:  # it is pinned by this module's pins
-    from typevet_async._core.statistics.fitted_prior import FittedPrior
 
 __all__ = [
     "CALIBRATION_FORMAT",
@@ -50,7 +47,6 @@ __all__ = [
     "Pins",
     "Platt",
     "QuestionMap",
-    "ReadPlan",
     "Reading",
     "Temperature",
     "Transform",
@@ -262,23 +258,6 @@ class Pins:
     #: layout, and for the default layout its controls and field block): another prompt reads
     #: otherwise. Empty in a map an SDK wrote before it pinned the framing.
     framing: str = ""
-
-
-@attrs.frozen
-class ReadPlan:
-    """How a session reads a set of questions under a call's options, and what a calibration
-    map (or a fitted prior) fitted on those reads is pinned to (`Session.read_plan`; what
-    ``evaluate`` records)."""
-
-    #: How each question's probabilities are read, by question id.
-    readings: Mapping[str, Reading]
-    #: What a map fitted on these reads carries, and a judgment's map must match.
-    pins: Pins
-    #: The options as resolved against the session's settings.
-    permutations: int | Mapping[str, int]
-    label_prior: bool
-    calibration: CalibrationMap | None
-    prior: FittedPrior | None = None
 
 
 @attrs.frozen
