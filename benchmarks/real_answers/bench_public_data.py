@@ -27,6 +27,9 @@ Arms (each reads every item's question exactly; ``ARMS`` below holds their setti
 - ``scale`` (sst5): the levels numbered 1..n, lowest first;
 - ``ex2``, ``ex4``: 2 and 4 examples per label in context (``examples=``, from the task's
   "examples" rows, interleaved by label, the same for every item), on the letters settings;
+- ``words-p2`` (sst2, rte), ``letters-p2`` (agnews, sst5, dbpedia): the defaults' controls
+  with permutations on (``permutations=2``: each question read under two rotations of its
+  options, averaged);
 - ``hand-system``, ``hand-label``, ``hand`` (dbpedia; only when named with ``--arm``): ``plain``
   with one difference of a hand-written prompt's frame at a time: the one-line system message
   "Answer with one letter only." instead of the template's default one, the label "Article:"
@@ -57,14 +60,17 @@ rows are computed, never read: for every row read as it is, ``ROW+bc10``, ``ROW+
 ``ROW+bcall``, each half's items cut in sample order into consecutive batches of 10, 50 or all,
 each batch's mean probabilities divided out of its own items
 (``typevet_async._core.statistics.batch_calibration.batch_prior``, with its floor). Their section
-compares them on the held-out half with ``plain`` and ``defaults`` (accuracy, NLL, Brier with
-paired differences; ECE).
+compares them on the held-out half with ``plain`` and ``defaults`` (accuracy, NLL, Brier and
+ECE with paired differences), and with permutations on where the run read ``-p2`` arms. The
+"batch size" section shows why the SDK has a floor: batch calibration without one on the
+``defaults`` row's dev half, over random orders, at batch sizes from 4 to 50.
 
 The ``defaults`` row is the row the SDK's default settings read on each task (a copy, per task,
 of the ``words``/``scale``/``letters`` row, ``+cf`` where the default divides the content-free
-prior out). ``--resummarise RESULTS`` rebuilds a results file's summaries and tables from the
-reads it holds, reading nothing; ``--add OTHER`` (repeated) first merges in another run's reads
-(its tasks, or its arms on the same items).
+prior out); ``defaults-p2`` is the same with permutations on. ``--resummarise RESULTS``
+rebuilds a results file's summaries and tables from the reads it holds, reading nothing;
+``--add OTHER`` (repeated) first merges in another run's reads (its tasks, or its arms on the
+same items).
 """
 
 from __future__ import annotations
@@ -96,10 +102,16 @@ from benchmarks.real_answers.bench_real_model import (
     softmax,
 )
 from benchmarks.real_answers.public_data.make_samples import SPECS
-from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS, batch_prior
+from typevet_async._core.statistics.batch_calibration import (
+    ITEMS_PER_OPTION,
+    MIN_BATCH_ITEMS,
+    batch_prior,
+    min_batch_items,
+)
 from typevet_async._core.statistics.content_free import divide_prior
 from typevet_async._core.statistics.losses import item_brier, item_nll
 from typevet_async._core.statistics.metrics import evaluate
+from typevet_async._core.statistics.reliability import ece_equal_width
 from typevet_async._session.settings import SessionSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,6 +215,10 @@ WITHOUT_SETTING: dict[str, Any] = {
 }
 
 
+#: The suffix of an arm read with permutations on (two rotations of the options).
+P2 = "-p2"
+
+
 @attrs.frozen
 class Arm:
     """An SDK arm: its session settings, examples per label, and the tasks it applies to."""
@@ -218,6 +234,14 @@ ARMS: dict[str, Arm] = {
     "scale": Arm({**LETTER_SETTINGS, "score_controls": "scale"}, tasks=("sst5",)),
     "ex2": Arm(LETTER_SETTINGS, examples=2),
     "ex4": Arm(LETTER_SETTINGS, examples=4),
+    # The defaults' controls read under two rotations of the options (``permutations=2``):
+    # batch calibration with permutations on. Each applies to the tasks whose defaults it is.
+    "words" + P2: Arm(
+        {**LETTER_SETTINGS, "noul_controls": "words", "permutations": 2}, tasks=("sst2", "rte")
+    ),
+    "letters" + P2: Arm(
+        {**LETTER_SETTINGS, "permutations": 2}, tasks=("agnews", "sst5", "dbpedia")
+    ),
 }
 
 
@@ -502,7 +526,7 @@ def bc_name(row: str, size: int | None) -> str:
 
 def is_derived(name: str) -> bool:
     """A row computed from the others (no read of its own): rebuilt, never stored."""
-    return name == DEFAULTS or BC in name
+    return name in (DEFAULTS, DEFAULTS + P2) or BC in name
 
 
 def batch_calibrated(
@@ -545,6 +569,72 @@ def with_batch_calibration(
         for size in BATCH_SIZES
     }
     return {**rows, **added}
+
+
+#: The batch sizes of the floor's measurement, and how many random orders of the items each
+#: is averaged over.
+SWEEP_SIZES: tuple[int, ...] = (4, 8, 10, 14, 16, 20, 28, 50)
+SWEEP_ORDERS = 200
+
+
+def batch_size_sweep(row: Mapping[str, Any], gold: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    """What batch calibration without a floor does at each `SWEEP_SIZES` on ``row``'s items
+    under ``mask``: over `SWEEP_ORDERS` seeded random orders of them, each cut into whole batches
+    of that size (the items left over stay as read), each batch divided by its own mean; the
+    mean change in NLL and in accuracy against the items as read."""
+    p = np.asarray(row["p"], dtype=np.float64)[mask]
+    y = gold[mask]
+    base_loss, base_right = item_nll(p, y), (p.argmax(axis=1) == y).astype(float)
+    rng = np.random.default_rng([SEED, len(y)])
+    orders = [rng.permutation(len(y)) for _ in range(SWEEP_ORDERS)]
+    figures: dict[str, Any] = {}
+    for size in SWEEP_SIZES:
+        if size > len(y):
+            continue
+        nll_changes, accuracy_changes = [], []
+        for order in orders:
+            divided = p.copy()
+            for start in range(0, len(y) - size + 1, size):
+                batch = order[start : start + size]
+                prior = p[batch].mean(axis=0)
+                weights = p[batch] / prior
+                divided[batch] = weights / weights.sum(axis=1, keepdims=True)
+            nll_changes.append(float((item_nll(divided, y) - base_loss).mean()))
+            right = (divided.argmax(axis=1) == y).astype(float)
+            accuracy_changes.append(float((right - base_right).mean()))
+        figures[str(size)] = {
+            "nll": float(np.mean(nll_changes)),
+            "accuracy": float(np.mean(accuracy_changes)),
+        }
+    return figures
+
+
+def batch_size_section(sweeps: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per task: the floor and `batch_size_sweep`'s changes at each size."""
+    half = next(iter(sweeps.values()))["half"] if sweeps else "dev"
+    lead = (
+        "Why the SDK's floor (`min_batch_items`: at least "
+        f"{MIN_BATCH_ITEMS} answers, and {ITEMS_PER_OPTION} per option): batch calibration "
+        f"without a floor on the `defaults` row's {half.replace('_', '-')} half, over "
+        f"{SWEEP_ORDERS} seeded random orders of its items, each cut into whole batches of the "
+        "size (the items left over stay as read). Each cell: the mean change in NLL / in "
+        "accuracy against the items as read (NLL below 0, accuracy above 0 is better); **bold** "
+        "from the task's floor on."
+    )
+    header = ["task", "options", "items", "floor", *(f"batch of {n}" for n in SWEEP_SIZES)]
+    rows = []
+    for task, entry in sweeps.items():
+        floor = entry["floor"]
+        cells = []
+        for size in SWEEP_SIZES:
+            change = entry["sizes"].get(str(size))
+            if change is None:
+                cells.append("")
+                continue
+            text = f"{change['nll'] + 0.0:+.3f} / {change['accuracy'] + 0.0:+.3f}"
+            cells.append(f"**{text}**" if size >= floor else text)
+        rows.append([task, str(entry["options"]), str(entry["items"]), str(floor), *cells])
+    return lead + "\n\n" + markdown_table(header, rows)
 
 
 # -- the figures ----------------------------------------------------------------------------
@@ -619,7 +709,28 @@ def paired_differences(
         values = difference[mask]
         means = values[draws].mean(axis=1)
         figures[key] = {**interval(values.mean(), means), "_draws": means}
+    figures["ece"] = paired_ece(row, plain, gold, mask, draws)
     return figures
+
+
+def paired_ece(
+    row: Mapping[str, Any], plain: Mapping[str, Any], gold: np.ndarray, mask: np.ndarray,
+    draws: np.ndarray,
+) -> dict[str, float]:  # fmt: skip
+    """The row's ECE (10 equal-width bins) minus plain's, on the same resamples of the items:
+    ECE is not a mean over items, so each resample's difference is computed whole."""
+    n = int(mask.sum())
+    counts = np.stack([np.bincount(d, minlength=n) for d in draws]).astype(np.float64)
+    ones = np.ones((1, n))
+
+    def ece_of(source: Mapping[str, Any]) -> tuple[float, np.ndarray]:
+        p = np.asarray(source["p"], dtype=np.float64)[mask]
+        correct = (p.argmax(axis=1) == gold[mask]).astype(np.float64)
+        statistic = ece_equal_width(p.max(axis=1), correct, 10)
+        return float(statistic(ones)[0, 0]), np.asarray(statistic(counts))[:, 0]
+
+    (value, resampled), (plain_value, plain_resampled) = ece_of(row), ece_of(plain)
+    return interval(value - plain_value, resampled - plain_resampled)
 
 
 HALVES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -791,22 +902,30 @@ def batch_section(
     """Per task, on the held-out half: `plain` and `defaults` as read and batch-calibrated at
     every `BATCH_SIZES`, with their paired differences against both."""
     header = ["row", "accuracy", "NLL", "Brier", "ECE", "Δ vs plain", "Δ vs defaults", "batches"]
+    with_rotations = any(DEFAULTS + P2 in summary for summary in summaries.values())
     parts = [
         "Batch calibration (Zhou et al., ICLR 2024) computed from each row's stored reads, no "
         "read of its own: the held-out items, in sample order, cut into consecutive batches of "
         f"10, 50 or all of them (`+bc10`, `+bc50`, `+bcall`); each batch's prior is the mean of "
-        "its own items' probabilities, divided out of them (a batch of fewer than "
-        f"{MIN_BATCH_ITEMS} items, or one whose answers do not vary, is left as read: "
-        "*skipped*). Δ: the paired difference in accuracy / NLL / Brier (accuracy above 0, NLL "
-        "and Brier below 0 are better); * where its 95% bootstrap interval excludes 0. "
-        "Permutations on: no arm of these runs stores rotation reads (each read its options in "
-        "one order), so every row here is with permutations off."
+        "its own items' probabilities, divided out of them. A batch under the SDK's floor (fewer "
+        f"than {MIN_BATCH_ITEMS} items, or {ITEMS_PER_OPTION} per option if more), or one whose "
+        "answers do not vary, is left as read: *skipped*. Δ: the paired difference in accuracy "
+        "/ NLL / Brier / ECE (accuracy above 0, the others below 0 are better); * where its 95% "
+        "bootstrap interval excludes 0. "
+        + (
+            f"`defaults{P2}`: the defaults read with permutations on (`permutations=2`: each "
+            "question under two rotations of its options, averaged), in the same run."
+            if with_rotations
+            else "Permutations on: no arm of these runs stores rotation reads (each read its "
+            "options in one order), so every row here is with permutations off."
+        )
     ]
     for task in tasks:
         summary = summaries[task.name]
         names = [PLAIN, *(bc_name(PLAIN, size) for size in BATCH_SIZES)]
-        if task.name in defaults:
-            names += [DEFAULTS, *(bc_name(DEFAULTS, size) for size in BATCH_SIZES)]
+        for read in (DEFAULTS, DEFAULTS + P2):
+            if read in summary:
+                names += [read, *(bc_name(read, size) for size in BATCH_SIZES)]
         rows = []
         for name in names:
             entry = summary.get(name, {}).get("held_out")
@@ -818,6 +937,8 @@ def batch_section(
             count = f"{batches['batches']} ({batches['skipped']} skipped)" if batches else ""
             rows.append([f"`{name}`", *figures, *versus, count])
         read = f"`defaults` = `{defaults[task.name]}`" if task.name in defaults else "no defaults"
+        if DEFAULTS + P2 in summary:
+            read += f", `defaults{P2}` = `{defaults[task.name]}{P2}`"
         parts.append(f"**{task.name}** ({read}):\n\n" + markdown_table(header, rows))
     return "\n\n".join(parts)
 
@@ -826,7 +947,7 @@ def batch_overview(summaries: Mapping[str, Mapping[str, Any]], average: Mapping[
     """The batch rows of `plain` and `defaults`, one line each: per task their held-out
     difference against `plain` and against `defaults`, and against `plain` on average."""
     tasks = list(summaries)
-    names = [bc_name(row, size) for row in (PLAIN, DEFAULTS) for size in BATCH_SIZES]
+    names = [bc_name(row, size) for row in (PLAIN, DEFAULTS, DEFAULTS + P2) for size in BATCH_SIZES]
     rows = []
     for name in names:
         cells = []
@@ -848,9 +969,11 @@ def batch_overview(summaries: Mapping[str, Mapping[str, Any]], average: Mapping[
 
 
 def triple(versus: Mapping[str, Mapping[str, float]] | None) -> str:
+    """Δ accuracy / NLL / Brier, and ECE where the summary has it."""
     if not versus:
         return ""
-    return " / ".join(difference_mark(versus[key]) for key in ("accuracy", "nll", "brier"))
+    keys = [key for key in ("accuracy", "nll", "brier", "ece") if key in versus]
+    return " / ".join(difference_mark(versus[key]) for key in keys)
 
 
 def data_section(provenance: Mapping[str, Mapping[str, Any]]) -> str:
@@ -1016,11 +1139,14 @@ def with_defaults(tasks: Sequence[Task], rows: dict[str, dict[str, Any]]) -> dic
     chosen: dict[str, str] = {}
     for task in tasks:
         name = default_row(task)
-        if name in rows[task.name]:
-            rows[task.name][DEFAULTS] = rows[task.name][name]
+        for read, copy in ((name, DEFAULTS), (name + P2, DEFAULTS + P2)):
+            if read not in rows[task.name]:
+                continue
+            rows[task.name][copy] = rows[task.name][read]
             for size in BATCH_SIZES:
-                if bc_name(name, size) in rows[task.name]:
-                    rows[task.name][bc_name(DEFAULTS, size)] = rows[task.name][bc_name(name, size)]
+                if bc_name(read, size) in rows[task.name]:
+                    rows[task.name][bc_name(copy, size)] = rows[task.name][bc_name(read, size)]
+        if name in rows[task.name]:
             chosen[task.name] = name
     return chosen
 
@@ -1060,6 +1186,22 @@ def summarised(
         tables["held-out, per task"] = held_out_section(summaries)
     tables["batch calibration, per task"] = batch_overview(summaries, average)
     tables["batch calibration, held-out half"] = batch_section(tasks, summaries, defaults)
+    sweeps = {}
+    for task in tasks:
+        row = rows[task.name].get(DEFAULTS)
+        held_out = np.array([item.held_out for item in data[task.name].items])
+        half, mask = ("dev", ~held_out) if (~held_out).any() else ("held_out", held_out)
+        if row is not None:
+            gold = np.array([item.gold for item in data[task.name].items])
+            sweeps[task.name] = {
+                "half": half,
+                "options": len(task.labels),
+                "items": int(mask.sum()),
+                "floor": min_batch_items(len(task.labels)),
+                "sizes": batch_size_sweep(row, gold, mask),
+            }
+    if sweeps:
+        tables["batch size"] = batch_size_section(sweeps)
     provenance = {name: entry.provenance for name, entry in data.items()}
     tables["data"] = data_section(provenance)
     tables["time per run"] = time_section(seconds)

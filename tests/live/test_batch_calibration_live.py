@@ -44,6 +44,18 @@ TICKETS = [
     "The box came damaged.",
     "Error 500 when I open the settings page.",
     "Do you ship to Canada?",
+    "I returned the item but got no refund yet.",
+    "The courier left my package at the wrong door.",
+    "The page keeps loading forever.",
+    "You billed me for a plan I never ordered.",
+    "How long does delivery to Spain take?",
+    "The app logs me out every few minutes.",
+    "I want my money back for the late order.",
+    "My order shows delivered but nothing came.",
+    "The search button does nothing.",
+    "Please send me a copy of my receipt.",
+    "Can I pick up my order at a store?",
+    "Two-factor codes never reach my phone.",
 ]
 
 
@@ -105,7 +117,10 @@ async def test_judge_many_divides_the_same_sessions_answers_as_by_hand(gemma3_ur
         assert diagnostics.cache == "hit"  # no read sent: the arithmetic on the reads made
         assert diagnostics.raw_probabilities == pytest.approx(as_read, abs=1e-15)
         assert diagnostics.batch_prior == pytest.approx(prior, abs=1e-15)
-        assert (diagnostics.batch_prior_items, diagnostics.batch_prior_skipped) == (12, None)
+        assert (diagnostics.batch_prior_items, diagnostics.batch_prior_skipped) == (
+            len(TICKETS),
+            None,
+        )
     assert sum(item.judgment.usage.reads for item in whole if item.judgment) == 0
     # a stream shorter than its warm-up (32) is divided as the whole batch it was
     by_index = {item.index: probabilities(item.judgment) for item in running_prior}
@@ -119,21 +134,21 @@ async def test_a_stream_past_its_warm_up_divides_by_the_running_prior(gemma3_url
     cache = tv.MemoryReadCache()
     settings: dict[str, Any] = {"reproducible": True, "cache": cache}
     async with tv.Session.llama_cpp(
-        gemma3_url, batch_calibration="on", batch_calibration_window=8, **settings
+        gemma3_url, batch_calibration="on", batch_calibration_window=16, **settings
     ) as session:
         raw = [
             item async for item in session.judge_many(TICKETS, QUESTIONS, batch_calibration="off")
         ]
         items = [item async for item in session.judge_many(stream(TICKETS), QUESTIONS)]
     read = [probabilities(item.judgment) for item in raw]
-    expected = [divided(r, mean(read[:8])) for r in read[:8]]
-    expected += [divided(read[n], mean(read[: n + 1])) for n in range(8, len(read))]
+    expected = [divided(r, mean(read[:16])) for r in read[:16]]
+    expected += [divided(read[n], mean(read[: n + 1])) for n in range(16, len(read))]
     # the running prior is kept as plain sums: equal to the mean within float rounding
     assert_close([probabilities(item.judgment) for item in items], expected, 1e-12)
     counts = [
         item.judgment.diagnostics["route"].batch_prior_items for item in items if item.judgment
     ]
-    assert counts == [8] * 8 + [9, 10, 11, 12]
+    assert counts == [16] * 16 + list(range(17, len(TICKETS) + 1))
 
 
 @pytest_asyncio.fixture
@@ -173,17 +188,25 @@ async def test_the_gateways_batch_route_divides_as_by_hand(calibrating_gateway: 
         diagnostics = result["x_typevet"]["diagnostics"]["route"]
         assert diagnostics["raw_probabilities"] == pytest.approx(as_read, abs=1e-9)
         assert diagnostics["batch_prior"] == pytest.approx(prior, abs=1e-9)
-        assert (diagnostics["batch_prior_items"], diagnostics["batch_prior_skipped"]) == (12, None)
+        assert (diagnostics["batch_prior_items"], diagnostics["batch_prior_skipped"]) == (
+            len(TICKETS),
+            None,
+        )
     async with aiohttp.ClientSession() as http:
         listing = await (
             await http.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
         ).json()
-    assert listing["x_batch_calibration"] == {"mode": "on", "min_states": 8}
+    assert listing["x_batch_calibration"] == {
+        "mode": "on",
+        "min_states": 16,
+        "min_states_per_option": 2,
+    }
     # a System One session sends judge_many through the batch route and reads it all back
     async with tv.Session.system_one(url, http=tv.HttpSettings(api_key=KEY)) as client:
         items = [item async for item in client.judge_many(TICKETS, QUESTIONS)]
     assert_close([probabilities(item.judgment) for item in items], got, 1e-9)
     assert all(
-        item.judgment is not None and item.judgment.diagnostics["route"].batch_prior_items == 12
+        item.judgment is not None
+        and item.judgment.diagnostics["route"].batch_prior_items == len(TICKETS)
         for item in items
     )

@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.live]
 REPOSITORY = Path(__file__).parent.parent.parent
 SHIPPED = REPOSITORY / "examples" / "eval"
 #: Twelve states to fit on and a thirteenth judged with the prior, from the shipped set.
-RECORDS = [json.loads(line) for line in (SHIPPED / "tickets.jsonl").read_text().splitlines()[:13]]
-STATES = [record["state"] for record in RECORDS[:12]]
-LATER = RECORDS[12]["state"]
+RECORDS = [json.loads(line) for line in (SHIPPED / "tickets.jsonl").read_text().splitlines()[:17]]
+STATES = [record["state"] for record in RECORDS[:16]]
+LATER = RECORDS[16]["state"]
 
 
 def _questions() -> dict[str, tv.Question]:
@@ -72,7 +72,7 @@ async def test_a_prior_fitted_on_twelve_states_divides_a_thirteenth_as_by_hand(
             assert judged[question_id] == raw[question_id], entry.skipped
             continue
         divided += 1
-        assert entry.items == 12
+        assert entry.items == len(STATES)
         assert entry.probabilities == pytest.approx(_mean(rows), abs=1e-12)
         read = _probabilities(raw[question_id])
         expected = _divided(read, entry.probabilities)
@@ -94,13 +94,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(1800)  # 13 judgments, one read at a time (as above)
+@pytest.mark.timeout(1800)  # 17 judgments, one read at a time (as above)
 async def test_fit_prior_then_judge_with_it_through_the_command_line(
     gemma3_url: str, tmp_path: Path
 ) -> None:
     records, out = tmp_path / "tickets.jsonl", tmp_path / "prior.json"
     # eval's labelled records: fit-prior reads their states and leaves their labels.
-    records.write_text("".join(json.dumps(record) + "\n" for record in RECORDS[:12]))
+    records.write_text("".join(json.dumps(record) + "\n" for record in RECORDS[:16]))
     server = ["--base-url", gemma3_url, "--reproducible"]
     questions = ["--questions", str(SHIPPED / "questions.json")]
     fitted = _cli(
@@ -116,7 +116,7 @@ async def test_fit_prior_then_judge_with_it_through_the_command_line(
         raw = await session.judge(LATER, _questions())
         plan = await session.read_plan(_questions())
     assert prior.pins == plan.pins
-    assert {entry.prior.items for entry in prior.questions.values()} == {12}
+    assert {entry.prior.items for entry in prior.questions.values()} == {len(STATES)}
     for question_id, entry in prior.questions.items():
         read = _probabilities(raw[question_id])
         fitted_p = entry.prior.probabilities

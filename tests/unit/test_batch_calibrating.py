@@ -32,7 +32,8 @@ from .stubs import InMemoryStubBackend, failing_after, state_of
 
 ROUTE = tv.Choice(["billing", "bug", "other"], instructions="Route it.")
 QUESTIONS = {"route": ROUTE}
-#: Twelve states' answers (option order), leaning to "billing" whatever the state says.
+#: Twenty-four states' answers (option order), leaning to "billing" whatever the state says:
+#: enough for the floor of a three-option question (16) and a stream past its warm-up.
 LEANING = [
     (0.7, 0.2, 0.1),
     (0.6, 0.3, 0.1),
@@ -46,6 +47,18 @@ LEANING = [
     (0.9, 0.05, 0.05),
     (0.4, 0.3, 0.3),
     (0.55, 0.35, 0.1),
+    (0.65, 0.25, 0.1),
+    (0.5, 0.3, 0.2),
+    (0.75, 0.15, 0.1),
+    (0.6, 0.1, 0.3),
+    (0.35, 0.35, 0.3),
+    (0.8, 0.15, 0.05),
+    (0.55, 0.2, 0.25),
+    (0.45, 0.25, 0.3),
+    (0.7, 0.25, 0.05),
+    (0.85, 0.1, 0.05),
+    (0.5, 0.45, 0.05),
+    (0.6, 0.35, 0.05),
 ]
 STATES = [f"s{n}" for n in range(len(LEANING))]
 
@@ -134,7 +147,10 @@ async def test_a_list_is_divided_whole_by_its_mean_answer_by_hand() -> None:
         diagnostics = item.judgment.diagnostics["route"]
         assert diagnostics.raw_probabilities == pytest.approx(as_read, abs=1e-15)
         assert diagnostics.batch_prior == pytest.approx(prior, abs=1e-15)
-        assert (diagnostics.batch_prior_items, diagnostics.batch_prior_skipped) == (12, None)
+        assert (diagnostics.batch_prior_items, diagnostics.batch_prior_skipped) == (
+            len(STATES),
+            None,
+        )
     # the lean divided out: "billing" no longer wins every state
     assert {item.judgment["route"].choice for item in calibrated if item.judgment} > {"billing"}
     assert {item.judgment["route"].choice for item in raw if item.judgment} == {"billing"}
@@ -175,7 +191,7 @@ async def test_an_error_item_passes_through_in_its_place_and_counts_for_nothing(
     got = [probabilities(item.judgment) for item in items if item.ok]
     assert close(got, expected)
     assert {item.judgment.diagnostics["route"].batch_prior_items for item in items if item.ok} == {
-        11
+        len(STATES) - 1
     }
 
 
@@ -185,19 +201,19 @@ async def test_a_stream_holds_its_warm_up_then_divides_each_answer_by_the_runnin
     pulled: list[str] = []
     seen_when_first_out: list[int] = []
     items = []
-    async with session(backend, batch_calibration="on", batch_calibration_window=8) as s:
+    async with session(backend, batch_calibration="on", batch_calibration_window=16) as s:
         async for item in s.judge_many(records(STATES, pulled), QUESTIONS):
             if not items:
                 seen_when_first_out.append(len(pulled))
             items.append(item)
-    assert seen_when_first_out[0] >= 8  # nothing out before the warm-up filled
+    assert seen_when_first_out[0] >= 16  # nothing out before the warm-up filled
     assert [item.index for item in items] == list(range(len(STATES)))
-    warm_up = by_hand(LEANING[:8], mean(LEANING[:8]))
-    later = [by_hand([LEANING[n]], mean(LEANING[: n + 1]))[0] for n in range(8, len(LEANING))]
+    warm_up = by_hand(LEANING[:16], mean(LEANING[:16]))
+    later = [by_hand([LEANING[n]], mean(LEANING[: n + 1]))[0] for n in range(16, len(LEANING))]
     got = [probabilities(item.judgment) for item in items]
     assert close(got, warm_up + later)
     counts = [item.judgment.diagnostics["route"].batch_prior_items for item in items if item.ok]
-    assert counts == [8] * 8 + [9, 10, 11, 12]
+    assert counts == [16] * 16 + list(range(17, len(STATES) + 1))
 
 
 @pytest.mark.asyncio
@@ -214,7 +230,7 @@ async def test_a_stream_yields_past_its_warm_up_before_it_ends() -> None:
             yield f"t{n}"
 
     out = []
-    async with session(backend, batch_calibration="on", batch_calibration_window=8) as s:
+    async with session(backend, batch_calibration="on", batch_calibration_window=16) as s:
         async for item in s.judge_many(endless(), QUESTIONS, window=4, max_in_flight=2):
             out.append(item)
             if len(out) == 20:
@@ -235,16 +251,18 @@ async def test_a_stream_that_ends_in_its_warm_up_is_divided_as_the_whole_batch()
 
 @pytest.mark.asyncio
 async def test_below_the_floor_the_answers_stand_as_read_and_say_why() -> None:
-    backend = leaning(7)
+    backend = leaning(15)
     async with session(backend, batch_calibration="on") as s:
-        items = await judged(s.judge_many(STATES[:7], QUESTIONS))
+        items = await judged(s.judge_many(STATES[:15], QUESTIONS))
     for item, as_read in zip(items, LEANING, strict=False):
         assert probabilities(item.judgment) == pytest.approx(as_read)
         assert item.judgment is not None
         diagnostics = item.judgment.diagnostics["route"]
         assert diagnostics.batch_prior is None
-        assert diagnostics.batch_prior_items == 7
-        assert diagnostics.batch_prior_skipped == "a batch of 7 answers (fewer than 8)"
+        assert diagnostics.batch_prior_items == 15
+        assert (
+            diagnostics.batch_prior_skipped == "a batch of 15 answers (fewer than 16 for 3 options)"
+        )
 
 
 @pytest.mark.asyncio
@@ -312,9 +330,9 @@ def test_the_settings_refuse_batch_calibration_with_a_content_free_prior_or_a_ma
     with pytest.raises(tv.ConfigurationError, match="batch_calibration must be 'off', 'on'"):
         tv.SessionSettings(batch_calibration="yes")
     with pytest.raises(
-        tv.ConfigurationError, match="batch_calibration_window must be an integer >= 8"
+        tv.ConfigurationError, match="batch_calibration_window must be an integer >= 16"
     ):
-        tv.SessionSettings(batch_calibration_window=7)
+        tv.SessionSettings(batch_calibration_window=15)
 
 
 @pytest.mark.asyncio
@@ -360,12 +378,14 @@ def test_the_variables_and_flags_reach_the_setting() -> None:
 
 def test_the_stream_calibration_releases_a_warm_up_of_records_errors_included() -> None:
     """The warm-up is records, not answers: a stream of failures holds no more than it."""
-    calibration = StreamCalibration([("route", ROUTE)], window=8)
+    calibration = StreamCalibration([("route", ROUTE)], window=16)
     error = tv.ServerError("x", status=500, body="")
-    released = [calibration.take(tv.BatchItem(n, n, error=error)) for n in range(8)]
-    assert released[:7] == [[]] * 7
-    assert [item.index for item in released[7]] == list(range(8))
-    assert calibration.take(tv.BatchItem(8, 8, error=error)) == [tv.BatchItem(8, 8, error=error)]
+    released = [calibration.take(tv.BatchItem(n, n, error=error)) for n in range(16)]
+    assert released[:15] == [[]] * 15
+    assert [item.index for item in released[15]] == list(range(16))
+    assert calibration.take(tv.BatchItem(16, 16, error=error)) == [
+        tv.BatchItem(16, 16, error=error)
+    ]
     assert calibration.finish() == []
 
 
@@ -414,8 +434,15 @@ async def test_the_gateways_batch_route_divides_its_states_answers_and_reports_i
         diagnostics = result["x_typevet"]["diagnostics"]["route"]
         assert diagnostics["raw_probabilities"] == pytest.approx(as_read)
         assert diagnostics["batch_prior"] == pytest.approx(mean(LEANING))
-        assert (diagnostics["batch_prior_items"], diagnostics["batch_prior_skipped"]) == (12, None)
-    assert listing["x_batch_calibration"] == {"mode": "on", "min_states": 8}
+        assert (diagnostics["batch_prior_items"], diagnostics["batch_prior_skipped"]) == (
+            len(STATES),
+            None,
+        )
+    assert listing["x_batch_calibration"] == {
+        "mode": "on",
+        "min_states": 16,
+        "min_states_per_option": 2,
+    }
     # a single judgment is a batch of one: as read, and said so
     alone = single["x_typevet"]["diagnostics"]["route"]
     assert tuple(single["answers"]["route"]["probabilities"].values()) == pytest.approx(LEANING[3])
@@ -429,7 +456,7 @@ async def test_a_batch_below_the_floor_and_a_gateway_without_the_setting_answer_
     for result, as_read in zip(small["results"], LEANING, strict=False):
         assert tuple(result["answers"]["route"]["probabilities"].values()) == pytest.approx(as_read)
         skipped = result["x_typevet"]["diagnostics"]["route"]["batch_prior_skipped"]
-        assert skipped == "a batch of 3 answers (fewer than 8)"
+        assert skipped == "a batch of 3 answers (fewer than 16 for 3 options)"
     async with gateway(leaning()) as url:
         plain = await post(url, BATCH_PATH, {"states": STATES, "questions": ROUTE_WIRE})
         async with aiohttp.ClientSession() as http:
@@ -440,7 +467,11 @@ async def test_a_batch_below_the_floor_and_a_gateway_without_the_setting_answer_
         tuple(result["answers"]["route"]["probabilities"].values()) for result in plain["results"]
     ]
     assert close(got, LEANING, 1e-9)
-    assert listing["x_batch_calibration"] == {"mode": "off", "min_states": 8}
+    assert listing["x_batch_calibration"] == {
+        "mode": "off",
+        "min_states": 16,
+        "min_states_per_option": 2,
+    }
 
 
 @pytest.mark.asyncio
@@ -458,4 +489,4 @@ async def test_a_system_one_session_reads_the_divided_answers_and_their_diagnost
         diagnostics = item.judgment.diagnostics["route"]
         assert diagnostics.raw_probabilities == pytest.approx(as_read)
         assert diagnostics.batch_prior == pytest.approx(mean(LEANING))
-        assert diagnostics.batch_prior_items == 12
+        assert diagnostics.batch_prior_items == len(STATES)

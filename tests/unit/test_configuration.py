@@ -108,7 +108,7 @@ def calibration(tmp_path: Path) -> Path:
     entry = QuestionMap(question_hash(question), Reading(), Temperature(2.0), "question")
     path = tmp_path / "map.json"
     path.write_bytes(CalibrationMap(pins, {"q": entry}, "2026-12-01T00:00:00+00:00").to_json())
-    prior = QuestionPrior(question_hash(question), Reading(), tv.BatchPrior((0.7, 0.3), 12))
+    prior = QuestionPrior(question_hash(question), Reading(), tv.BatchPrior((0.7, 0.3), 16))
     path.with_name("prior.json").write_bytes(tv.FittedPrior(pins, {"q": prior}).to_json())
     return path
 

@@ -34,9 +34,10 @@ from .stubs import InMemoryStubBackend, failing_after, state_of
 ROUTE = tv.Choice({"billing": None, "shipping": None, "technical": None}, instructions="Team?")
 REFUND = tv.Noul(instructions="Refund?")
 QUESTIONS: dict[str, tv.Question] = {"route": ROUTE, "refund": REFUND}
-#: Twelve unlabelled states, and a thirteenth judged with the prior fitted on them.
-STATES = [f"ticket-{k}" for k in range(12)]
-LATER = "ticket-12"
+#: Sixteen unlabelled states (the floor of a question of up to eight options), and a
+#: seventeenth judged with the prior fitted on them.
+STATES = [f"ticket-{k}" for k in range(16)]
+LATER = "ticket-16"
 
 
 class StateLeaningStub(InMemoryStubBackend):
@@ -89,7 +90,7 @@ async def test_the_prior_is_each_questions_mean_answer_over_the_states_pinned_as
         entry = prior.questions[question_id]
         expected = _mean([_probabilities(judgment[question_id]) for judgment in answers])
         assert entry.prior.probabilities == pytest.approx(expected, abs=1e-12)
-        assert (entry.prior.items, entry.prior.skipped) == (12, None)
+        assert (entry.prior.items, entry.prior.skipped) == (len(STATES), None)
         assert entry.question == question_hash(question)
         assert entry.reading == plan.readings[question_id] == Reading()
     assert prior.created.endswith("+00:00")
@@ -111,7 +112,9 @@ async def test_too_few_states_or_states_that_do_not_vary_fit_no_prior_and_say_wh
         applied = await session.judge(LATER, QUESTIONS, prior=few)
         raw = await session.judge(LATER, QUESTIONS)
     assert few.questions["route"].prior.probabilities is None
-    assert few.questions["route"].prior.skipped == "a batch of 5 answers (fewer than 8)"
+    assert (
+        few.questions["route"].prior.skipped == "a batch of 5 answers (fewer than 16 for 3 options)"
+    )
     assert applied["route"] == raw["route"]  # left as read
     assert applied.diagnostics["route"].batch_prior is None
     assert applied.diagnostics["route"].batch_prior_skipped == few.questions["route"].prior.skipped
@@ -173,7 +176,10 @@ async def test_a_later_answer_is_divided_by_the_prior_as_by_hand() -> None:
         diagnostics = judged.diagnostics[question_id]
         assert diagnostics.raw_probabilities == pytest.approx(read, abs=1e-15)
         assert diagnostics.batch_prior == fitted
-        assert (diagnostics.batch_prior_items, diagnostics.batch_prior_skipped) == (12, None)
+        assert (diagnostics.batch_prior_items, diagnostics.batch_prior_skipped) == (
+            len(STATES),
+            None,
+        )
         assert diagnostics.logprobs == raw.diagnostics[question_id].logprobs
         for other in (streamed[0], by_setting):
             assert other is not None
@@ -279,8 +285,8 @@ async def test_a_server_that_judges_itself_refuses_fitting_and_applying_a_prior_
 
 def _artefact() -> tv.FittedPrior:
     pins = Pins("sha256:set", "stub-model", "gemma3", "custom", "typevet/letters/2/noul-words")
-    route = QuestionPrior(question_hash(ROUTE), Reading(3), tv.BatchPrior((0.5, 0.3, 0.2), 12))
-    skipped = tv.BatchPrior(None, 4, "a batch of 4 answers (fewer than 8)")
+    route = QuestionPrior(question_hash(ROUTE), Reading(3), tv.BatchPrior((0.5, 0.3, 0.2), 16))
+    skipped = tv.BatchPrior(None, 4, "a batch of 4 answers (fewer than 16 for 3 options)")
     refund = QuestionPrior(question_hash(REFUND), Reading(), skipped)
     return tv.FittedPrior(pins, {"route": route, "refund": refund}, "2026-12-01T00:00:00+00:00")
 
@@ -328,7 +334,7 @@ def _route(body: dict[str, Any]) -> dict[str, Any]:
         (_edited(lambda b: _route(b).update(probabilities=[1.0])), "2 or more"),
         (_edited(lambda b: _route(b).update(probabilities="0.5,0.5")), "a list"),
         (_edited(lambda b: _route(b).update(items=True)), "items must be a whole number"),
-        (_edited(lambda b: _route(b).update(items=3)), "at least 8 answers"),
+        (_edited(lambda b: _route(b).update(items=15)), "at least 16 answers"),
         (_edited(lambda b: _route(b).update(skipped="why")), "not skipped"),
         (_edited(lambda b: _route(b).update(probabilities=None, skipped=None)), "say why"),
         (_edited(lambda b: _route(b).update(question="route")), "'sha256:' digest"),
@@ -383,8 +389,8 @@ CLI_QUESTIONS = ["--choice", "route=Team?:billing,shipping,technical", "--noul",
 def _records(path: Path) -> Path:
     # Records of every shape it takes: eval's (labels unread), batch's, and a bare state.
     lines = [{"id": 0, "state": STATES[0], "labels": {"refund": True}}]
-    lines += [{"id": k, "state": state} for k, state in enumerate(STATES[1:11], start=1)]
-    path.write_text("\n".join(map(json.dumps, [*lines, STATES[11]])) + "\n\n")
+    lines += [{"id": k, "state": state} for k, state in enumerate(STATES[1:-1], start=1)]
+    path.write_text("\n".join(map(json.dumps, [*lines, STATES[-1]])) + "\n\n")
     return path
 
 
@@ -468,4 +474,4 @@ async def test_an_eval_run_with_a_prior_measures_divided_answers_and_resumes_onl
             await tv.evaluate(session, records, QUESTIONS, out=out, resume=True)
         resumed = await tv.evaluate(session, records, QUESTIONS, out=out, resume=True, prior=prior)
     assert evaluation.facts()["prior"] == prior.sha256
-    assert resumed.records == 12
+    assert resumed.records == len(STATES)

@@ -465,7 +465,8 @@ class Session(AsyncResource):
         for later judgments: give it as ``prior=``): each question's mean answer over the
         states, judged as `judge_many` judges them (``states`` as its ``records``) without a
         calibration map, a prior or the off-menu guard, under the session's framing and these
-        rotations. A question the states do not vary, or fewer than 8 states, gets no prior:
+        rotations. A question the states do not vary, or fewer states than its floor
+        (`min_batch_items`: 16, or 2 per option if more), gets no prior:
         its entry says why, and its answers are later left as read. Pinned as a map is (model,
         template family, server kind, framing, each question and its reading).
 

@@ -89,10 +89,10 @@ input lines: {{"id": "t1", "state": "..."}} (other keys, such as "labels", are n
 any other JSON value: a bare state. Blank lines are skipped; every line is checked before the
 first record is sent. Judges every state as batch does, without a map, a prior or the off-menu
 guard, and keeps each question's mean answer (batch calibration's prior): a question the
-states do not vary, or fewer than 8 states, gets none, and its answers are left as read. The
-prior is pinned to the question set, model, template family, server kind, prompt framing and
-reading (permutations, label prior) of this run: --prior refuses it anywhere else, and with
---calibration or --content-free on the same question.
+states do not vary, or fewer than 16 states (2 per option if more), gets none, and its answers
+are left as read. The prior is pinned to the question set, model, template family, server
+kind, prompt framing and reading (permutations, label prior) of this run: --prior refuses it
+anywhere else, and with --calibration or --content-free on the same question.
 
 {QUESTIONS_SHAPE}
 

@@ -23,10 +23,11 @@ How a batch is served, and why:
   state with, in its place.
 - **Batch calibration**, when the gateway's session has it on (``--batch-calibration on``):
   once every state is judged, each question's batch prior over the request's answered states
-  is divided out of their answers (no extra read; the floor of fewer than 8 answers, or a batch
-  that does not vary them, leaves them as read). Each result's ``x_typevet`` diagnostics keep
-  the probabilities as read, the prior, its count and why it was skipped; ``GET /v1/models``
-  says whether the route divides (`CALIBRATION_ADVERTISEMENT`).
+  is divided out of their answers (no extra read; the floor of fewer than 16 answers, or 2 per
+  option if more, or a batch that does not vary them, leaves them as read). Each result's
+  ``x_typevet`` diagnostics keep the probabilities as read, the prior, its count and why it
+  was skipped; ``GET /v1/models`` says whether the route divides, and its floor
+  (`CALIBRATION_ADVERTISEMENT`).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ How a batch is divided:
   A stream that ends before its warm-up fills is divided as the finite batch it was.
 - A record that failed (an error item) is not an answer: it passes through untouched, in its
   place, and counts for nothing.
-- Where the prior cannot help (`batch_calibration`'s floor: fewer than `MIN_BATCH_ITEMS`
-  answers, a batch that does not vary them) the answers stand as read, and their diagnostics
-  say why.
+- Where the prior cannot help (`batch_calibration`'s floor: fewer answers than
+  `min_batch_items` asks for the question's options, a batch that does not vary them) the
+  answers stand as read, and their diagnostics say why. A stream's question with more options
+  than its warm-up can cover is left as read until its running count reaches the floor.
 
 Pure: `Session.judge_many`'s stream and the gateway's batch route call it.
 """

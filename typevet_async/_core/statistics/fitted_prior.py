@@ -26,9 +26,9 @@ import orjson
 from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.answers import Answer, Diagnostics
 from typevet_async._core.statistics.batch_calibration import (
-    MIN_BATCH_ITEMS,
     BatchPrior,
     apply_batch_prior,
+    min_batch_items,
 )
 from typevet_async._core.statistics.calibration import (
     Pins,
@@ -210,7 +210,7 @@ def _question_prior(question_id: str, value: Any) -> QuestionPrior:
     """One question's entry of an artefact, checked field by field.
 
     :raises CalibrationError: a field missing, unknown or of the wrong type, or a prior that
-        is not a distribution of at least two options fitted on `MIN_BATCH_ITEMS` answers;
+        is not a distribution of at least two options fitted on `min_batch_items` answers;
         ``question_id`` names the question.
     """
     try:
@@ -224,10 +224,13 @@ def _question_prior(question_id: str, value: Any) -> QuestionPrior:
         probabilities = _distribution(entry["probabilities"])
         if probabilities is None and not (isinstance(skipped, str) and skipped):
             raise CalibrationError("a prior without probabilities must say why it was skipped")
-        if probabilities is not None and (skipped is not None or items < MIN_BATCH_ITEMS):
+        if probabilities is not None and (
+            skipped is not None or items < min_batch_items(len(probabilities))
+        ):
             raise CalibrationError(
-                f"a prior with probabilities is fitted on at least {MIN_BATCH_ITEMS} answers "
-                f"and not skipped, got items {items!r} and skipped {skipped!r:.80}"
+                f"a prior with probabilities is fitted on at least "
+                f"{min_batch_items(len(probabilities))} answers and not skipped, got items "
+                f"{items!r} and skipped {skipped!r:.80}"
             )
         prior = BatchPrior(probabilities, items, skipped)
         return QuestionPrior(question, Reading(**reading), prior)

@@ -34,7 +34,7 @@ from typing import Any, Final
 import attrs
 
 from typevet_async._core.prompts.questions import Question
-from typevet_async._core.statistics.batch_calibration import MIN_BATCH_ITEMS
+from typevet_async._core.statistics.batch_calibration import ITEMS_PER_OPTION, MIN_BATCH_ITEMS
 from typevet_async._core.wires.system_one.questions import question_to_system_one
 from typevet_async._core.wires.system_one.requests import (
     request_from_system_one,
@@ -203,5 +203,5 @@ def advertisement(max_states: int) -> dict[str, Any]:
 
 def calibration_advertisement(mode: str) -> dict[str, Any]:
     """The `CALIBRATION_ADVERTISEMENT` field's value: the route's batch calibration (``"on"``
-    or ``"off"``), and the fewest answered states it divides."""
-    return {"mode": mode, "min_states": MIN_BATCH_ITEMS}
+    or ``"off"``), and its floor: the fewest answered states it divides, and per option."""
+    return {"mode": mode, "min_states": MIN_BATCH_ITEMS, "min_states_per_option": ITEMS_PER_OPTION}
