@@ -87,7 +87,7 @@ from scipy.stats import ConstantInputWarning, spearmanr
 
 import typevet_async as tv
 from benchmarks._shared import markdown_table, write_results
-from benchmarks.real_answers.bench_real_model import (
+from benchmarks.real_answers._plain_reader import (
     LETTERS,
     PLAIN_SYSTEM,
     PlainReader,
