@@ -59,7 +59,7 @@ from aiohttp import web
 
 import typevet_async as tv
 from benchmarks._local_proxy import LocalProxy, cap_refusal
-from benchmarks._shared import markdown_table, write_results
+from benchmarks._shared import at_least, markdown_table, write_results
 from benchmarks.real_answers.bench_public_data import (
     DATA,
     RESAMPLES,
@@ -625,25 +625,18 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\nwritten to {path}", file=sys.stderr)
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--tickets", type=_count, default=80, help="the first N shipped tickets (default: 80)"
+        "--tickets", type=at_least(1), default=80, help="the first N shipped tickets (default: 80)"
     )
     parser.add_argument(
-        "--every", type=_count, default=4, help="every K-th public eval row of each class (4)"
+        "--every", type=at_least(1), default=4, help="every K-th public eval row of each class (4)"
     )
     parser.add_argument(
         "--cap",
         action="append",
-        type=_count,
+        type=at_least(1),
         help="a capped server's top_logprobs limit, repeated (default: "
         f"{', '.join(map(str, CAPS))})",
     )

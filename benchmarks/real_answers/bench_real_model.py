@@ -57,7 +57,7 @@ import attrs
 import numpy as np
 
 import typevet_async as tv
-from benchmarks._shared import markdown_table, write_results
+from benchmarks._shared import at_least, markdown_table, write_results
 from benchmarks.real_answers import bench_public_data as public
 from benchmarks.real_answers._plain_reader import (
     LETTERS,
@@ -663,21 +663,6 @@ def _questions_file(text: str) -> Path:
     return path
 
 
-def _count(minimum: int) -> Any:
-    """An argparse type: an integer of at least ``minimum`` (exit 2 naming it otherwise)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
-        return value
-
-    return parse
-
-
 def _results_name(text: str) -> str:
     """A named run's name: a plain word, the results then go to ``bench_real_model.<name>.json``
     beside the latest run's file, never to a path."""
@@ -690,7 +675,9 @@ def _results_name(text: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--every", type=_count(1), default=3, help="every K-th ticket (default: 3)")
+    parser.add_argument(
+        "--every", type=at_least(1), default=3, help="every K-th ticket (default: 3)"
+    )
     parser.add_argument(
         "--arm",
         action="append",
@@ -710,11 +697,11 @@ def main() -> None:
         help="the questions (System One JSON under the repository, `x_examples` read; the plain "
         "arm asks them without examples; default: examples/eval/questions.json)",
     )
-    parser.add_argument("--slots", type=_count(1), default=4, help="server slots (default: 4)")
+    parser.add_argument("--slots", type=at_least(1), default=4, help="server slots (default: 4)")
     parser.add_argument("--no-reversed", dest="reversed", action="store_false")
     parser.add_argument(
         "--speed",
-        type=_count(0),
+        type=at_least(0),
         default=30,
         metavar="N",
         help="time N route decisions by judge and by generation (0: skip; default: 30)",
@@ -729,7 +716,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--identity-every",
-        type=_count(0),
+        type=at_least(0),
         default=0,
         metavar="K",
         help="compare the SDK's default prompts with the plain ones for every ticket, and read "
