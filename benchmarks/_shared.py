@@ -1,4 +1,5 @@
-"""What the benchmarks share: tickets, the results folder, statistics and Markdown tables.
+"""What the benchmarks share: tickets, the results folder, statistics, Markdown tables and an
+argparse count.
 
 Not a benchmark itself. The benchmarks live in one package per thing they measure (`GROUPS`:
 ``client_cost``, ``real_answers``, ``gateway``, ``scale``); each writes its figures to
@@ -9,6 +10,7 @@ machine, the Python and the SDK's source revision, and prints Markdown tables.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -108,6 +110,21 @@ def percentile(sorted_values: Sequence[float], share: float) -> float:
         return float("nan")
     rank = max(0, min(len(sorted_values) - 1, round(share * len(sorted_values) + 0.5) - 1))
     return sorted_values[rank]
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (exit 2 naming it otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

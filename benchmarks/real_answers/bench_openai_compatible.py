@@ -53,13 +53,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import attrs
 import numpy as np
 from aiohttp import web
 
 import typevet_async as tv
-from benchmarks._shared import markdown_table, write_results
+from benchmarks._local_proxy import LocalProxy, cap_refusal
+from benchmarks._shared import at_least, markdown_table, write_results
 from benchmarks.real_answers.bench_public_data import (
     DATA,
     RESAMPLES,
@@ -82,11 +82,6 @@ EXACT, GENERIC = "exact", "generic"
 PATHS = (EXACT, GENERIC)
 #: OpenAI's cap, and the 5 some hosted providers state.
 CAPS = (20, 5)
-#: OpenAI's refusal of a window above its cap (its wording: the probe reads the limit in it).
-OPENAI_CAP_MESSAGE = (
-    "Invalid 'top_logprobs': integer above maximum value. Expected a value <= {cap}, but got "
-    "{asked} instead."
-)
 
 
 def capped(cap: int) -> str:
@@ -145,64 +140,23 @@ def public_cases(every: int) -> tuple[dict[str, list[Case]], dict[str, Any]]:
 # -- a server capped as OpenAI's ----------------------------------------------------------------
 
 
-class CappedProxy:
+class CappedProxy(LocalProxy):
     """A proxy on 127.0.0.1 in front of the server that refuses ``top_logprobs`` above
     ``cap`` as OpenAI does (HTTP 400 naming the limit) and passes everything else through, the
     replies the server's own."""
 
     def __init__(self, upstream: str, cap: int) -> None:
-        self.upstream, self.cap, self.url = upstream.rstrip("/"), cap, ""
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> CappedProxy:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self._client = aiohttp.ClientSession()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._client is not None:
-            await self._client.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        super().__init__(upstream)
+        self.cap = cap
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         data = await request.read()
         if request.path.endswith("/chat/completions"):
-            asked = json.loads(data).get("top_logprobs")
-            if isinstance(asked, int) and asked > self.cap:
-                error = {
-                    "message": OPENAI_CAP_MESSAGE.format(cap=self.cap, asked=asked),
-                    "type": "invalid_request_error",
-                    "param": "top_logprobs",
-                    "code": "integer_above_max_value",
-                }
-                return web.json_response({"error": error}, status=400)
-        assert self._client is not None
-        headers = {"Content-Type": "application/json"} if data else None
-        # Sent once more if the pooled connection was one the server closed while idle.
-        for resend in (False, True):
-            try:
-                async with self._client.request(
-                    request.method,
-                    f"{self.upstream}{request.rel_url}",
-                    data=data or None,
-                    headers=headers,
-                ) as upstream:
-                    body = await upstream.read()
-                    return web.Response(
-                        status=upstream.status, body=body, content_type="application/json"
-                    )
-            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-                if resend:
-                    raise
-        raise AssertionError("unreachable: the second send returns or raises")
+            refusal = cap_refusal(json.loads(data).get("top_logprobs"), self.cap)
+            if refusal is not None:
+                return refusal
+        status, body = await self.forward(request, data)
+        return web.Response(status=status, body=body, content_type="application/json")
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -671,25 +625,18 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\nwritten to {path}", file=sys.stderr)
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--tickets", type=_count, default=80, help="the first N shipped tickets (default: 80)"
+        "--tickets", type=at_least(1), default=80, help="the first N shipped tickets (default: 80)"
     )
     parser.add_argument(
-        "--every", type=_count, default=4, help="every K-th public eval row of each class (4)"
+        "--every", type=at_least(1), default=4, help="every K-th public eval row of each class (4)"
     )
     parser.add_argument(
         "--cap",
         action="append",
-        type=_count,
+        type=at_least(1),
         help="a capped server's top_logprobs limit, repeated (default: "
         f"{', '.join(map(str, CAPS))})",
     )

@@ -92,8 +92,8 @@ import numpy as np
 from scipy.stats import ConstantInputWarning, spearmanr
 
 import typevet_async as tv
-from benchmarks._shared import markdown_table, write_results
-from benchmarks.real_answers.bench_real_model import (
+from benchmarks._shared import at_least, markdown_table, write_results
+from benchmarks.real_answers._plain_reader import (
     LETTERS,
     PLAIN_SYSTEM,
     PlainReader,
@@ -1425,17 +1425,10 @@ def items_record(
     }
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--every", type=_positive, default=1, help="every K-th eval item of each class (1)"
+        "--every", type=at_least(1), default=1, help="every K-th eval item of each class (1)"
     )
     parser.add_argument(
         "--task", action="append", choices=list(TASKS), help="a task, repeated (default: all)"

@@ -45,7 +45,6 @@ import argparse
 import asyncio
 import functools
 import json
-import math
 import re
 import sys
 import time
@@ -58,7 +57,15 @@ import attrs
 import numpy as np
 
 import typevet_async as tv
-from benchmarks._shared import markdown_table, write_results
+from benchmarks._shared import at_least, markdown_table, write_results
+from benchmarks.real_answers import bench_public_data as public
+from benchmarks.real_answers._plain_reader import (
+    LETTERS,
+    PlainReader,
+    plain_prompt,
+    served_vocabulary,
+    softmax,
+)
 from typevet_async._apps.cli.exits import CommandLineError
 from typevet_async._apps.cli.inputs import read_json_file
 from typevet_async._core.statistics import fitting
@@ -69,8 +76,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = "bench_real_model"
 EVAL = ROOT / "examples" / "eval"
 MODEL = "qwen2.5-coder-1.5b"
-LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-PLAIN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
 def load_set(
@@ -95,75 +100,6 @@ def gold_index(question: tv.Question, label: Any) -> int:
 def reversed_choice(question: tv.Choice) -> tv.Choice:
     options = list(reversed(question.options()))
     return tv.Choice({o.label: o.description for o in options}, instructions=question.instructions)
-
-
-# -- the plain hand-written prompt -------------------------------------------------------------
-
-
-def plain_prompt(state: str, question: tv.Question, order: Sequence[int]) -> str:
-    options = question.options()
-    lines = [state, "", question.instructions]
-    for letter, index in zip(LETTERS, order, strict=False):
-        option = options[index]
-        if isinstance(question, tv.Noul):
-            text = "Yes" if option.label == "true" else "No"
-        elif isinstance(question, tv.Score):
-            text = option.description or option.label
-        else:
-            text = f"{option.label}: {option.description}" if option.description else option.label
-        lines.append(f"{letter}. {text}")
-    lines.append("Answer with one letter.")
-    user = "\n".join(lines)
-    return (
-        f"<|im_start|>system\n{PLAIN_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
-
-
-class PlainReader:
-    """The hand-written loop: one ``/completion`` per question, the answer tokens' logprobs
-    read from its top 4,096 (the whole vocabulary if one is missing)."""
-
-    def __init__(
-        self, url: str, http: aiohttp.ClientSession, vocab: int, *, cache_prompt: bool = True
-    ) -> None:
-        self.url, self.http, self.vocab, self.cache_prompt = url, http, vocab, cache_prompt
-        self._ids: dict[str, int] = {}
-
-    async def token_id(self, text: str) -> int:
-        """The one token ``text`` is (an error if it is several)."""
-        if text not in self._ids:
-            body = {"content": text, "add_special": False}
-            async with self.http.post(f"{self.url}/tokenize", json=body) as response:
-                (self._ids[text],) = (await response.json())["tokens"]
-        return self._ids[text]
-
-    async def read(self, prompt: str, answers: Sequence[str]) -> tuple[list[float], float]:
-        """The logprobs of ``answers`` (one token each) after ``prompt``, and the mass off them."""
-        ids, top_k = [await self.token_id(answer) for answer in answers], 4096
-        while True:
-            body = {"prompt": prompt, "n_predict": 0, "n_probs": top_k,
-                    "cache_prompt": self.cache_prompt}  # fmt: skip
-            async with self.http.post(f"{self.url}/completion", json=body) as response:
-                reply = await response.json()
-            entries = reply["completion_probabilities"][0]["top_logprobs"]
-            top = {entry["id"]: entry["logprob"] for entry in entries}
-            if all(token in top for token in ids) or top_k >= self.vocab:
-                logprobs = [top[token] for token in ids]
-                return logprobs, 1 - sum(math.exp(lp) for lp in logprobs)
-            top_k = self.vocab
-
-
-async def served_vocabulary(url: str, http: aiohttp.ClientSession) -> int:
-    async with http.get(f"{url}/v1/models") as response:
-        return int((await response.json())["data"][0]["meta"]["n_vocab"])
-
-
-def softmax(logprobs: Sequence[float]) -> list[float]:
-    peak = max(logprobs)
-    weights = [math.exp(lp - peak) for lp in logprobs]
-    total = sum(weights)
-    return [w / total for w in weights]
 
 
 async def run_plain(
@@ -303,9 +239,6 @@ def batch_calibration(
     defaults), no read of its own: per question, all the tickets (no held-out half: nothing is
     fitted), in ticket order, cut into batches of 10, 50 or all, each batch's prior divided out
     of its own items; the figures and table are bench_public_data's (`batch_section`)."""
-    # Imported here: bench_public_data imports this module's plain reader at its top.
-    from benchmarks.real_answers import bench_public_data as public
-
     ordered = sorted(tickets, key=lambda t: str(t["id"]))
     tasks, summaries = [], {}
     for position, (qid, question) in enumerate(questions.items()):
@@ -730,21 +663,6 @@ def _questions_file(text: str) -> Path:
     return path
 
 
-def _count(minimum: int) -> Any:
-    """An argparse type: an integer of at least ``minimum`` (exit 2 naming it otherwise)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
-        return value
-
-    return parse
-
-
 def _results_name(text: str) -> str:
     """A named run's name: a plain word, the results then go to ``bench_real_model.<name>.json``
     beside the latest run's file, never to a path."""
@@ -757,7 +675,9 @@ def _results_name(text: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--every", type=_count(1), default=3, help="every K-th ticket (default: 3)")
+    parser.add_argument(
+        "--every", type=at_least(1), default=3, help="every K-th ticket (default: 3)"
+    )
     parser.add_argument(
         "--arm",
         action="append",
@@ -777,11 +697,11 @@ def main() -> None:
         help="the questions (System One JSON under the repository, `x_examples` read; the plain "
         "arm asks them without examples; default: examples/eval/questions.json)",
     )
-    parser.add_argument("--slots", type=_count(1), default=4, help="server slots (default: 4)")
+    parser.add_argument("--slots", type=at_least(1), default=4, help="server slots (default: 4)")
     parser.add_argument("--no-reversed", dest="reversed", action="store_false")
     parser.add_argument(
         "--speed",
-        type=_count(0),
+        type=at_least(0),
         default=30,
         metavar="N",
         help="time N route decisions by judge and by generation (0: skip; default: 30)",
@@ -796,7 +716,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--identity-every",
-        type=_count(0),
+        type=at_least(0),
         default=0,
         metavar="K",
         help="compare the SDK's default prompts with the plain ones for every ticket, and read "

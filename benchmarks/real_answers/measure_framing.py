@@ -2,7 +2,7 @@
 
 The study behind the default field block (``typevet_async._core.prompts.fields``): each variant is a
 user message in the model's own ChatML turn (its default system message), read exactly with
-raw ``POST /completion`` reads (`benchmarks.real_answers.bench_real_model.PlainReader`), over the
+raw ``POST /completion`` reads (`benchmarks.real_answers._plain_reader.PlainReader`), over the
 shipped labelled set's three questions. Every variant changes one thing against its neighbour:
 
 - ``before``: the SDK's field block until this study: ``Question: <instructions>``, option
@@ -42,15 +42,13 @@ import numpy as np
 
 import typevet_async as tv
 from benchmarks._shared import markdown_table, write_results
-from benchmarks.real_answers.bench_real_model import (
-    MODEL,
+from benchmarks.real_answers._plain_reader import (
     PLAIN_SYSTEM,
     PlainReader,
-    gold_index,
-    load_set,
     served_vocabulary,
     softmax,
 )
+from benchmarks.real_answers.bench_real_model import MODEL, gold_index, load_set
 
 NAME = "measure_framing"
 LETTERS = tuple("ABCDEFGHIJ")

@@ -16,10 +16,11 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Coroutine, Iterator
-from typing import Any, Self, cast
+from typing import Any, cast
 
-import aiohttp
 from aiohttp import web
+
+from benchmarks._local_proxy import LocalProxy, cap_refusal
 
 Fault = Callable[[web.Request, int, bytes], Any]
 
@@ -106,38 +107,7 @@ class RandomFaults:
         return Counter(fault for faults in self.by_record.values() for fault in faults)
 
 
-class _LocalProxy:
-    """An aiohttp.web server on 127.0.0.1 in the test's event loop, in front of ``upstream``,
-    with a client session to it; a subclass answers each request (``_handle``)."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.rstrip("/")
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> Self:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        self._client = aiohttp.ClientSession()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._client is not None
-        assert self._runner is not None
-        await self._client.close()
-        await self._runner.cleanup()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        raise NotImplementedError
-
-
-class FaultInjectingProxy(_LocalProxy):
+class FaultInjectingProxy(LocalProxy):
     """An aiohttp.web proxy on 127.0.0.1 in the test's event loop.
 
     Faults come from ``script`` (in order, one per request to ``path``) or, when it is set,
@@ -170,25 +140,6 @@ class FaultInjectingProxy(_LocalProxy):
         #: Seconds each request to ``path`` waits before it is handled: a slow model server
         #: (the wait is the stub; the reply is still the real server's).
         self.delay = 0.0
-
-    async def _forward(self, request: web.Request) -> tuple[int, bytes]:
-        assert self._client is not None
-        data = await request.read()
-        # Sent once more if the pooled upstream connection was one the server had closed while
-        # idle (seen once in CI): the proxy's own hiccup must not pass for the scripted fault.
-        for resend in (False, True):
-            try:
-                async with self._client.request(
-                    request.method,
-                    f"{self.upstream}{request.rel_url}",
-                    data=data or None,
-                    headers={"Content-Type": "application/json"} if data else None,
-                ) as upstream:
-                    return upstream.status, await upstream.read()
-            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-                if resend:
-                    raise
-        raise AssertionError("unreachable: the second send returns or raises")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.traceparents.append(request.headers.get("traceparent"))
@@ -234,7 +185,7 @@ class FaultInjectingProxy(_LocalProxy):
         if fault == "oversized":
             await request.read()
             return web.Response(body=b"[" + b"0," * (40 * 1024 * 1024) + b"0]")
-        status, body = await self._forward(request)
+        status, body = await self.forward(request, await request.read())
         rewrite = BODY_FAULTS.get(fault) or CLAIMS.get(fault)
         if rewrite is not None:
             return web.Response(status=status, body=rewrite(body))
@@ -257,7 +208,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-class AdvertisingProxy(_LocalProxy):
+class AdvertisingProxy(LocalProxy):
     """A recording proxy in front of a System One server (our gateway, real), written for the
     tests: every request is forwarded as it came (method, path, body, ``Authorization``) and
     recorded; one thing is rewritten, and only that is a stub: ``GET /v1/models`` advertises
@@ -334,7 +285,7 @@ def counting_tasks() -> Iterator[Counter[str]]:
         tasks.clear()
 
 
-class VisionRecordingProxy(_LocalProxy):
+class VisionRecordingProxy(LocalProxy):
     """A recording proxy in front of the real llama.cpp or vLLM server, written for the tests,
     for the one thing no server here can do: read images (the test models are text-only). Its
     stubs, named: llama.cpp's ``GET /props`` declares vision, and a read with images is
@@ -388,14 +339,7 @@ def _text_only(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": "".join(p["text"] for p in content if p["type"] == "text")}
 
 
-#: OpenAI's own refusal of a window above its cap (its API's wording and error shape).
-OPENAI_CAP_MESSAGE = (
-    "Invalid 'top_logprobs': integer above maximum value. Expected a value <= {cap}, but got "
-    "{asked} instead."
-)
-
-
-class OpenAIShapedProxy(_LocalProxy):
+class OpenAIShapedProxy(LocalProxy):
     """A proxy in front of llama.cpp's real ``/v1/chat/completions`` that behaves as other
     OpenAI-compatible servers do, the replies still the real server's: it refuses a
     ``top_logprobs`` above ``cap`` with a 400 (OpenAI's message naming the limit, or with
@@ -435,20 +379,10 @@ class OpenAIShapedProxy(_LocalProxy):
         self.requests: list[tuple[str, dict[str, str]]] = []
 
     def _refusal(self, body: dict[str, Any]) -> web.Response | None:
-        asked = body.get("top_logprobs")
-        if self.cap is not None and isinstance(asked, int) and asked > self.cap:
-            message = (
-                OPENAI_CAP_MESSAGE.format(cap=self.cap, asked=asked)
-                if self.name_limit
-                else "invalid request"
-            )
-            error = {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "top_logprobs",
-                "code": "integer_above_max_value",
-            }
-            return web.json_response({"error": error}, status=400)
+        if self.cap is not None:
+            refusal = cap_refusal(body.get("top_logprobs"), self.cap, name_limit=self.name_limit)
+            if refusal is not None:
+                return refusal
         if self.refuse_kwargs and "chat_template_kwargs" in body:
             error = {
                 "message": "Unrecognized request argument supplied: chat_template_kwargs",
@@ -485,7 +419,7 @@ class OpenAIShapedProxy(_LocalProxy):
             self.chats.append((body, 400 if refusal is not None else 200))
             if refusal is not None:
                 return refusal
-        status, reply = await self._forward(request, data)
+        status, reply = await self.forward(request, data)
         if chat and status == 200:
             self.last_reply = reply
             if self.strip_logprobs or self.mangle_texts:
@@ -504,25 +438,6 @@ class OpenAIShapedProxy(_LocalProxy):
                     entry.pop("bytes", None)
                     entry.pop("id", None)
         return json.dumps(parsed).encode()
-
-    async def _forward(self, request: web.Request, data: bytes) -> tuple[int, bytes]:
-        assert self._client is not None
-        headers = {"Content-Type": "application/json"} if data else None
-        # Sent once more if the pooled upstream connection was one the server had closed
-        # while idle: the proxy's own hiccup must not pass for the server's reply.
-        for resend in (False, True):
-            try:
-                async with self._client.request(
-                    request.method,
-                    f"{self.upstream}{request.rel_url}",
-                    data=data or None,
-                    headers=headers,
-                ) as upstream:
-                    return upstream.status, await upstream.read()
-            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-                if resend:
-                    raise
-        raise AssertionError("unreachable: the second send returns or raises")
 
     def asked(self) -> list[int | None]:
         """Each chat request's ``top_logprobs``, in order."""

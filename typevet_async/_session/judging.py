@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import attrs
 
@@ -29,7 +29,6 @@ from typevet_async._core.reading.interpreting import interpret_read, settle_ques
 from typevet_async._core.reading.probe import Probe, model_identity
 from typevet_async._core.reading.readings import CandidateRead
 from typevet_async._core.statistics.calibration import (
-    CalibrationMap,
     Pins,
     Reading,
     question_set_hash,
@@ -104,29 +103,26 @@ def question_readings(
     return readings
 
 
-def check_calibration(
+def check_fitted(
     planner: Planner,
     questions: Sequence[tuple[str, Question]],
     readings: Mapping[str, Reading],
-    calibration: CalibrationMap,
+    options: ReadOptions,
 ) -> None:
-    """:raises CalibrationError: the map was not fitted for this judgment (nothing sent)."""
-    served = served_pins(planner.backend, planner.probe, questions, planner.settings)
-    calibration.check(served, questions, readings)
+    """The call's artefacts fitted on reads (``options``' calibration map, its fitted prior)
+    checked against this judgment's own pins.
 
-
-def check_prior(
-    planner: Planner,
-    questions: Sequence[tuple[str, Question]],
-    readings: Mapping[str, Reading],
-    prior: FittedPrior,
-) -> None:
-    """:raises ConfigurationError: the session's content-free calibration divides a question
-        the prior would divide too (nothing sent).
-    :raises CalibrationError: the prior was not fitted for this judgment (nothing sent)."""
-    refuse_content_free(questions, planner.settings, "a fitted prior")
+    :raises ConfigurationError: the session's content-free calibration divides a question a
+        fitted prior would divide too (nothing sent).
+    :raises CalibrationError: a map or prior was not fitted for this judgment (nothing sent).
+    """
     served = served_pins(planner.backend, planner.probe, questions, planner.settings)
-    prior.check(served, questions, readings)
+    for artefact in (options.calibration, options.prior):
+        if artefact is None:
+            continue
+        if isinstance(artefact, FittedPrior):
+            refuse_content_free(questions, planner.settings, "a fitted prior")
+        artefact.check(served, questions, readings)
 
 
 def refuse_content_free(
@@ -190,30 +186,20 @@ def judge(
     # costs one check and no coroutine layer of its own.
     if not telemetry.observing():
         return _judge(*arguments)
-    return _observed_judge(_JudgmentCall(*arguments))
+    return _observed_judge(
+        planner, len(questions), state_text, functools.partial(_judge, *arguments)
+    )
 
 
-class _JudgmentCall(NamedTuple):
-    """`judge`'s arguments, as `_judge` takes them."""
-
-    planner: Planner
-    slots: SlotShare
-    state: Any
-    state_text: str
-    questions: Sequence[tuple[str, Question]]
-    images: JudgmentImages
-    strategy: PrefixReuse
-    options: ReadOptions
-
-
-async def _observed_judge(call: _JudgmentCall) -> Judgment:
-    """`_judge` in a ``typevet.judge`` span."""
-    backend = call.planner.backend
-    model = model_identity(backend.model, call.planner.probe.model_ids)
-    with telemetry.judgment_span(
-        backend.capabilities.server, model, len(call.questions), call.state_text
-    ) as span:
-        judgment = await _judge(*call)
+async def _observed_judge(
+    planner: Planner, questions: int, state_text: str, judging: Callable[[], Awaitable[Judgment]]
+) -> Judgment:
+    """``judging`` (`_judge` with its arguments) in a ``typevet.judge`` span; called only
+    there, so a call cancelled before it starts leaves no coroutine unawaited."""
+    backend = planner.backend
+    model = model_identity(backend.model, planner.probe.model_ids)
+    with telemetry.judgment_span(backend.capabilities.server, model, questions, state_text) as span:
+        judgment = await judging()
         telemetry.judged(span, judgment)
         return judgment
 
@@ -234,10 +220,8 @@ async def _judge(
         fitted = options.calibration is not None or options.prior is not None
         if options.permutations != 1 or fitted:
             readings = question_readings(questions, options, planner.settings)
-            if options.calibration is not None:
-                check_calibration(planner, questions, readings, options.calibration)
-            if options.prior is not None:
-                check_prior(planner, questions, readings, options.prior)
+            if fitted:
+                check_fitted(planner, questions, readings, options)
         await planner.learn(state_text, questions)  # the tokenizer's verdicts, if new
         requests = planner.plan(state_text, questions, images, readings)
         priors, spent = await _content_free_priors(planner, slots, questions, strategy, options)
@@ -352,29 +336,22 @@ def _score(
     the coroutine to await, with no layer of its own on the hot path."""
     if not telemetry.observing():
         return _score_read(backend, probe, slots, request, options, cached)
-    return _observed_score(_ReadCall(backend, probe, slots, request, options, cached))
+    scoring = functools.partial(_score_read, backend, probe, slots, request, options, cached)
+    return _observed_score(request, scoring)
 
 
-class _ReadCall(NamedTuple):
-    """`_score`'s arguments, as `_score_read` takes them."""
-
-    backend: Backend
-    probe: Probe
-    slots: SlotShare
-    request: ScoringRequest
-    options: ReadOptions
-    cached: CachedReads | None
-
-
-async def _observed_score(call: _ReadCall) -> _Scored:
-    """`_score_read` in a ``typevet.question`` span."""
-    with telemetry.question_span(call.request) as span:
+async def _observed_score(
+    request: ScoringRequest, scoring: Callable[[], Awaitable[_Scored]]
+) -> _Scored:
+    """``scoring`` (`_score_read` with its arguments, for ``request``) in a
+    ``typevet.question`` span; called only there, as `_observed_judge`'s."""
+    with telemetry.question_span(request) as span:
         try:
-            scored = await _score_read(*call)
+            scored = await scoring()
         except OffMenuError:
-            telemetry.off_menu_raised(call.request)
+            telemetry.off_menu_raised(request)
             raise
-        telemetry.answered(span, call.request, scored.diagnostics)
+        telemetry.answered(span, request, scored.diagnostics)
         return scored
 
 

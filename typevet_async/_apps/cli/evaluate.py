@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,11 +21,9 @@ from typevet_async._apps.cli.arguments import (
     question_flags,
     session_flags,
 )
-from typevet_async._apps.cli.exits import EXIT_FAILED_RECORDS, EXIT_OK, CommandLineError, reason
-from typevet_async._apps.cli.inputs import questions_from_args, session_from_args
-from typevet_async._apps.jsonl import BOM, json_error
+from typevet_async._apps.cli.exits import EXIT_FAILED_RECORDS, EXIT_OK, CommandLineError
+from typevet_async._apps.cli.inputs import json_lines, questions_from_args, session_from_args
 from typevet_async._core.statistics.labels import gold_indices, labelled_record
-from typevet_async._core.wires.jsonvalues import parse_json
 
 __all__ = ["add_parser", "evaluation_module", "run_eval"]
 
@@ -86,42 +84,19 @@ def evaluation_module() -> Any:
     return tv
 
 
-def _labelled_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """Each record of a labelled file with its line number, read as it goes.
-
-    :raises CommandLineError: the file cannot be read, or a line is not JSON (naming it).
-    """
-    try:
-        source = path.open("rb")
-    except OSError as error:
-        raise CommandLineError(f"cannot read the input {path}: {reason(error)}") from None
-    with source:
-        for number, line in enumerate(source, start=1):
-            if number == 1:
-                line = line.removeprefix(BOM)
-            if not line.strip():
-                continue
-            try:
-                yield number, parse_json(line)
-            except ValueError as error:
-                raise CommandLineError(
-                    f"{path} line {number}: not valid JSON ({json_error(error)})"
-                ) from None
-
-
 async def run_eval(args: argparse.Namespace, out: TextIO) -> int:
     module = evaluation_module()
     questions = questions_from_args(args)
     checked = list(questions.items())
     total = 0
-    for number, record in _labelled_lines(args.input):  # every line checked before any read
+    for number, record in json_lines(args.input):  # every line checked before any read
         try:
             _, _, labels = labelled_record(record)
             gold_indices(labels, checked)
         except tv.InvalidInputError as error:
             raise CommandLineError(f"{args.input} line {number}: {error}") from None
         total += 1
-    records = (record for _, record in _labelled_lines(args.input))
+    records = (record for _, record in json_lines(args.input))
     cache = None if args.cache is None else tv.SqliteReadCache(args.cache)
     session = session_from_args(args, os.environ, cache=cache)
     bar = tqdm(

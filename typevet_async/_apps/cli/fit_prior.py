@@ -15,9 +15,7 @@ from tqdm import tqdm
 import typevet_async as tv
 from typevet_async._apps.cli.arguments import AddCommand, question_flags, session_flags
 from typevet_async._apps.cli.exits import EXIT_OK, CommandLineError, reason
-from typevet_async._apps.cli.inputs import questions_from_args, session_from_args
-from typevet_async._apps.jsonl import BOM, json_error
-from typevet_async._core.wires.jsonvalues import parse_json
+from typevet_async._apps.cli.inputs import json_lines, questions_from_args, session_from_args
 
 __all__ = ["add_parser", "run_fit_prior"]
 
@@ -40,24 +38,9 @@ def _states(path: Path) -> Iterator[tuple[int, Any]]:
 
     :raises CommandLineError: the file cannot be read, or a line is not JSON (naming it).
     """
-    try:
-        source = path.open("rb")
-    except OSError as error:
-        raise CommandLineError(f"cannot read the input {path}: {reason(error)}") from None
-    with source:
-        for number, line in enumerate(source, start=1):
-            if number == 1:
-                line = line.removeprefix(BOM)
-            if not line.strip():
-                continue
-            try:
-                data = parse_json(line)
-            except ValueError as error:
-                raise CommandLineError(
-                    f"{path} line {number}: not valid JSON ({json_error(error)})"
-                ) from None
-            is_record = isinstance(data, dict) and {"id", "state"} <= set(data)
-            yield number, data["state"] if is_record else data
+    for number, data in json_lines(path):
+        is_record = isinstance(data, dict) and {"id", "state"} <= set(data)
+        yield number, data["state"] if is_record else data
 
 
 def _shown(question: tv.Question, prior: tv.BatchPrior) -> str:

@@ -1,19 +1,21 @@
-"""What the commands read from their arguments: the questions, the state, JSON files and the
-session the flags and ``TYPEVET_*`` variables describe."""
+"""What the commands read from their arguments: the questions, the state, JSON files, a JSONL
+input's records and the session the flags and ``TYPEVET_*`` variables describe."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 import typevet_async as tv
 from typevet_async._apps.cli.exits import CommandLineError, reason
+from typevet_async._apps.jsonl import BOM, json_error
 from typevet_async._core.wires.jsonvalues import parse_json
 
 __all__ = [
+    "json_lines",
     "questions_from_args",
     "read_json_file",
     "read_state",
@@ -127,6 +129,30 @@ def read_json_file(path: Path, flag: str) -> Any:
         raise CommandLineError(f"{flag} {path}: not valid JSON: nested too deeply") from None
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError among them
         raise CommandLineError(f"{flag} {path}: not valid JSON: {error}") from None
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """Each JSON value of a JSONL input (--input of eval and fit-prior) with its line number,
+    read as it goes; a BOM before the first line and blank lines skipped.
+
+    :raises CommandLineError: the file cannot be read, or a line is not JSON (naming it).
+    """
+    try:
+        source = path.open("rb")
+    except OSError as error:
+        raise CommandLineError(f"cannot read the input {path}: {reason(error)}") from None
+    with source:
+        for number, line in enumerate(source, start=1):
+            if number == 1:
+                line = line.removeprefix(BOM)
+            if not line.strip():
+                continue
+            try:
+                yield number, parse_json(line)
+            except ValueError as error:
+                raise CommandLineError(
+                    f"{path} line {number}: not valid JSON ({json_error(error)})"
+                ) from None
 
 
 def read_state(argument: str, stdin: TextIO) -> Any:

@@ -36,6 +36,7 @@ import orjson
 
 from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.readings import softmax
+from typevet_async._core.statistics.artefact_files import ArtefactFile, canonical_sha256
 from typevet_async._errors import CalibrationError
 
 __all__ = [
@@ -59,6 +60,9 @@ __all__ = [
 
 CALIBRATION_FORMAT = "typevet_async.calibration"
 CALIBRATION_VERSION = 1
+_FILE = ArtefactFile(
+    CALIBRATION_FORMAT, CALIBRATION_VERSION, "calibration map", "the calibration map"
+)
 
 #: The smallest probability a transform takes the log of, or leaves an option with: a read
 #: whose probability underflowed to 0 stays finite (and an isotonic curve at 0 stays above it).
@@ -197,10 +201,6 @@ def transform_probabilities(
     return result
 
 
-def _canonical(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
 @functools.lru_cache(maxsize=1024)  # checked on every calibrated judgment
 def question_hash(question: Question) -> str:
     """``sha256:`` of what the model is asked: the question's type, instructions and options
@@ -219,7 +219,7 @@ def question_hash(question: Question) -> str:
 def question_set_hash(questions: Sequence[tuple[str, Question]]) -> str:
     """``sha256:`` of the question set: every id with its `question_hash`, in order."""
     pairs = [[question_id, question_hash(question)] for question_id, question in questions]
-    return "sha256:" + hashlib.sha256(_canonical(pairs)).hexdigest()
+    return canonical_sha256(pairs)
 
 
 def _rotations(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -346,34 +346,28 @@ class CalibrationMap:
     created: str = ""
 
     def _body(self) -> dict[str, Any]:
-        return {
-            "format": CALIBRATION_FORMAT,
-            "version": CALIBRATION_VERSION,
-            "created": self.created,
-            "pins": attrs.asdict(self.pins),
-            "questions": {
-                question_id: {
-                    "question": entry.question,
-                    "reading": attrs.asdict(entry.reading),
-                    "transform": None
-                    if entry.transform is None
-                    else {"kind": entry.transform.kind, **attrs.asdict(entry.transform)},
-                    "fitted_on": entry.fitted_on,
-                    "report": dict(entry.report),
-                }
-                for question_id, entry in self.questions.items()
-            },
+        questions = {
+            question_id: {
+                "question": entry.question,
+                "reading": attrs.asdict(entry.reading),
+                "transform": None
+                if entry.transform is None
+                else {"kind": entry.transform.kind, **attrs.asdict(entry.transform)},
+                "fitted_on": entry.fitted_on,
+                "report": dict(entry.report),
+            }
+            for question_id, entry in self.questions.items()
         }
+        return _FILE.body(self.created, self.pins, questions)
 
     @functools.cached_property  # describe() names it for every question of every judgment
     def sha256(self) -> str:
         """``sha256:`` of the artefact's canonical JSON (keys sorted), its own digest left out."""
-        return "sha256:" + hashlib.sha256(_canonical(self._body())).hexdigest()
+        return canonical_sha256(self._body())
 
     def to_json(self) -> bytes:
         """The artefact: the map's JSON with its ``sha256``, indented for reading."""
-        body = {**self._body(), "sha256": self.sha256}
-        return orjson.dumps(body, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+        return _FILE.to_json(self._body(), self.sha256)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> CalibrationMap:
@@ -382,17 +376,7 @@ class CalibrationMap:
         :raises CalibrationError: not JSON, another format or version, a bad field, or a
             ``sha256`` that is not the content's (the file was edited or cut short).
         """
-        try:
-            body = orjson.loads(data)
-        except orjson.JSONDecodeError as error:
-            raise CalibrationError(f"the calibration map is not JSON: {error}") from None
-        if not isinstance(body, dict) or body.get("format") != CALIBRATION_FORMAT:
-            raise CalibrationError(f"not a calibration map: 'format' is not {CALIBRATION_FORMAT!r}")
-        if body.get("version") != CALIBRATION_VERSION:
-            raise CalibrationError(
-                f"calibration map version {body.get('version')!r}; this SDK reads version "
-                f"{CALIBRATION_VERSION}"
-            )
+        body = _FILE.read(data)
         try:
             calibration = cls(
                 Pins(**body["pins"]),
@@ -406,11 +390,7 @@ class CalibrationMap:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise CalibrationError(f"the calibration map has a bad field: {error!r}") from None
-        if body.get("sha256") != calibration.sha256:
-            raise CalibrationError(
-                f"the calibration map's sha256 {body.get('sha256')!r} is not its content's "
-                f"({calibration.sha256}): it was changed after it was fitted"
-            )
+        _FILE.check_digest(body.get("sha256"), calibration.sha256)
         return calibration
 
     def check(

@@ -15,16 +15,15 @@ is refused.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
-import orjson
 
 from typevet_async._core.prompts.questions import Question
 from typevet_async._core.reading.answers import Answer, Diagnostics
+from typevet_async._core.statistics.artefact_files import ArtefactFile, canonical_sha256
 from typevet_async._core.statistics.batch_calibration import (
     BatchPrior,
     apply_batch_prior,
@@ -42,6 +41,7 @@ __all__ = ["PRIOR_FORMAT", "PRIOR_REMEDY", "PRIOR_VERSION", "FittedPrior", "Ques
 
 PRIOR_FORMAT: Final = "typevet_async.prior"
 PRIOR_VERSION: Final = 1
+_FILE: Final = ArtefactFile(PRIOR_FORMAT, PRIOR_VERSION, "fitted prior", "the prior")
 #: What a prior's refusal tells the caller to do.
 PRIOR_REMEDY: Final = "fit a prior for this one (Session.fit_prior, or typevet-async fit-prior)"
 #: How far from 1 a prior's probabilities may sum (float noise of a mean, and JSON's digits).
@@ -75,35 +75,28 @@ class FittedPrior:
     created: str = ""
 
     def _body(self) -> dict[str, Any]:
-        return {
-            "format": PRIOR_FORMAT,
-            "version": PRIOR_VERSION,
-            "created": self.created,
-            "pins": attrs.asdict(self.pins),
-            "questions": {
-                question_id: {
-                    "question": entry.question,
-                    "reading": attrs.asdict(entry.reading),
-                    "probabilities": None
-                    if entry.prior.probabilities is None
-                    else list(entry.prior.probabilities),
-                    "items": entry.prior.items,
-                    "skipped": entry.prior.skipped,
-                }
-                for question_id, entry in self.questions.items()
-            },
+        questions = {
+            question_id: {
+                "question": entry.question,
+                "reading": attrs.asdict(entry.reading),
+                "probabilities": None
+                if entry.prior.probabilities is None
+                else list(entry.prior.probabilities),
+                "items": entry.prior.items,
+                "skipped": entry.prior.skipped,
+            }
+            for question_id, entry in self.questions.items()
         }
+        return _FILE.body(self.created, self.pins, questions)
 
     @functools.cached_property
     def sha256(self) -> str:
         """``sha256:`` of the artefact's canonical JSON (keys sorted), its own digest left out."""
-        canonical = orjson.dumps(self._body(), option=orjson.OPT_SORT_KEYS)
-        return "sha256:" + hashlib.sha256(canonical).hexdigest()
+        return canonical_sha256(self._body())
 
     def to_json(self) -> bytes:
         """The artefact: the prior's JSON with its ``sha256``, indented for reading."""
-        body = {**self._body(), "sha256": self.sha256}
-        return orjson.dumps(body, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+        return _FILE.to_json(self._body(), self.sha256)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> FittedPrior:
@@ -113,17 +106,7 @@ class FittedPrior:
             missing or of the wrong type, a prior that is not a distribution (or too few
             items for one), or a ``sha256`` that is not the content's (the file was edited).
         """
-        try:
-            body = orjson.loads(data)
-        except orjson.JSONDecodeError as error:
-            raise CalibrationError(f"the prior is not JSON: {error}") from None
-        if not isinstance(body, dict) or body.get("format") != PRIOR_FORMAT:
-            raise CalibrationError(f"not a fitted prior: 'format' is not {PRIOR_FORMAT!r}")
-        if body.get("version") != PRIOR_VERSION:
-            raise CalibrationError(
-                f"fitted prior version {body.get('version')!r}; this SDK reads version "
-                f"{PRIOR_VERSION}"
-            )
+        body = _FILE.read(data)
         _fields("the prior", body, _TOP_FIELDS)
         pins = _fields("the prior's pins", body["pins"], _PIN_FIELDS)
         if not all(isinstance(value, str) for value in pins.values()):
@@ -139,11 +122,7 @@ class FittedPrior:
             {question_id: _question_prior(question_id, e) for question_id, e in questions.items()},
             created,
         )
-        if body["sha256"] != prior.sha256:
-            raise CalibrationError(
-                f"the prior's sha256 {body['sha256']!r} is not its content's ({prior.sha256}): "
-                "it was changed after it was fitted"
-            )
+        _FILE.check_digest(body["sha256"], prior.sha256)
         return prior
 
     def check(
