@@ -36,7 +36,8 @@ def reads_of(every: int) -> tuple[dict, list, dict]:  # type: ignore[type-arg]
 
 
 def test_the_whole_set_batch_is_its_mean_divided_out() -> None:
-    reads, tickets, questions = reads_of(30)  # 10 tickets: one batch of 10 equals the whole set
+    # 20 tickets: one batch of 50 is the whole set; batches of 10 are under the floor (16)
+    reads, tickets, questions = reads_of(15)
     section = batch_calibration(reads, tickets, questions)
     ordered = sorted(tickets, key=lambda t: str(t["id"]))
     for qid, question in questions.items():
@@ -46,9 +47,11 @@ def test_the_whole_set_batch_is_its_mean_divided_out() -> None:
         gold = np.array([gold_index(question, t["labels"][qid]) for t in ordered])
         nll = -np.log(divided[np.arange(len(gold)), gold]).mean()
         summary = section["summary"][qid]
-        for name in ("plain+bcall", "plain+bc10"):
+        for name in ("plain+bcall", "plain+bc50"):
             assert summary[name]["all"]["nll"]["value"] == pytest.approx(nll)
         raw = -np.log(p[np.arange(len(gold)), gold]).mean()
+        assert summary["plain+bc10"]["all"]["nll"]["value"] == pytest.approx(raw)  # as read
+        assert summary["plain+bc10"]["held_out"]["batches"] == {"batches": 2, "skipped": 2}
         assert summary["plain+bcall"]["all"]["vs_plain"]["nll"]["value"] == pytest.approx(nll - raw)
         assert summary["plain+bcall"]["held_out"]["batches"] == {"batches": 1, "skipped": 0}
         assert "defaults+bc50" in summary
