@@ -580,8 +580,9 @@ SWEEP_ORDERS = 200
 def batch_size_sweep(row: Mapping[str, Any], gold: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
     """What batch calibration without a floor does at each `SWEEP_SIZES` on ``row``'s items
     under ``mask``: over `SWEEP_ORDERS` seeded random orders of them, each cut into whole batches
-    of that size (the items left over stay as read), each batch divided by its own mean; the
-    mean change in NLL and in accuracy against the items as read."""
+    of that size (the items left over stay as read), each batch divided by its own mean (the
+    SDK's `divide_prior`, without its floor); the mean change in NLL and in accuracy against the
+    items as read."""
     p = np.asarray(row["p"], dtype=np.float64)[mask]
     y = gold[mask]
     base_loss, base_right = item_nll(p, y), (p.argmax(axis=1) == y).astype(float)
@@ -596,9 +597,8 @@ def batch_size_sweep(row: Mapping[str, Any], gold: np.ndarray, mask: np.ndarray)
             divided = p.copy()
             for start in range(0, len(y) - size + 1, size):
                 batch = order[start : start + size]
-                prior = p[batch].mean(axis=0)
-                weights = p[batch] / prior
-                divided[batch] = weights / weights.sum(axis=1, keepdims=True)
+                prior = tuple(p[batch].mean(axis=0))
+                divided[batch] = [divide_prior(tuple(p[i]), prior) for i in batch]
             nll_changes.append(float((item_nll(divided, y) - base_loss).mean()))
             right = (divided.argmax(axis=1) == y).astype(float)
             accuracy_changes.append(float((right - base_right).mean()))
